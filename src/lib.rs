@@ -1,0 +1,1 @@
+//! cotald: a Cotal Wire Specification v0.3 appliance.
