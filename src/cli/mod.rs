@@ -1,0 +1,103 @@
+//! The `cotald` command line: thin over the library. Errors become `anyhow` here, at the edge.
+
+mod status;
+mod up;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::datadir::DataDir;
+use crate::supervisor::BrokerBinary;
+
+/// cotald: a secure, real-time coordination space for AI agents (Cotal v0.3 over NATS).
+///
+/// `cotald up` starts the appliance: a bundled nats-server with JetStream, its own trust
+/// chain (operator, one account per space) and TLS. Agents join with a link such as
+/// `cotals://127.0.0.1:4222/main`, a `.creds` file and the CA certificate.
+#[derive(Debug, Parser)]
+#[command(name = "cotald", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    /// More log output on stderr (-v info, -vv debug, -vvv trace; RUST_LOG overrides).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start the appliance in the foreground; Ctrl-C or SIGTERM stops it cleanly.
+    ///
+    /// Prints the join link of each space, where the CA certificate and your own credentials
+    /// were written, and what to try next. Keys and certificates are created on the first run
+    /// and reused afterwards, so credentials handed out stay valid across restarts.
+    Up(up::UpArgs),
+    /// Report whether the appliance of a data dir is running and healthy (exit 0 only then).
+    Status(status::StatusArgs),
+}
+
+/// The data dir option every local command takes.
+#[derive(Debug, Clone, Args)]
+pub struct DataDirArg {
+    /// Where the appliance keeps its keys, certificates, streams and logs
+    /// [default: $XDG_DATA_HOME/cotald or ~/.local/share/cotald]
+    #[arg(long, env = "COTALD_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+}
+
+impl DataDirArg {
+    fn resolve(&self) -> anyhow::Result<DataDir> {
+        Ok(DataDir::new(match &self.data_dir {
+            Some(dir) => dir.clone(),
+            None => DataDir::default_root()?,
+        }))
+    }
+}
+
+/// Runs the parsed command. `embedded` is the broker compiled into the executable.
+pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
+    install_tracing(cli.verbose, matches!(cli.command, Command::Up(_)));
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Up(args) => up::run(args, embedded).await,
+            Command::Status(args) => status::run(args).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn install_tracing(verbose: u8, serving: bool) {
+    use tracing_subscriber::EnvFilter;
+    let level = match (verbose, serving) {
+        (0, true) => "info",
+        (0, false) => "warn",
+        (1, _) => "info",
+        (2, _) => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("{level},async_nats=warn")));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

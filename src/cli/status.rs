@@ -1,0 +1,92 @@
+//! `cotald status`: is the appliance of this data dir running and healthy?
+
+use std::process::ExitCode;
+
+use clap::Args;
+use serde::Serialize;
+
+use super::DataDirArg;
+use crate::datadir::RuntimeState;
+use crate::supervisor::monitor;
+
+/// Options of `cotald status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    data_dir: DataDirArg,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    running: bool,
+    healthy: bool,
+    data_dir: String,
+    #[serde(flatten)]
+    state: Option<RuntimeState>,
+    /// The version the broker reports about itself (`/varz`).
+    reported_version: Option<String>,
+}
+
+pub(super) async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let dir = args.data_dir.resolve()?;
+    let running = dir.is_locked()?;
+    let state = if running { dir.read_state()? } else { None };
+    let (healthy, reported_version) = match &state {
+        Some(s) => {
+            let alive = process_alive(s.broker_pid);
+            (
+                alive && monitor::healthy(s.monitor).await,
+                monitor::version(s.monitor).await,
+            )
+        }
+        None => (false, None),
+    };
+    let report = Report {
+        running,
+        healthy,
+        data_dir: dir.root().display().to_string(),
+        state,
+        reported_version,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_text(&report);
+    }
+    Ok(if report.running && report.healthy {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn print_text(r: &Report) {
+    match (&r.state, r.running, r.healthy) {
+        (_, false, _) => println!("cotald is not running (data dir {})", r.data_dir),
+        (None, true, _) => println!("cotald is starting (data dir {})", r.data_dir),
+        (Some(s), true, healthy) => {
+            println!(
+                "cotald is running (pid {}), broker {}",
+                s.pid,
+                if healthy { "healthy" } else { "UNHEALTHY" }
+            );
+            println!("  listen      {} (TLS)", s.listen);
+            println!(
+                "  nats-server {} (pid {}, restarts {})",
+                r.reported_version.as_deref().unwrap_or(&s.broker_version),
+                s.broker_pid,
+                s.broker_restarts
+            );
+            println!("  spaces      {}", s.spaces.join(", "));
+            println!("  data dir    {}", r.data_dir);
+        }
+    }
+}
+
+fn process_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid as libc::pid_t, 0) == 0 }
+}

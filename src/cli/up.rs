@@ -1,0 +1,100 @@
+//! `cotald up`: start the appliance in the foreground.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+use futures_util::StreamExt;
+use signal_hook::consts::{SIGINT, SIGQUIT, SIGTERM};
+
+use super::DataDirArg;
+use crate::daemon::{Appliance, Options, ReadyInfo};
+use crate::profile::Profile;
+use crate::supervisor::BrokerBinary;
+
+/// Options of `cotald up`.
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    #[command(flatten)]
+    data_dir: DataDirArg,
+    /// Profile to serve (TOML; see config/local.toml) [default: the embedded local profile:
+    /// space `main`, channels durable by default]
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Client listener, overriding the profile (TLS always on). Port 0 picks a free port.
+    #[arg(long, value_name = "HOST:PORT")]
+    listen: Option<SocketAddr>,
+    /// A name or address clients dial, added to the server certificate (repeatable).
+    #[arg(long = "hostname", value_name = "NAME")]
+    hostnames: Vec<String>,
+    /// Run this nats-server executable instead of the bundled one.
+    #[arg(long, value_name = "PATH")]
+    nats_server: Option<PathBuf>,
+}
+
+pub(super) async fn run(args: UpArgs, embedded: BrokerBinary) -> anyhow::Result<ExitCode> {
+    let profile = match &args.config {
+        Some(path) => Profile::read(path)?,
+        None => Profile::embedded()?,
+    };
+    let mut signals = signal_hook_tokio::Signals::new([SIGTERM, SIGINT, SIGQUIT])
+        .context("cannot install signal handlers")?;
+    let handle = signals.handle();
+    let opts = Options {
+        data_dir: args.data_dir.resolve()?,
+        profile,
+        listen: args.listen,
+        hostnames: args.hostnames,
+        broker: args.nats_server.map_or(embedded, BrokerBinary::External),
+    };
+    let appliance = tokio::select! {
+        started = Appliance::start(opts) => started?,
+        signal = signals.next() => {
+            tracing::info!(?signal, "interrupted during startup");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    print_ready(appliance.info());
+    appliance
+        .run_until(async move {
+            if let Some(signal) = signals.next().await {
+                tracing::info!(signal, "shutdown requested");
+            }
+        })
+        .await;
+    handle.close();
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_ready(info: &ReadyInfo) {
+    let dir = info.data_dir.display();
+    println!(
+        "cotald is ready: nats-server {} (pid {}) on {}, TLS on",
+        info.broker_version, info.broker_pid, info.listen
+    );
+    for space in &info.spaces {
+        println!("  space {:<12} join link   {}", space.name, space.link);
+        println!(
+            "  {:<18} your creds  {}",
+            "",
+            space.operator_creds.display()
+        );
+    }
+    println!("  CA certificate            {}", info.ca_cert.display());
+    println!("  data dir                  {dir}");
+    println!();
+    println!("Next:");
+    println!("  cotald status --data-dir {dir}");
+    if let Some(space) = info.spaces.first() {
+        println!(
+            "  nats --server tls://{} --tlsca {} --creds {} sub 'cotal.{}.>'",
+            info.listen,
+            info.ca_cert.display(),
+            space.operator_creds.display(),
+            space.name
+        );
+    }
+    println!("Stop with Ctrl-C (or SIGTERM).");
+}

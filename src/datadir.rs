@@ -1,0 +1,289 @@
+//! The data dir: where the appliance keeps everything, and the lock that makes one `cotald`
+//! its only owner.
+//!
+//! ```text
+//! <data-dir>/
+//!   cotald.lock          held (flock) by the running appliance; holds its pid
+//!   bin/                 the bundled nats-server, written once and verified (0755)
+//!   keys/                operator, SYS and space keys (0600; see provision::KeyStore)
+//!   tls/                 ca.pem (what clients trust), ca.key, server.pem, server.key
+//!   spaces/<space>/      local-operator.creds: the machine operator's own user
+//!   jwt/                 the broker's account resolver store
+//!   jetstream/           JetStream storage
+//!   run/                 nats-server.conf, ports file, state.json (while running)
+//!   log/nats-server.log  the broker's output
+//! ```
+
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::{Read, Seek, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The data dir layout.
+#[derive(Debug, Clone)]
+pub struct DataDir {
+    root: PathBuf,
+}
+
+/// Why the data dir cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum DataDirError {
+    /// Another process holds the lock.
+    #[error(
+        "another cotald{} is already running on data dir {dir}; stop it first, or pass a \
+         different --data-dir",
+        pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
+    )]
+    Locked { dir: PathBuf, pid: Option<u32> },
+    /// A file could not be read or written.
+    #[error("I/O error at {path} while {action}: {source}")]
+    Io {
+        path: PathBuf,
+        action: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The state file is not valid JSON of the expected shape.
+    #[error("cannot parse {path}: {source}")]
+    BadState {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// No data dir was given and none can be derived.
+    #[error(
+        "cannot determine the data dir: set --data-dir, COTALD_DATA_DIR, XDG_DATA_HOME or HOME"
+    )]
+    NoDefault,
+}
+
+/// The exclusive lock on a data dir; released when dropped.
+#[derive(Debug)]
+pub struct DataDirLock {
+    _file: File,
+}
+
+/// What a running appliance records for `cotald status` (`run/state.json`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RuntimeState {
+    /// The cotald process.
+    pub pid: u32,
+    /// The nats-server child (changes when the supervisor restarts it).
+    pub broker_pid: u32,
+    /// The bundled nats-server version.
+    pub broker_version: String,
+    /// Client listener (TLS).
+    pub listen: SocketAddr,
+    /// Monitoring listener (loopback).
+    pub monitor: SocketAddr,
+    /// The served spaces.
+    pub spaces: Vec<String>,
+    /// How many times the broker was restarted after dying.
+    pub broker_restarts: u32,
+}
+
+impl DataDir {
+    /// A data dir rooted at `root` (created on demand, mode 0700).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        DataDir { root: root.into() }
+    }
+
+    /// The default: `$COTALD_DATA_DIR` is handled by the CLI; this is
+    /// `$XDG_DATA_HOME/cotald`, else `$HOME/.local/share/cotald`.
+    pub fn default_root() -> Result<PathBuf, DataDirError> {
+        if let Some(xdg) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+            return Ok(PathBuf::from(xdg).join("cotald"));
+        }
+        std::env::var_os("HOME")
+            .filter(|v| !v.is_empty())
+            .map(|home| PathBuf::from(home).join(".local/share/cotald"))
+            .ok_or(DataDirError::NoDefault)
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    /// `bin/`
+    pub fn bin(&self) -> PathBuf {
+        self.root.join("bin")
+    }
+    /// `keys/`
+    pub fn keys(&self) -> PathBuf {
+        self.root.join("keys")
+    }
+    /// `tls/`
+    pub fn tls(&self) -> PathBuf {
+        self.root.join("tls")
+    }
+    /// `tls/ca.pem`
+    pub fn ca_cert(&self) -> PathBuf {
+        self.tls().join("ca.pem")
+    }
+    /// `spaces/<space>/`
+    pub fn space(&self, space: &str) -> PathBuf {
+        self.root.join("spaces").join(space)
+    }
+    /// `jwt/`
+    pub fn resolver(&self) -> PathBuf {
+        self.root.join("jwt")
+    }
+    /// `jetstream/`
+    pub fn jetstream(&self) -> PathBuf {
+        self.root.join("jetstream")
+    }
+    /// `run/`
+    pub fn run(&self) -> PathBuf {
+        self.root.join("run")
+    }
+    /// `log/`
+    pub fn log(&self) -> PathBuf {
+        self.root.join("log")
+    }
+    fn lock_path(&self) -> PathBuf {
+        self.root.join("cotald.lock")
+    }
+    fn state_path(&self) -> PathBuf {
+        self.run().join("state.json")
+    }
+
+    /// Creates the root and takes the exclusive lock, recording our pid in it.
+    pub fn lock(&self) -> Result<DataDirLock, DataDirError> {
+        for dir in [self.root.clone(), self.run(), self.log(), self.bin()] {
+            create_private_dir(&dir)?;
+        }
+        let path = self.lock_path();
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|source| io(&path, "opening", source))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                let mut text = String::new();
+                let _ = file.read_to_string(&mut text);
+                return Err(DataDirError::Locked {
+                    dir: self.root.clone(),
+                    pid: text.trim().parse().ok(),
+                });
+            }
+            Err(TryLockError::Error(source)) => return Err(io(&path, "locking", source)),
+        }
+        file.set_len(0)
+            .and_then(|()| file.rewind())
+            .and_then(|()| writeln!(file, "{}", std::process::id()))
+            .map_err(|source| io(&path, "writing the pid into", source))?;
+        Ok(DataDirLock { _file: file })
+    }
+
+    /// Whether some process holds the lock right now (without taking it for long).
+    pub fn is_locked(&self) -> Result<bool, DataDirError> {
+        let path = self.lock_path();
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(source) => return Err(io(&path, "opening", source)),
+        };
+        match file.try_lock_shared() {
+            Ok(()) => Ok(false),
+            Err(TryLockError::WouldBlock) => Ok(true),
+            Err(TryLockError::Error(source)) => Err(io(&path, "probing", source)),
+        }
+    }
+
+    /// Records the runtime state (atomically).
+    pub fn write_state(&self, state: &RuntimeState) -> Result<(), DataDirError> {
+        let path = self.state_path();
+        let tmp = path.with_extension("json.tmp");
+        let json = serde_json::to_vec_pretty(state).map_err(|source| DataDirError::BadState {
+            path: path.clone(),
+            source,
+        })?;
+        fs::write(&tmp, json).map_err(|source| io(&tmp, "writing", source))?;
+        fs::rename(&tmp, &path).map_err(|source| io(&path, "renaming into place", source))
+    }
+
+    /// Reads the runtime state, if a running appliance wrote one.
+    pub fn read_state(&self) -> Result<Option<RuntimeState>, DataDirError> {
+        let path = self.state_path();
+        match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|source| DataDirError::BadState { path, source }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(io(&path, "reading", source)),
+        }
+    }
+
+    /// Removes the runtime state (clean shutdown).
+    pub fn clear_state(&self) {
+        let _ = fs::remove_file(self.state_path());
+    }
+}
+
+fn create_private_dir(dir: &Path) -> Result<(), DataDirError> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.exists() {
+        return Ok(());
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| io(dir, "creating", source))
+}
+
+fn io(path: &Path, action: &'static str, source: std::io::Error) -> DataDirError {
+    DataDirError::Io {
+        path: path.to_owned(),
+        action,
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn second_lock_is_refused_with_the_holder_pid() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DataDir::new(tmp.path().join("d"));
+        assert!(!dir.is_locked().unwrap());
+        let held = dir.lock().unwrap();
+        assert!(dir.is_locked().unwrap());
+        match dir.lock() {
+            Err(DataDirError::Locked { pid, .. }) => assert_eq!(pid, Some(std::process::id())),
+            other => panic!("expected Locked, got {other:?}"),
+        }
+        drop(held);
+        assert!(!dir.is_locked().unwrap());
+        dir.lock().unwrap();
+    }
+
+    #[test]
+    fn state_round_trips() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DataDir::new(tmp.path());
+        let _lock = dir.lock().unwrap();
+        assert_eq!(dir.read_state().unwrap(), None);
+        let state = RuntimeState {
+            pid: 1,
+            broker_pid: 2,
+            broker_version: "2.15.1".into(),
+            listen: "127.0.0.1:4222".parse().unwrap(),
+            monitor: "127.0.0.1:8222".parse().unwrap(),
+            spaces: vec!["main".into()],
+            broker_restarts: 0,
+        };
+        dir.write_state(&state).unwrap();
+        assert_eq!(dir.read_state().unwrap(), Some(state));
+        dir.clear_state();
+        assert_eq!(dir.read_state().unwrap(), None);
+    }
+}

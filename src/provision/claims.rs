@@ -1,0 +1,295 @@
+//! NATS JWT claims (operator, account, user), typed by hand and signed with nkeys.
+//!
+//! Neither `nats-jwt` (0.3: no operator claims, no JetStream account limits) nor
+//! `nats-io-jwt` (0.1: users default to bearer tokens, and its build script rewrites files in
+//! the cargo registry) covers what the server needs, so the claims are serde structs here.
+//! Wire format (the v2 JWT of nats-server): header `{"typ":"JWT","alg":"ed25519-nkey"}`,
+//! base64url without padding, `jti` = base32 (no padding) of SHA-512/256 over the claims with
+//! an empty `jti`, signature = Ed25519 over `header.payload` by the issuer's nkey.
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use nkeys::KeyPair;
+use serde::Serialize;
+use sha2::{Digest, Sha512_256};
+
+use super::ProvisionError;
+
+const HEADER: &str = r#"{"typ":"JWT","alg":"ed25519-nkey"}"#;
+
+#[derive(Serialize)]
+struct Claims<'a, N: Serialize> {
+    jti: String,
+    iat: i64,
+    iss: String,
+    name: &'a str,
+    sub: String,
+    nats: N,
+}
+
+#[derive(Serialize)]
+struct OperatorClaims<'a> {
+    system_account: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    version: u8,
+}
+
+#[derive(Serialize)]
+struct AccountClaims<'a> {
+    limits: &'a AccountLimits,
+    signing_keys: Vec<String>,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    version: u8,
+}
+
+#[derive(Serialize)]
+struct UserClaims<'a> {
+    #[serde(rename = "pub")]
+    publish: &'a Permission,
+    #[serde(rename = "sub")]
+    subscribe: &'a Permission,
+    subs: i64,
+    data: i64,
+    payload: i64,
+    issuer_account: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    version: u8,
+}
+
+/// Account limits. `-1` means unlimited; JetStream is enabled on an account by non-zero
+/// storage limits and disabled by zero ones.
+#[derive(Debug, Clone, Serialize)]
+pub struct AccountLimits {
+    pub subs: i64,
+    pub data: i64,
+    pub payload: i64,
+    pub imports: i64,
+    pub exports: i64,
+    pub wildcards: bool,
+    pub conn: i64,
+    pub leaf: i64,
+    /// Refuse user JWTs marked as bearer tokens: every user must prove its seed.
+    pub disallow_bearer: bool,
+    #[serde(flatten)]
+    pub jetstream: JetStreamLimits,
+}
+
+/// The JetStream part of [`AccountLimits`].
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct JetStreamLimits {
+    pub mem_storage: i64,
+    pub disk_storage: i64,
+    pub streams: i64,
+    pub consumer: i64,
+}
+
+impl JetStreamLimits {
+    /// JetStream disabled (the SYS account).
+    pub const DISABLED: JetStreamLimits = JetStreamLimits {
+        mem_storage: 0,
+        disk_storage: 0,
+        streams: 0,
+        consumer: 0,
+    };
+}
+
+impl AccountLimits {
+    /// Unlimited connections and messages, no bearer tokens, the given JetStream limits.
+    pub fn with_jetstream(jetstream: JetStreamLimits) -> Self {
+        AccountLimits {
+            subs: -1,
+            data: -1,
+            payload: -1,
+            imports: -1,
+            exports: -1,
+            wildcards: true,
+            conn: -1,
+            leaf: -1,
+            disallow_bearer: true,
+            jetstream,
+        }
+    }
+}
+
+/// One direction (publish or subscribe) of a user's permissions. Empty lists impose nothing.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct Permission {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<String>,
+}
+
+/// What a user may publish and subscribe to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UserPermissions {
+    pub publish: Permission,
+    pub subscribe: Permission,
+}
+
+impl UserPermissions {
+    /// No restriction beyond the account boundary.
+    pub fn unrestricted() -> Self {
+        Self::default()
+    }
+}
+
+pub(crate) fn operator_jwt(
+    operator: &KeyPair,
+    system_account: &str,
+) -> Result<String, ProvisionError> {
+    encode(
+        operator,
+        operator.public_key(),
+        "cotald",
+        OperatorClaims {
+            system_account,
+            kind: "operator",
+            version: 2,
+        },
+    )
+}
+
+pub(crate) fn account_jwt(
+    operator: &KeyPair,
+    account: &KeyPair,
+    name: &str,
+    signing_key: Option<&KeyPair>,
+    limits: &AccountLimits,
+) -> Result<String, ProvisionError> {
+    encode(
+        operator,
+        account.public_key(),
+        name,
+        AccountClaims {
+            limits,
+            signing_keys: signing_key.map(KeyPair::public_key).into_iter().collect(),
+            kind: "account",
+            version: 2,
+        },
+    )
+}
+
+/// Signs a user JWT. `signer` is the account's signing key (or the account key itself for
+/// accounts without one); `issuer_account` is set whenever the two differ.
+pub(crate) fn user_jwt(
+    signer: &KeyPair,
+    account_public: &str,
+    user_public: String,
+    name: &str,
+    permissions: &UserPermissions,
+) -> Result<String, ProvisionError> {
+    encode(
+        signer,
+        user_public,
+        name,
+        UserClaims {
+            publish: &permissions.publish,
+            subscribe: &permissions.subscribe,
+            subs: -1,
+            data: -1,
+            payload: -1,
+            issuer_account: account_public.to_owned(),
+            kind: "user",
+            version: 2,
+        },
+    )
+}
+
+fn encode<N: Serialize>(
+    issuer: &KeyPair,
+    subject: String,
+    name: &str,
+    nats: N,
+) -> Result<String, ProvisionError> {
+    let mut claims = Claims {
+        jti: String::new(),
+        iat: now_secs(),
+        iss: issuer.public_key(),
+        name,
+        sub: subject,
+        nats,
+    };
+    let unhashed = serde_json::to_vec(&claims).map_err(|e| ProvisionError::Sign(e.to_string()))?;
+    claims.jti = data_encoding::BASE32_NOPAD.encode(&Sha512_256::digest(&unhashed));
+    let payload = serde_json::to_vec(&claims).map_err(|e| ProvisionError::Sign(e.to_string()))?;
+    let signing_input = format!(
+        "{}.{}",
+        URL_SAFE_NO_PAD.encode(HEADER),
+        URL_SAFE_NO_PAD.encode(payload)
+    );
+    let signature = issuer
+        .sign(signing_input.as_bytes())
+        .map_err(|e| ProvisionError::Sign(e.to_string()))?;
+    Ok(format!(
+        "{signing_input}.{}",
+        URL_SAFE_NO_PAD.encode(signature)
+    ))
+}
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode_payload(jwt: &str) -> serde_json::Value {
+        let part = jwt.split('.').nth(1).unwrap();
+        serde_json::from_slice(&URL_SAFE_NO_PAD.decode(part).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn user_jwt_is_signed_by_the_signing_key_and_is_not_a_bearer_token() {
+        let account = KeyPair::new_account();
+        let signing = KeyPair::new_account();
+        let user = KeyPair::new_user();
+        let jwt = user_jwt(
+            &signing,
+            &account.public_key(),
+            user.public_key(),
+            "alice",
+            &UserPermissions::unrestricted(),
+        )
+        .unwrap();
+        let parts: Vec<&str> = jwt.split('.').collect();
+        assert_eq!(parts.len(), 3);
+        let sig = URL_SAFE_NO_PAD.decode(parts[2]).unwrap();
+        let signed = format!("{}.{}", parts[0], parts[1]);
+        signing.verify(signed.as_bytes(), &sig).unwrap();
+        assert!(account.verify(signed.as_bytes(), &sig).is_err());
+
+        let claims = decode_payload(&jwt);
+        assert_eq!(claims["iss"], signing.public_key());
+        assert_eq!(claims["sub"], user.public_key());
+        assert_eq!(claims["nats"]["issuer_account"], account.public_key());
+        assert_eq!(claims["nats"]["type"], "user");
+        assert!(claims["nats"].get("bearer_token").is_none());
+        assert_eq!(claims["jti"].as_str().unwrap().len(), 52);
+    }
+
+    #[test]
+    fn account_jwt_carries_the_signing_key_and_limits() {
+        let operator = KeyPair::new_operator();
+        let account = KeyPair::new_account();
+        let signing = KeyPair::new_account();
+        let limits = AccountLimits::with_jetstream(JetStreamLimits {
+            mem_storage: 1 << 20,
+            disk_storage: 1 << 30,
+            streams: -1,
+            consumer: -1,
+        });
+        let jwt = account_jwt(&operator, &account, "main", Some(&signing), &limits).unwrap();
+        let claims = decode_payload(&jwt);
+        assert_eq!(claims["iss"], operator.public_key());
+        assert_eq!(claims["nats"]["signing_keys"][0], signing.public_key());
+        assert_eq!(claims["nats"]["limits"]["disallow_bearer"], true);
+        assert_eq!(claims["nats"]["limits"]["disk_storage"], 1 << 30);
+    }
+}

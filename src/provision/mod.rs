@@ -1,0 +1,70 @@
+//! Keys and trust chain (§2, §9): the operator, the SYS account, one account per space with
+//! a signing key, user JWTs, `.creds` files, and the TLS CA and server certificate.
+//!
+//! Everything secret lives under `<data-dir>/keys` and `<data-dir>/tls` with mode 0600, is
+//! created once and reused on every restart, so credentials already handed out stay valid. A
+//! key store that is half present or readable by other users is refused, never repaired
+//! silently: a partial store means something deleted keys, and regenerating would invalidate
+//! every credential minted so far.
+
+mod claims;
+mod creds;
+mod files;
+mod keystore;
+mod tls;
+
+pub use claims::{AccountLimits, JetStreamLimits, Permission, UserPermissions};
+pub use creds::{Creds, CredsError};
+pub use keystore::{KeyStore, SpaceKeys};
+pub use tls::TlsFiles;
+
+use std::path::PathBuf;
+
+/// Why provisioning failed. Each variant says what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum ProvisionError {
+    /// A file or directory could not be read or written.
+    #[error("I/O error at {path} while {action}: {source}")]
+    Io {
+        path: PathBuf,
+        action: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Some key files exist and others do not.
+    #[error(
+        "the key store is incomplete: {present} exists but {missing} does not. Restore the \
+         missing file from a backup, or move the whole directory {dir} away to start over \
+         (every credential minted from it will stop working)"
+    )]
+    HalfPresent {
+        dir: PathBuf,
+        present: PathBuf,
+        missing: PathBuf,
+    },
+    /// A secret file is readable or writable by group or others.
+    #[error(
+        "{path} has mode {mode:o}: secrets must be private to their owner. Fix it with \
+         `chmod 600 {path}` (and `chmod 700` on its directory)"
+    )]
+    TooOpen { path: PathBuf, mode: u32 },
+    /// A seed file does not hold a seed of the expected kind.
+    #[error("{path} does not hold a valid {kind} seed: {reason}")]
+    BadSeed {
+        path: PathBuf,
+        kind: &'static str,
+        reason: String,
+    },
+    /// The key store does not exist (only `open`, which never creates, reports this).
+    #[error("no key store at {0}: start the appliance once with `cotald up` to create it")]
+    Missing(PathBuf),
+    /// A space was asked for that has no keys.
+    #[error("space `{0}` has no account keys in this data dir")]
+    UnknownSpace(String),
+    /// Signing a JWT failed.
+    #[error("signing failed: {0}")]
+    Sign(String),
+    /// Generating or signing the TLS material failed.
+    #[error("TLS material: {0}")]
+    Tls(#[from] rcgen::Error),
+}

@@ -1,0 +1,160 @@
+//! The TLS material under `<data-dir>/tls`: a local CA (created once; `ca.pem` is what clients
+//! trust) and a server certificate signed by it, issued anew at every start so that its SANs
+//! always match the configured names (localhost, 127.0.0.1, ::1 and every `--hostname`).
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use time::{Duration, OffsetDateTime};
+
+use super::ProvisionError;
+use super::files::{private_dir, read_private, write_atomic};
+
+const CA_NAME: &str = "cotald local CA";
+
+/// Paths of the TLS files the broker and its clients use.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The CA certificate clients trust.
+    pub ca_cert: PathBuf,
+    /// The server certificate (PEM).
+    pub server_cert: PathBuf,
+    /// The server private key (PEM, 0600).
+    pub server_key: PathBuf,
+}
+
+impl TlsFiles {
+    /// Loads (or creates) the CA in `dir` and issues a server certificate for `hostnames`
+    /// in addition to the loopback names.
+    pub fn ensure(dir: &Path, hostnames: &[String]) -> Result<Self, ProvisionError> {
+        private_dir(dir)?;
+        let ca_cert = dir.join("ca.pem");
+        let ca_key_path = dir.join("ca.key");
+        let ca_key = match (ca_cert.exists(), ca_key_path.exists()) {
+            (true, true) => KeyPair::from_pem(&read_private(&ca_key_path)?)?,
+            (false, false) => {
+                let key = KeyPair::generate()?;
+                let cert = ca_params()?.self_signed(&key)?;
+                write_atomic(&ca_key_path, key.serialize_pem().as_bytes(), 0o600)?;
+                write_atomic(&ca_cert, cert.pem().as_bytes(), 0o644)?;
+                tracing::info!(path = %ca_cert.display(), "generated the local CA");
+                key
+            }
+            (present, _) => {
+                let (present, missing) = if present {
+                    (ca_cert.clone(), ca_key_path)
+                } else {
+                    (ca_key_path, ca_cert.clone())
+                };
+                return Err(ProvisionError::HalfPresent {
+                    dir: dir.to_owned(),
+                    present,
+                    missing,
+                });
+            }
+        };
+        // The issuer needs only the CA's name and key: both are fixed, so rebuilding the
+        // parameters reproduces the subject the stored CA certificate carries.
+        let issuer = Issuer::new(ca_params()?, ca_key);
+
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name = name("cotald");
+        params.subject_alt_names = server_sans(hostnames)?;
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.use_authority_key_identifier_extension = true;
+        let now = OffsetDateTime::now_utc();
+        params.not_before = now - Duration::hours(1);
+        params.not_after = now + Duration::days(365);
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &issuer)?;
+
+        let server_cert = dir.join("server.pem");
+        let server_key = dir.join("server.key");
+        write_atomic(&server_key, key.serialize_pem().as_bytes(), 0o600)?;
+        write_atomic(&server_cert, cert.pem().as_bytes(), 0o644)?;
+        Ok(TlsFiles {
+            ca_cert,
+            server_cert,
+            server_key,
+        })
+    }
+}
+
+fn ca_params() -> Result<CertificateParams, ProvisionError> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.distinguished_name = name(CA_NAME);
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let now = OffsetDateTime::now_utc();
+    params.not_before = now - Duration::hours(1);
+    params.not_after = now + Duration::days(3650);
+    Ok(params)
+}
+
+fn name(common_name: &str) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, common_name);
+    dn.push(DnType::OrganizationName, "cotald");
+    dn
+}
+
+fn server_sans(hostnames: &[String]) -> Result<Vec<SanType>, ProvisionError> {
+    let mut sans = vec![
+        SanType::DnsName("localhost".try_into()?),
+        SanType::IpAddress(IpAddr::from([127, 0, 0, 1])),
+        SanType::IpAddress(IpAddr::from([0u16, 0, 0, 0, 0, 0, 0, 1])),
+    ];
+    for host in hostnames {
+        let san = match host.trim_matches(['[', ']']).parse::<IpAddr>() {
+            Ok(ip) => SanType::IpAddress(ip),
+            Err(_) => SanType::DnsName(host.as_str().try_into()?),
+        };
+        if !sans.contains(&san) {
+            sans.push(san);
+        }
+    }
+    Ok(sans)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ca_is_kept_and_server_cert_reissued() {
+        let tmp = tempfile::tempdir().unwrap();
+        let first = TlsFiles::ensure(tmp.path(), &[]).unwrap();
+        let ca = std::fs::read_to_string(&first.ca_cert).unwrap();
+        let cert = std::fs::read_to_string(&first.server_cert).unwrap();
+        let second = TlsFiles::ensure(tmp.path(), &["example.test".into()]).unwrap();
+        assert_eq!(ca, std::fs::read_to_string(&second.ca_cert).unwrap());
+        assert_ne!(cert, std::fs::read_to_string(&second.server_cert).unwrap());
+    }
+
+    #[test]
+    fn half_present_ca_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        TlsFiles::ensure(tmp.path(), &[]).unwrap();
+        std::fs::remove_file(tmp.path().join("ca.key")).unwrap();
+        assert!(matches!(
+            TlsFiles::ensure(tmp.path(), &[]),
+            Err(ProvisionError::HalfPresent { .. })
+        ));
+    }
+
+    #[test]
+    fn sans_include_loopback_and_configured_names() {
+        let sans = server_sans(&["10.1.2.3".into(), "box.local".into(), "[::1]".into()]).unwrap();
+        assert_eq!(sans.len(), 5);
+        assert!(sans.contains(&SanType::IpAddress("10.1.2.3".parse().unwrap())));
+    }
+}

@@ -1,0 +1,162 @@
+//! The nats-server executable: the pinned build embedded in `cotald`, written once into the
+//! data dir (verified against its sha256, mode 0755) and run from there, or an external one
+//! given with `--nats-server PATH`.
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use super::SupervisorError;
+
+/// The version of the nats-server that the build bundled.
+pub const BUNDLED_VERSION: &str = env!("COTALD_NATS_SERVER_VERSION");
+/// The sha256 of the nats-server that the build bundled.
+pub const BUNDLED_SHA256: &str = env!("COTALD_NATS_SERVER_SHA256");
+/// Where the build left the bundled nats-server (a build artefact; the product does not
+/// run it from there, it embeds its bytes).
+pub const BUILD_PATH: &str = env!("COTALD_NATS_SERVER_PATH");
+
+/// Where the broker executable comes from.
+#[derive(Debug, Clone)]
+pub enum BrokerBinary {
+    /// Bytes embedded in the executable, with their expected sha256.
+    Embedded {
+        /// The executable's bytes.
+        bytes: &'static [u8],
+        /// Their expected sha256 (hex).
+        sha256: &'static str,
+        /// The nats-server version.
+        version: &'static str,
+    },
+    /// An executable on disk, used as it is (`--nats-server PATH`).
+    External(PathBuf),
+}
+
+impl BrokerBinary {
+    /// The version string, when known without running it.
+    pub fn version(&self) -> Option<&'static str> {
+        match self {
+            BrokerBinary::Embedded { version, .. } => Some(version),
+            BrokerBinary::External(_) => None,
+        }
+    }
+
+    /// Returns the path to execute, writing the embedded binary into `bin_dir` when it is not
+    /// there yet. An existing copy is verified every time; a mismatch is rewritten.
+    pub fn install(&self, bin_dir: &Path) -> Result<PathBuf, SupervisorError> {
+        match self {
+            BrokerBinary::External(path) => {
+                let meta = fs::metadata(path).map_err(|e| SupervisorError::Binary {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
+                if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+                    return Err(SupervisorError::Binary {
+                        path: path.clone(),
+                        reason: "not an executable file".into(),
+                    });
+                }
+                Ok(path.clone())
+            }
+            BrokerBinary::Embedded {
+                bytes,
+                sha256,
+                version,
+            } => {
+                if hex(&Sha256::digest(bytes)) != *sha256 {
+                    return Err(SupervisorError::Binary {
+                        path: PathBuf::from("(embedded)"),
+                        reason: "the embedded nats-server does not match its recorded sha256"
+                            .into(),
+                    });
+                }
+                let path = bin_dir.join(format!("nats-server-{version}-{}", &sha256[..12]));
+                if fs::read(&path).is_ok_and(|b| hex(&Sha256::digest(&b)) == *sha256) {
+                    return Ok(path);
+                }
+                let tmp = path.with_extension("tmp");
+                let _ = fs::remove_file(&tmp);
+                let write = || -> std::io::Result<()> {
+                    let mut f = OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o755)
+                        .open(&tmp)?;
+                    f.write_all(bytes)?;
+                    f.sync_all()?;
+                    fs::rename(&tmp, &path)
+                };
+                write().map_err(|e| SupervisorError::Binary {
+                    path: path.clone(),
+                    reason: format!("cannot install the bundled nats-server: {e}"),
+                })?;
+                tracing::info!(path = %path.display(), version, "installed the bundled nats-server");
+                Ok(path)
+            }
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_copy_is_verified_and_repaired() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bytes: &'static [u8] = b"#!/bin/sh\necho fake\n";
+        let sha: &'static str = Box::leak(hex(&Sha256::digest(bytes)).into_boxed_str());
+        let bin = BrokerBinary::Embedded {
+            bytes,
+            sha256: sha,
+            version: "0.0.0",
+        };
+        let path = bin.install(tmp.path()).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), bytes);
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
+        fs::write(&path, b"tampered").unwrap();
+        assert_eq!(bin.install(tmp.path()).unwrap(), path);
+        assert_eq!(fs::read(&path).unwrap(), bytes);
+
+        let wrong = BrokerBinary::Embedded {
+            bytes,
+            sha256: "00",
+            version: "0.0.0",
+        };
+        assert!(wrong.install(tmp.path()).is_err());
+    }
+
+    #[test]
+    fn external_must_be_executable() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("x");
+        fs::write(&file, b"x").unwrap();
+        assert!(
+            BrokerBinary::External(file.clone())
+                .install(tmp.path())
+                .is_err()
+        );
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(
+            BrokerBinary::External(file.clone())
+                .install(tmp.path())
+                .unwrap(),
+            file
+        );
+        assert!(
+            BrokerBinary::External(tmp.path().join("missing"))
+                .install(tmp.path())
+                .is_err()
+        );
+    }
+}

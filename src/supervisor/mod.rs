@@ -1,0 +1,410 @@
+//! The child nats-server: spawn it from the rendered config, wait until it is ready, restart
+//! it with capped backoff when it dies, stop it gracefully (SIGTERM, then SIGKILL after a
+//! deadline).
+//!
+//! Readiness is the ports file (`<argv0>_<pid>.ports`, written once the listeners are bound)
+//! followed by `/healthz` answering 200 (JetStream is up). After the first start the actual
+//! ports are written into the config, so a restarted child listens where clients reconnect.
+//! The child runs in its own process group (a terminal's Ctrl-C reaches cotald, which then
+//! stops the child in order) and is sent SIGTERM by the kernel if cotald itself dies.
+
+mod binary;
+mod conf;
+pub mod monitor;
+
+pub use binary::{BUILD_PATH, BUNDLED_SHA256, BUNDLED_VERSION, BrokerBinary};
+pub use conf::ServerConf;
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Why the broker could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    /// The executable is missing, not executable, or fails verification.
+    #[error("nats-server at {path}: {reason}")]
+    Binary { path: PathBuf, reason: String },
+    /// The client or monitoring address is taken.
+    #[error(
+        "{addr} is already in use (another cotald or nats-server?). Stop it, or choose \
+         another address with --listen HOST:PORT"
+    )]
+    PortInUse { addr: SocketAddr },
+    /// The process could not be spawned.
+    #[error("cannot start {path}: {source}")]
+    Spawn {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The process exited before it was ready.
+    #[error("nats-server exited during startup ({status}); its last output ({log}):\n{tail}")]
+    Exited {
+        status: String,
+        log: PathBuf,
+        tail: String,
+    },
+    /// The process did not become ready in time.
+    #[error("nats-server was not ready after {timeout:?}; its last output ({log}):\n{tail}")]
+    NotReady {
+        timeout: Duration,
+        log: PathBuf,
+        tail: String,
+    },
+    /// A file could not be read or written.
+    #[error("I/O error at {path} while {action}: {source}")]
+    Io {
+        path: PathBuf,
+        action: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How to run the broker.
+#[derive(Debug, Clone)]
+pub struct BrokerSpec {
+    /// The executable to run.
+    pub executable: PathBuf,
+    /// The configuration to render.
+    pub conf: ServerConf,
+    /// Where to write it.
+    pub conf_path: PathBuf,
+    /// Where the child's output goes (appended).
+    pub log_path: PathBuf,
+    /// How long a start may take before it is a failure.
+    pub ready_timeout: Duration,
+    /// How long a graceful stop may take before SIGKILL.
+    pub stop_deadline: Duration,
+}
+
+/// The running broker, as last observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerStatus {
+    /// The child's pid.
+    pub pid: u32,
+    /// Client listener.
+    pub client: SocketAddr,
+    /// Monitoring listener.
+    pub monitor: SocketAddr,
+    /// Restarts after unexpected exits.
+    pub restarts: u32,
+}
+
+/// Owns the child nats-server for the lifetime of the appliance.
+pub struct Supervisor {
+    status: watch::Receiver<BrokerStatus>,
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+const BACKOFF_START: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// A child that ran this long resets the backoff: its death is not a crash loop.
+const STABLE_AFTER: Duration = Duration::from_secs(30);
+const TAIL_LINES: usize = 30;
+const POLL: Duration = Duration::from_millis(2);
+
+impl Supervisor {
+    /// Starts the broker and returns once it is ready.
+    pub async fn start(mut spec: BrokerSpec) -> Result<Self, SupervisorError> {
+        for (host, port) in [
+            (spec.conf.host, spec.conf.port),
+            (spec.conf.monitor_host, spec.conf.monitor_port),
+        ] {
+            if let Some(port) = port.filter(|&p| p != 0) {
+                let addr = SocketAddr::new(host, port);
+                if let Err(e) = std::net::TcpListener::bind(addr) {
+                    if e.kind() == std::io::ErrorKind::AddrInUse {
+                        return Err(SupervisorError::PortInUse { addr });
+                    }
+                }
+            }
+        }
+        let child = Running::spawn(&spec).await?;
+        spec.conf.port = Some(child.client.port());
+        spec.conf.monitor_port = Some(child.monitor.port());
+        let (tx, status) = watch::channel(child.status(0));
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(supervise(spec, child, tx, cancel.clone()));
+        Ok(Supervisor {
+            status,
+            cancel,
+            task,
+        })
+    }
+
+    /// The broker's status; changes when the child is restarted.
+    pub fn status(&self) -> watch::Receiver<BrokerStatus> {
+        self.status.clone()
+    }
+
+    /// Stops the child gracefully and waits for it.
+    pub async fn stop(self) {
+        self.cancel.cancel();
+        let _ = self.task.await;
+    }
+}
+
+async fn supervise(
+    spec: BrokerSpec,
+    mut child: Running,
+    status: watch::Sender<BrokerStatus>,
+    cancel: CancellationToken,
+) {
+    let mut restarts = 0;
+    let mut backoff = BACKOFF_START;
+    loop {
+        let started = Instant::now();
+        let exit = tokio::select! {
+            () = cancel.cancelled() => {
+                child.stop(spec.stop_deadline).await;
+                return;
+            }
+            exit = child.process.wait() => exit,
+        };
+        let exit = exit.map_or_else(|e| e.to_string(), |s| describe(s));
+        tracing::warn!(pid = child.pid, status = %exit, "nats-server exited unexpectedly");
+        if started.elapsed() >= STABLE_AFTER {
+            backoff = BACKOFF_START;
+        }
+        child = loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+            let attempt = tokio::select! {
+                () = cancel.cancelled() => return,
+                attempt = Running::spawn(&spec) => attempt,
+            };
+            match attempt {
+                Ok(next) => break next,
+                Err(e) => {
+                    tracing::error!(error = %e, retry_in = ?backoff, "nats-server restart failed")
+                }
+            }
+        };
+        restarts += 1;
+        tracing::info!(pid = child.pid, restarts, after = %exit, "nats-server restarted");
+        let _ = status.send(child.status(restarts));
+    }
+}
+
+/// One spawned child.
+struct Running {
+    process: Child,
+    pid: u32,
+    client: SocketAddr,
+    monitor: SocketAddr,
+}
+
+impl Running {
+    async fn spawn(spec: &BrokerSpec) -> Result<Self, SupervisorError> {
+        let io = |path: &Path, action| {
+            let path = path.to_owned();
+            move |source| SupervisorError::Io {
+                path,
+                action,
+                source,
+            }
+        };
+        write_private(&spec.conf_path, spec.conf.render().as_bytes())
+            .map_err(io(&spec.conf_path, "writing the broker config"))?;
+        let mut cmd = Command::new(&spec.executable);
+        cmd.arg("-c")
+            .arg(&spec.conf_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .process_group(0);
+        // SAFETY: prctl is async-signal-safe; the closure allocates nothing.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut process = cmd.spawn().map_err(|source| SupervisorError::Spawn {
+            path: spec.executable.clone(),
+            source,
+        })?;
+        let pid = process.id().unwrap_or(0);
+        let tail = Arc::new(Mutex::new(VecDeque::with_capacity(TAIL_LINES)));
+        let mut pumps = Vec::with_capacity(2);
+        if let Some(out) = process.stdout.take() {
+            pumps.push(tokio::spawn(pump(out, spec.log_path.clone(), tail.clone())));
+        }
+        if let Some(err) = process.stderr.take() {
+            pumps.push(tokio::spawn(pump(err, spec.log_path.clone(), tail.clone())));
+        }
+        let tail_text = || {
+            tail.lock()
+                .map(|t| Vec::from(t.clone()).join("\n"))
+                .unwrap_or_default()
+        };
+
+        let deadline = Instant::now() + spec.ready_timeout;
+        let ports_dir = &spec.conf.ports_file_dir;
+        let mut addrs = None;
+        loop {
+            if let Some(status) = process
+                .try_wait()
+                .map_err(io(&spec.executable, "waiting for"))?
+            {
+                // The pumps end at EOF: wait for them so the tail holds the child's last words.
+                for pump in pumps {
+                    let _ = tokio::time::timeout(Duration::from_secs(2), pump).await;
+                }
+                let tail = tail_text();
+                if tail.contains("address already in use") {
+                    return Err(SupervisorError::PortInUse {
+                        addr: SocketAddr::new(spec.conf.host, spec.conf.port.unwrap_or(0)),
+                    });
+                }
+                return Err(SupervisorError::Exited {
+                    status: describe(status),
+                    log: spec.log_path.clone(),
+                    tail,
+                });
+            }
+            if addrs.is_none() {
+                addrs = read_ports_file(ports_dir, &spec.conf, pid);
+            }
+            if let Some((_, monitor)) = addrs {
+                if monitor::healthy(monitor).await {
+                    break;
+                }
+            }
+            if Instant::now() >= deadline {
+                let _ = process.kill().await;
+                return Err(SupervisorError::NotReady {
+                    timeout: spec.ready_timeout,
+                    log: spec.log_path.clone(),
+                    tail: tail_text(),
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        let (client, monitor) = addrs.unwrap_or_else(|| unreachable!("ready implies ports"));
+        tracing::debug!(pid, %client, %monitor, "nats-server ready");
+        Ok(Running {
+            process,
+            pid,
+            client,
+            monitor,
+        })
+    }
+
+    fn status(&self, restarts: u32) -> BrokerStatus {
+        BrokerStatus {
+            pid: self.pid,
+            client: self.client,
+            monitor: self.monitor,
+            restarts,
+        }
+    }
+
+    async fn stop(mut self, deadline: Duration) {
+        // SAFETY: plain syscall on our own child's pid, which we have not reaped yet.
+        unsafe {
+            libc::kill(self.pid as libc::pid_t, libc::SIGTERM);
+        }
+        match tokio::time::timeout(deadline, self.process.wait()).await {
+            Ok(status) => {
+                let status = status.map_or_else(|e| e.to_string(), describe);
+                tracing::info!(pid = self.pid, %status, "nats-server stopped");
+            }
+            Err(_) => {
+                tracing::warn!(
+                    pid = self.pid,
+                    ?deadline,
+                    "nats-server ignored SIGTERM; killing it"
+                );
+                let _ = self.process.kill().await;
+            }
+        }
+    }
+}
+
+/// Reads `<anything>_<pid>.ports` in `dir`: `{"nats": [url, …], "monitoring": [url]}`. The
+/// server lists one client URL per interface; the port is what counts, the host is ours.
+fn read_ports_file(dir: &Path, conf: &ServerConf, pid: u32) -> Option<(SocketAddr, SocketAddr)> {
+    let suffix = format!("_{pid}.ports");
+    let entry = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().ends_with(&suffix))?;
+    let ports: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(entry.path()).ok()?).ok()?;
+    let port = |key: &str| -> Option<u16> {
+        let url = ports.get(key)?.get(0)?.as_str()?;
+        url.rsplit_once(':')?.1.parse().ok()
+    };
+    Some((
+        SocketAddr::new(conf.host, port("nats")?),
+        SocketAddr::new(conf.monitor_host, port("monitoring")?),
+    ))
+}
+
+async fn pump(
+    stream: impl AsyncRead + Unpin,
+    log_path: PathBuf,
+    tail: Arc<Mutex<VecDeque<String>>>,
+) {
+    let mut log = tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .await
+        .ok();
+    let mut lines = BufReader::new(stream).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        tracing::debug!(target: "nats_server", "{line}");
+        if let Some(f) = log.as_mut() {
+            let _ = f.write_all(format!("{line}\n").as_bytes()).await;
+        }
+        if let Ok(mut t) = tail.lock() {
+            if t.len() == TAIL_LINES {
+                t.pop_front();
+            }
+            t.push_back(line);
+        }
+    }
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+fn describe(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(sig)) => format!("killed by signal {sig}"),
+        _ => status.to_string(),
+    }
+}
