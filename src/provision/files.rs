@@ -19,9 +19,22 @@ pub(crate) fn private_dir(dir: &Path) -> Result<(), ProvisionError> {
     Ok(())
 }
 
-/// Writes `bytes` to `path` with `mode`, atomically (temp file + rename), so a crash never
-/// leaves a truncated key or certificate behind.
+/// Writes `bytes` to `path` with `mode`, atomically (temp file + rename) and synced, so a
+/// crash never leaves a truncated or lost key behind.
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), ProvisionError> {
+    write_replace(path, bytes, mode, true)
+}
+
+/// Like [`write_atomic`], but not synced: for files regenerated at every start.
+pub(crate) fn write_regenerable(
+    path: &Path,
+    bytes: &[u8],
+    mode: u32,
+) -> Result<(), ProvisionError> {
+    write_replace(path, bytes, mode, false)
+}
+
+fn write_replace(path: &Path, bytes: &[u8], mode: u32, sync: bool) -> Result<(), ProvisionError> {
     let tmp = path.with_extension("tmp");
     let _ = fs::remove_file(&tmp);
     let mut f = OpenOptions::new()
@@ -31,7 +44,7 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), P
         .open(&tmp)
         .map_err(|source| io(&tmp, "creating", source))?;
     f.write_all(bytes)
-        .and_then(|()| f.sync_all())
+        .and_then(|()| if sync { f.sync_all() } else { Ok(()) })
         .map_err(|source| io(&tmp, "writing", source))?;
     fs::rename(&tmp, path).map_err(|source| io(path, "renaming into place", source))
 }

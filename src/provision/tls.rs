@@ -12,7 +12,7 @@ use rcgen::{
 use time::{Duration, OffsetDateTime};
 
 use super::ProvisionError;
-use super::files::{private_dir, read_private, write_atomic};
+use super::files::{private_dir, read_private, write_atomic, write_regenerable};
 
 const CA_NAME: &str = "cotald local CA";
 
@@ -75,8 +75,8 @@ impl TlsFiles {
 
         let server_cert = dir.join("server.pem");
         let server_key = dir.join("server.key");
-        write_atomic(&server_key, key.serialize_pem().as_bytes(), 0o600)?;
-        write_atomic(&server_cert, cert.pem().as_bytes(), 0o644)?;
+        write_regenerable(&server_key, key.serialize_pem().as_bytes(), 0o600)?;
+        write_regenerable(&server_cert, cert.pem().as_bytes(), 0o644)?;
         Ok(TlsFiles {
             ca_cert,
             server_cert,

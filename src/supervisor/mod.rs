@@ -124,10 +124,10 @@ impl Supervisor {
         ] {
             if let Some(port) = port.filter(|&p| p != 0) {
                 let addr = SocketAddr::new(host, port);
-                if let Err(e) = std::net::TcpListener::bind(addr) {
-                    if e.kind() == std::io::ErrorKind::AddrInUse {
-                        return Err(SupervisorError::PortInUse { addr });
-                    }
+                if let Err(e) = std::net::TcpListener::bind(addr)
+                    && e.kind() == std::io::ErrorKind::AddrInUse
+                {
+                    return Err(SupervisorError::PortInUse { addr });
                 }
             }
         }
@@ -173,7 +173,7 @@ async fn supervise(
             }
             exit = child.process.wait() => exit,
         };
-        let exit = exit.map_or_else(|e| e.to_string(), |s| describe(s));
+        let exit = exit.map_or_else(|e| e.to_string(), describe);
         tracing::warn!(pid = child.pid, status = %exit, "nats-server exited unexpectedly");
         if started.elapsed() >= STABLE_AFTER {
             backoff = BACKOFF_START;
@@ -284,10 +284,10 @@ impl Running {
             if addrs.is_none() {
                 addrs = read_ports_file(ports_dir, &spec.conf, pid);
             }
-            if let Some((_, monitor)) = addrs {
-                if monitor::healthy(monitor).await {
-                    break;
-                }
+            if let Some((_, monitor)) = addrs
+                && monitor::healthy(monitor).await
+            {
+                break;
             }
             if Instant::now() >= deadline {
                 let _ = process.kill().await;

@@ -1,0 +1,316 @@
+//! The appliance foundation: `up`, readiness, TLS-only access with minted users, broker
+//! restarts, clean shutdown, restarts of cotald itself, and the refusals.
+
+use std::os::unix::fs::PermissionsExt;
+
+use futures_util::StreamExt;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+use crate::helper::{Cotald, TIMEOUT, alive, connect, cotald_bin, mint_user, wait_event};
+
+async fn round_trip(client: &async_nats::Client, subject: &str) {
+    let mut sub = client.subscribe(subject.to_owned()).await.unwrap();
+    client
+        .publish(subject.to_owned(), "ping".into())
+        .await
+        .unwrap();
+    let msg = tokio::time::timeout(TIMEOUT, sub.next())
+        .await
+        .expect("message within timeout")
+        .expect("subscription open");
+    assert_eq!(&msg.payload[..], b"ping");
+}
+
+async fn status_json(data_dir: &std::path::Path) -> (bool, serde_json::Value) {
+    let out = tokio::process::Command::new(cotald_bin())
+        .args(["status", "--json", "--data-dir"])
+        .arg(data_dir)
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.success(),
+        serde_json::from_slice(&out.stdout).unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn up_becomes_ready_and_status_reports_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Cotald::spawn(tmp.path(), &[]);
+    let ready = c.wait_stdout("cotald is ready").await;
+    assert!(ready.contains("TLS on"), "{ready}");
+    let link = c.wait_stdout("join link").await;
+    let port = c.state().listen.port();
+    assert!(
+        link.ends_with(&format!("cotals://127.0.0.1:{port}/main")),
+        "{link}"
+    );
+
+    let (ok, report) = status_json(tmp.path()).await;
+    assert!(ok, "status exits 0 while healthy: {report}");
+    assert_eq!(report["running"], true);
+    assert_eq!(report["healthy"], true);
+    assert_eq!(report["spaces"], serde_json::json!(["main"]));
+    assert_eq!(
+        report["reported_version"],
+        cotald::supervisor::BUNDLED_VERSION
+    );
+    assert_eq!(report["broker_pid"], c.state().broker_pid);
+
+    let conf = std::fs::read_to_string(tmp.path().join("run/nats-server.conf")).unwrap();
+    for secret in [
+        "keys/operator.nk",
+        "keys/system/account.nk",
+        "keys/spaces/main/signing.nk",
+        "tls/ca.key",
+        "tls/server.key",
+        "spaces/main/local-operator.creds",
+    ] {
+        let mode = std::fs::metadata(tmp.path().join(secret))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{secret}");
+        if secret.ends_with(".nk") {
+            let seed = std::fs::read_to_string(tmp.path().join(secret)).unwrap();
+            assert!(
+                !conf.contains(seed.trim()),
+                "{secret} leaked into the broker config"
+            );
+        }
+    }
+    c.stop().await;
+
+    let (ok, report) = status_json(tmp.path()).await;
+    assert!(!ok, "status exits non-zero once stopped");
+    assert_eq!(report["running"], false);
+}
+
+#[tokio::test]
+async fn minted_user_round_trips_over_tls_and_uses_jetstream() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let creds = mint_user(tmp.path(), "main", &tmp.path().join("alice.creds"));
+    let (client, _events) = connect(&c, &creds).await.expect("TLS connect with the CA");
+    round_trip(&client, "cotal.main.probe").await;
+
+    // The space account has JetStream (non-zero storage limits).
+    let js = async_nats::jetstream::new(client.clone());
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "PROBE".into(),
+        subjects: vec!["probe.>".into()],
+        ..Default::default()
+    })
+    .await
+    .expect("JetStream enabled for the space account");
+    let ack = js
+        .publish("probe.one", "x".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(ack.sequence, 1);
+
+    // The machine operator's own credentials work too.
+    let own = tmp.path().join("spaces/main/local-operator.creds");
+    let (client, _events) = connect(&c, &own).await.unwrap();
+    round_trip(&client, "cotal.main.own").await;
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn plain_and_untrusted_connections_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let addr = c.state().listen;
+
+    // Plain NATS: the server announces TLS and never answers a plaintext CONNECT.
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (read, mut write) = stream.into_split();
+    let mut read = BufReader::new(read);
+    let mut info = String::new();
+    read.read_line(&mut info).await.unwrap();
+    assert!(info.contains("\"tls_required\":true"), "{info}");
+    let _ = write
+        .write_all(b"CONNECT {\"verbose\":false,\"pedantic\":false}\r\nPING\r\n")
+        .await;
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(TIMEOUT, read.read_to_end(&mut rest)).await;
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(!rest.contains("PONG"), "plaintext session answered: {rest}");
+
+    // TLS without trusting the CA: the handshake fails.
+    let creds = mint_user(tmp.path(), "main", &tmp.path().join("u.creds"));
+    let untrusted = async_nats::ConnectOptions::with_credentials_file(&creds)
+        .await
+        .unwrap()
+        .require_tls(true)
+        .connect(format!("tls://{addr}"))
+        .await;
+    assert!(
+        untrusted.is_err(),
+        "a client that does not trust ca.pem must fail"
+    );
+
+    // Trusting the CA but without credentials: refused by the operator-mode server.
+    let anonymous = async_nats::ConnectOptions::new()
+        .add_root_certificates(tmp.path().join("tls/ca.pem"))
+        .require_tls(true)
+        .connect(format!("tls://{addr}"))
+        .await;
+    assert!(anonymous.is_err(), "no credentials, no connection");
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn killed_broker_is_restarted_and_clients_reconnect() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Cotald::up(tmp.path()).await;
+    let creds = mint_user(tmp.path(), "main", &tmp.path().join("u.creds"));
+    let (client, mut events) = connect(&c, &creds).await.unwrap();
+    let mut sub = client.subscribe("cotal.main.after").await.unwrap();
+
+    let before = c.state();
+    // SAFETY: plain syscall on the broker child.
+    assert_eq!(
+        unsafe { libc::kill(before.broker_pid as i32, libc::SIGKILL) },
+        0
+    );
+    let line = c.wait_stderr("nats-server restarted").await;
+    assert!(
+        line.contains("killed by signal 9"),
+        "the restart names the exit: {line}"
+    );
+    wait_event(&mut events, "disconnect", |e| {
+        matches!(e, async_nats::Event::Disconnected)
+    })
+    .await;
+    wait_event(&mut events, "reconnect", |e| {
+        matches!(e, async_nats::Event::Connected)
+    })
+    .await;
+
+    client
+        .publish("cotal.main.after", "back".into())
+        .await
+        .unwrap();
+    let msg = tokio::time::timeout(TIMEOUT, sub.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&msg.payload[..], b"back");
+
+    let after = c.state();
+    assert_ne!(after.broker_pid, before.broker_pid);
+    assert_eq!(
+        after.listen, before.listen,
+        "the restarted broker keeps its port"
+    );
+    assert_eq!(after.broker_restarts, 1);
+    assert!(!alive(before.broker_pid));
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn sigterm_exits_zero_and_leaves_no_child() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Cotald::up(tmp.path()).await;
+    let broker = c.state().broker_pid;
+    assert!(alive(broker));
+    c.signal(libc::SIGTERM);
+    let status = c.wait_exit().await;
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        !alive(broker),
+        "the broker child is gone after cotald exits"
+    );
+    assert!(
+        cotald::datadir::DataDir::new(tmp.path())
+            .read_state()
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn sigint_also_stops_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Cotald::up(tmp.path()).await;
+    let broker = c.state().broker_pid;
+    c.signal(libc::SIGINT);
+    assert_eq!(c.wait_exit().await.code(), Some(0));
+    assert!(!alive(broker));
+}
+
+#[tokio::test]
+async fn restart_on_the_same_data_dir_keeps_credentials_valid() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let creds = mint_user(tmp.path(), "main", &tmp.path().join("u.creds"));
+    let own = tmp.path().join("spaces/main/local-operator.creds");
+    let own_before = std::fs::read_to_string(&own).unwrap();
+    let ca_before = std::fs::read_to_string(tmp.path().join("tls/ca.pem")).unwrap();
+    c.stop().await;
+
+    let c = Cotald::up(tmp.path()).await;
+    let (client, _events) = connect(&c, &creds).await.expect("old creds still connect");
+    round_trip(&client, "cotal.main.again").await;
+    let own_after = std::fs::read_to_string(&own).unwrap();
+    let id = |text: &str| {
+        cotald::provision::Creds::parse(text)
+            .unwrap()
+            .public_key()
+            .unwrap()
+    };
+    assert_eq!(
+        id(&own_before),
+        id(&own_after),
+        "the operator keeps its identity"
+    );
+    assert_eq!(
+        ca_before,
+        std::fs::read_to_string(tmp.path().join("tls/ca.pem")).unwrap()
+    );
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn second_up_on_the_same_data_dir_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let first = Cotald::up(tmp.path()).await;
+    let mut second = Cotald::spawn(tmp.path(), &[]);
+    let status = second.wait_exit().await;
+    assert!(!status.success());
+    let err = second.drain_stderr().await;
+    assert!(err.contains("already running"), "{err}");
+    assert!(
+        err.contains(&format!("pid {}", first.child.id().unwrap())),
+        "{err}"
+    );
+    first.stop().await;
+}
+
+#[tokio::test]
+async fn a_port_in_use_is_a_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let mut c = Cotald::spawn(tmp.path(), &["--listen", &addr]);
+    let status = c.wait_exit().await;
+    assert!(!status.success());
+    let err = c.drain_stderr().await;
+    assert!(err.contains(&format!("{addr} is already in use")), "{err}");
+}
+
+#[tokio::test]
+async fn a_loose_key_store_is_refused_with_the_fix() {
+    let tmp = tempfile::tempdir().unwrap();
+    Cotald::up(tmp.path()).await.stop().await;
+    let seed = tmp.path().join("keys/operator.nk");
+    std::fs::set_permissions(&seed, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut c = Cotald::spawn(tmp.path(), &[]);
+    assert!(!c.wait_exit().await.success());
+    let err = c.drain_stderr().await;
+    assert!(err.contains("chmod 600"), "{err}");
+}

@@ -1,0 +1,222 @@
+//! Fixtures: run `cotald` as a child process, mint users from its key store, connect clients.
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use cotald::datadir::{DataDir, RuntimeState};
+use cotald::provision::{KeyStore, UserPermissions};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+/// The bound on every wait in these tests.
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+
+pub fn cotald_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_cotald")
+}
+
+/// A running `cotald up`.
+pub struct Cotald {
+    pub child: Child,
+    pub data_dir: PathBuf,
+    stdout: mpsc::UnboundedReceiver<String>,
+    stderr: mpsc::UnboundedReceiver<String>,
+}
+
+impl Cotald {
+    /// Spawns `cotald up --data-dir DIR --listen 127.0.0.1:0 ARGS…` without waiting.
+    pub fn spawn(data_dir: &Path, args: &[&str]) -> Cotald {
+        let listen: &[&str] = if args.contains(&"--listen") {
+            &[]
+        } else {
+            &["--listen", "127.0.0.1:0"]
+        };
+        let mut child = Command::new(cotald_bin())
+            .arg("up")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(listen)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn cotald");
+        let stdout = lines(child.stdout.take().unwrap());
+        let stderr = lines(child.stderr.take().unwrap());
+        Cotald {
+            child,
+            data_dir: data_dir.to_owned(),
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Spawns `cotald up` and waits until it prints that it is ready.
+    pub async fn up(data_dir: &Path) -> Cotald {
+        let mut c = Self::spawn(data_dir, &[]);
+        c.wait_stdout("cotald is ready").await;
+        c
+    }
+
+    /// Waits for a stdout line containing `needle`; panics with stderr on timeout or exit.
+    pub async fn wait_stdout(&mut self, needle: &str) -> String {
+        let found = tokio::time::timeout(TIMEOUT, async {
+            while let Some(line) = self.stdout.recv().await {
+                if line.contains(needle) {
+                    return Some(line);
+                }
+            }
+            None
+        })
+        .await;
+        match found {
+            Ok(Some(line)) => line,
+            _ => panic!(
+                "cotald never printed {needle:?}; stderr:\n{}",
+                self.drain_stderr().await
+            ),
+        }
+    }
+
+    /// Waits for a stderr line containing `needle`.
+    pub async fn wait_stderr(&mut self, needle: &str) -> String {
+        tokio::time::timeout(TIMEOUT, async {
+            while let Some(line) = self.stderr.recv().await {
+                if line.contains(needle) {
+                    return line;
+                }
+            }
+            panic!("stderr closed before {needle:?}");
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no stderr line {needle:?} within {TIMEOUT:?}"))
+    }
+
+    /// Whatever stderr holds until it closes (bounded).
+    pub async fn drain_stderr(&mut self) -> String {
+        let mut out = String::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Some(line) = self.stderr.recv().await {
+                out.push_str(&line);
+                out.push('\n');
+            }
+        })
+        .await;
+        out
+    }
+
+    /// The runtime state the appliance recorded.
+    pub fn state(&self) -> RuntimeState {
+        DataDir::new(&self.data_dir)
+            .read_state()
+            .unwrap()
+            .expect("state.json exists while running")
+    }
+
+    /// Sends a signal to cotald.
+    pub fn signal(&self, sig: i32) {
+        let pid = self.child.id().expect("cotald still running") as i32;
+        // SAFETY: plain syscall on our own child.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+    }
+
+    /// Waits for cotald to exit.
+    pub async fn wait_exit(&mut self) -> ExitStatus {
+        tokio::time::timeout(TIMEOUT, self.child.wait())
+            .await
+            .expect("cotald exits in time")
+            .unwrap()
+    }
+
+    /// SIGTERM, then wait; asserts a clean exit.
+    pub async fn stop(mut self) {
+        self.signal(libc::SIGTERM);
+        let status = self.wait_exit().await;
+        assert!(status.success(), "cotald exited with {status}");
+    }
+}
+
+fn lines(
+    stream: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+) -> mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stream).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Mints an unrestricted user of `space` from the data dir's key store; writes its `.creds`.
+pub fn mint_user(data_dir: &Path, space: &str, out: &Path) -> PathBuf {
+    let keys = KeyStore::open(&data_dir.join("keys")).unwrap();
+    let user = nkeys::KeyPair::new_user();
+    let creds = keys
+        .space(space)
+        .unwrap()
+        .mint("test-user", &user, &UserPermissions::unrestricted())
+        .unwrap();
+    std::fs::write(out, creds.render()).unwrap();
+    out.to_owned()
+}
+
+/// Connects over TLS, trusting only the appliance's CA; events go to the returned channel.
+pub async fn connect(
+    c: &Cotald,
+    creds: &Path,
+) -> Result<
+    (
+        async_nats::Client,
+        mpsc::UnboundedReceiver<async_nats::Event>,
+    ),
+    async_nats::ConnectError,
+> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let client = async_nats::ConnectOptions::with_credentials_file(creds)
+        .await
+        .unwrap()
+        .add_root_certificates(c.data_dir.join("tls/ca.pem"))
+        .require_tls(true)
+        .event_callback(move |event| {
+            let tx = tx.clone();
+            async move {
+                let _ = tx.send(event);
+            }
+        })
+        .connect(format!("tls://{}", c.state().listen))
+        .await?;
+    Ok((client, rx))
+}
+
+/// Waits for an event matching `pred`.
+pub async fn wait_event(
+    events: &mut mpsc::UnboundedReceiver<async_nats::Event>,
+    what: &str,
+    pred: impl Fn(&async_nats::Event) -> bool,
+) {
+    tokio::time::timeout(TIMEOUT, async {
+        while let Some(event) = events.recv().await {
+            if pred(&event) {
+                return;
+            }
+        }
+        panic!("event stream closed before {what}");
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {what} event within {TIMEOUT:?}"));
+}
+
+/// Whether a process exists.
+pub fn alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only probes.
+    unsafe { libc::kill(pid as i32, 0) == 0 }
+}

@@ -1,0 +1,5 @@
+//! Integration tests: the real `cotald` binary and its bundled nats-server on loopback, with
+//! random ports and temporary data dirs. One test binary, modules by area.
+
+mod appliance;
+mod helper;
