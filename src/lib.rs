@@ -1,4 +1,23 @@
-//! cotald: a Cotal Wire Specification v0.3 appliance.
+//! cotald: a single-binary appliance that implements the Cotal Wire Specification v0.3 over
+//! an embedded NATS + JetStream broker.
+//!
+//! # Layout
+//!
+//! Dependencies point one way: `profile`, `provision` and `supervisor` know nothing of each
+//! other; `daemon` composes them; `cli` is a thin shell over `daemon`.
+//!
+//! | module | what it is | spec |
+//! | --- | --- | --- |
+//! | [`profile`] | the operator's TOML profile: broker settings, spaces | §7 (deployment profile) |
+//! | [`datadir`] | the data dir layout, its lock, the runtime state file | |
+//! | [`provision`] | keys and trust chain (operator, SYS, account per space, users), `.creds`, TLS | §2, §9 |
+//! | [`supervisor`] | the child nats-server: install, config, spawn, readiness, restart, stop | §8 |
+//! | [`daemon`] | the appliance: startup phases, account push, teardown | §9 |
+//! | [`cli`] | the `cotald` subcommands | |
+//!
+//! The `cotald` executable (`src/main.rs`) is the only artefact that embeds the bundled
+//! nats-server; the library refers to it by [`supervisor::BrokerBinary`].
+
 pub mod cli;
 pub mod daemon;
 pub mod datadir;
