@@ -18,6 +18,7 @@
 //! The `cotald` executable (`src/main.rs`) is the only artefact that embeds the bundled
 //! nats-server; the library refers to it by [`supervisor::BrokerBinary`].
 
+pub mod binding;
 pub mod cli;
 pub mod daemon;
 pub mod datadir;

@@ -1,0 +1,120 @@
+//! Names of a space's JetStream objects (§8, Appendix B placeholders). Every name is built
+//! from sanitized tokens, so an authenticated id (an nkey) is used unchanged (§8).
+
+/// The control service name of the privileged provisioner: `ctl.<manager>` (§7, Appendix B).
+pub const MANAGER_SERVICE: &str = "manager";
+
+/// The JetStream names of one space. The space name must already be a clean token
+/// (`profile::validate_space_name`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpaceNames {
+    space: String,
+}
+
+impl SpaceNames {
+    /// Names for `space` (a validated token).
+    pub fn new(space: &str) -> Self {
+        SpaceNames {
+            space: space.to_owned(),
+        }
+    }
+
+    /// The space token.
+    pub fn space(&self) -> &str {
+        &self.space
+    }
+
+    /// `P = cotal.<space>`
+    pub fn prefix(&self) -> String {
+        format!("cotal.{}", self.space)
+    }
+
+    /// `CHAT_<space>`: multicast history (§8).
+    pub fn chat_stream(&self) -> String {
+        format!("CHAT_{}", self.space)
+    }
+
+    /// `DM_<space>`: unicast (§8).
+    pub fn dm_stream(&self) -> String {
+        format!("DM_{}", self.space)
+    }
+
+    /// `TASK_<space>`: anycast work queue (§8).
+    pub fn task_stream(&self) -> String {
+        format!("TASK_{}", self.space)
+    }
+
+    /// `INBOX_<space>`: the durable-backstop store (`BSTOP`, Appendix B); it holds the
+    /// `@mention` copies for targets on `live` channels (§4). Agents have no grant on it.
+    pub fn backstop_stream(&self) -> String {
+        format!("INBOX_{}", self.space)
+    }
+
+    /// The subjects the backstop store captures: `cotal.<space>.backstop.>`.
+    pub fn backstop_subjects(&self) -> String {
+        format!("cotal.{}.backstop.>", self.space)
+    }
+
+    /// `cotal_presence_<space>` (§6).
+    pub fn presence_bucket(&self) -> String {
+        format!("cotal_presence_{}", self.space)
+    }
+
+    /// `cotal_channels_<space>`: the channel registry (§7).
+    pub fn channels_bucket(&self) -> String {
+        format!("cotal_channels_{}", self.space)
+    }
+
+    /// `cotal_membership_<space>`: the derived membership feed (§8, display only).
+    pub fn membership_bucket(&self) -> String {
+        format!("cotal_membership_{}", self.space)
+    }
+
+    /// `cotal_members_<space>`: the privileged members registry (durable memberships with
+    /// join/leave cursors, §7). Written only by the provisioner.
+    pub fn members_bucket(&self) -> String {
+        format!("cotal_members_{}", self.space)
+    }
+
+    /// The stream behind a KV bucket: `KV_<bucket>`.
+    pub fn kv_stream(bucket: &str) -> String {
+        format!("KV_{bucket}")
+    }
+}
+
+/// `dm_<id>`: an instance's unicast durable (§8).
+pub fn dm_durable(id: &str) -> String {
+    format!("dm_{id}")
+}
+
+/// `svc_<role>`: a role's anycast durable, shared by every holder of the role (§8).
+pub fn svc_durable(role: &str) -> String {
+    format!("svc_{role}")
+}
+
+/// `chathist_<id>`: an instance's transient single-filter history consumer (§8).
+pub fn chat_history_consumer(id: &str) -> String {
+    format!("chathist_{id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_section_8() {
+        let n = SpaceNames::new("main");
+        assert_eq!(n.prefix(), "cotal.main");
+        assert_eq!(n.chat_stream(), "CHAT_main");
+        assert_eq!(n.dm_stream(), "DM_main");
+        assert_eq!(n.task_stream(), "TASK_main");
+        assert_eq!(n.backstop_stream(), "INBOX_main");
+        assert_eq!(n.presence_bucket(), "cotal_presence_main");
+        assert_eq!(n.channels_bucket(), "cotal_channels_main");
+        assert_eq!(n.membership_bucket(), "cotal_membership_main");
+        assert_eq!(SpaceNames::kv_stream(&n.presence_bucket()), "KV_cotal_presence_main");
+        assert_eq!(dm_durable("UABC"), "dm_UABC");
+        assert_eq!(svc_durable("reviewer"), "svc_reviewer");
+        assert_eq!(chat_history_consumer("UABC"), "chathist_UABC");
+    }
+}

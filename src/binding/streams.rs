@@ -1,0 +1,296 @@
+//! The exact JetStream configurations of a space (§8): streams, KV buckets (as their backing
+//! streams, so that every field is pinned), the provisioner-created durables, and the field-by-
+//! field comparison that reports drift instead of overwriting it.
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy};
+use async_nats::jetstream::stream::{Config, DiscardPolicy, RetentionPolicy, StorageType};
+
+use super::names::{SpaceNames, dm_durable, svc_durable};
+
+/// CHAT keeps this many messages per subject, i.e. per (sender, channel) (§8).
+pub const CHAT_MAX_MSGS_PER_SUBJECT: i64 = 1000;
+/// Presence entries expire with the bucket's `max_age` (§6, §8).
+pub const PRESENCE_TTL: Duration = Duration::from_millis(6000);
+/// Redelivery delay of DM and anycast copies that were not acked (§8).
+pub const ACK_WAIT: Duration = Duration::from_millis(60_000);
+/// The membership feed's size cap.
+pub const MEMBERSHIP_MAX_BYTES: i64 = 64 << 20;
+
+/// Size and age limits of one stream; zero means unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamLimits {
+    /// Oldest message kept.
+    pub max_age: Duration,
+    /// Total bytes kept.
+    pub max_bytes: i64,
+    /// Total messages kept.
+    pub max_msgs: i64,
+}
+
+/// The retention a space's profile sets (the spec fixes the rest of each config).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// CHAT (on top of the fixed 1000 per subject).
+    pub chat: StreamLimits,
+    /// DM: bounded, unlike the reference's unbounded DM stream.
+    pub dm: StreamLimits,
+    /// TASK.
+    pub task: StreamLimits,
+}
+
+fn limits(config: &mut Config, l: StreamLimits) {
+    config.max_age = l.max_age;
+    config.max_bytes = if l.max_bytes == 0 { -1 } else { l.max_bytes };
+    config.max_messages = if l.max_msgs == 0 { -1 } else { l.max_msgs };
+}
+
+fn base(name: String, subject: String, retention: RetentionPolicy) -> Config {
+    Config {
+        name,
+        subjects: vec![subject],
+        retention,
+        storage: StorageType::File,
+        discard: DiscardPolicy::Old,
+        max_bytes: -1,
+        max_messages: -1,
+        max_messages_per_subject: -1,
+        max_consumers: -1,
+        num_replicas: 1,
+        ..Default::default()
+    }
+}
+
+/// `CHAT_<space>`: file, `max_msgs_per_subject=1000`, discard old, `allow_direct`.
+pub fn chat(n: &SpaceNames, r: &Retention) -> Config {
+    let mut c = base(n.chat_stream(), format!("{}.chat.>", n.prefix()), RetentionPolicy::Limits);
+    c.max_messages_per_subject = CHAT_MAX_MSGS_PER_SUBJECT;
+    c.allow_direct = true;
+    limits(&mut c, r.chat);
+    c
+}
+
+/// `DM_<space>`: file, limits retention from the profile, no Direct Get (§8: it would bypass
+/// the consumer-create deny that keeps DMs confidential).
+pub fn dm(n: &SpaceNames, r: &Retention) -> Config {
+    let mut c = base(n.dm_stream(), format!("{}.inst.>", n.prefix()), RetentionPolicy::Limits);
+    limits(&mut c, r.dm);
+    c
+}
+
+/// `TASK_<space>`: file, work queue, no Direct Get.
+pub fn task(n: &SpaceNames, r: &Retention) -> Config {
+    let mut c = base(
+        n.task_stream(),
+        format!("{}.svc.>", n.prefix()),
+        RetentionPolicy::WorkQueue,
+    );
+    limits(&mut c, r.task);
+    c
+}
+
+/// `INBOX_<space>`: the backstop store for `@mention` copies; no Direct Get.
+pub fn backstop(n: &SpaceNames, r: &Retention) -> Config {
+    let mut c = base(n.backstop_stream(), n.backstop_subjects(), RetentionPolicy::Limits);
+    c.max_messages_per_subject = CHAT_MAX_MSGS_PER_SUBJECT;
+    limits(&mut c, r.chat);
+    c
+}
+
+/// A KV bucket's backing stream, with every field pinned. Direct Get is off, so clients read
+/// single keys with `STREAM.MSG.GET`, the verb Appendix B grants.
+fn bucket(name: String, history: i64, max_age: Duration, max_bytes: i64) -> Config {
+    let mut c = base(
+        SpaceNames::kv_stream(&name),
+        format!("$KV.{name}.>"),
+        RetentionPolicy::Limits,
+    );
+    c.max_messages_per_subject = history;
+    c.max_age = max_age;
+    c.max_bytes = max_bytes;
+    c.discard = DiscardPolicy::New;
+    c.allow_rollup = true;
+    c.deny_delete = true;
+    c
+}
+
+/// `cotal_presence_<space>`: TTL 6000 ms (§8).
+pub fn presence_bucket(n: &SpaceNames) -> Config {
+    bucket(n.presence_bucket(), 1, PRESENCE_TTL, -1)
+}
+
+/// `cotal_channels_<space>`: no TTL; a few revisions kept for audit.
+pub fn channels_bucket(n: &SpaceNames) -> Config {
+    bucket(n.channels_bucket(), 5, Duration::ZERO, -1)
+}
+
+/// `cotal_membership_<space>`: no TTL, latest value only.
+pub fn membership_bucket(n: &SpaceNames) -> Config {
+    bucket(n.membership_bucket(), 1, Duration::ZERO, MEMBERSHIP_MAX_BYTES)
+}
+
+/// `cotal_members_<space>`: no TTL, latest value only (writes use revisions).
+pub fn members_bucket(n: &SpaceNames) -> Config {
+    bucket(n.members_bucket(), 1, Duration::ZERO, -1)
+}
+
+/// Every stream of a space, in creation order.
+pub fn all(n: &SpaceNames, r: &Retention) -> Vec<Config> {
+    vec![
+        chat(n, r),
+        dm(n, r),
+        task(n, r),
+        backstop(n, r),
+        presence_bucket(n),
+        channels_bucket(n),
+        membership_bucket(n),
+        members_bucket(n),
+    ]
+}
+
+/// `dm_<id>` on DM: filter `P.inst.<id>.*`, deliver all, explicit ack, `ack_wait` 60 s.
+pub fn dm_consumer(n: &SpaceNames, id: &str) -> consumer::pull::Config {
+    consumer::pull::Config {
+        durable_name: Some(dm_durable(id)),
+        filter_subject: format!("{}.inst.{id}.*", n.prefix()),
+        deliver_policy: DeliverPolicy::All,
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: ACK_WAIT,
+        ..Default::default()
+    }
+}
+
+/// `svc_<role>` on TASK: filter `P.svc.<role>.*`, explicit ack, `ack_wait` 60 s.
+pub fn svc_consumer(n: &SpaceNames, role: &str) -> consumer::pull::Config {
+    consumer::pull::Config {
+        durable_name: Some(svc_durable(role)),
+        filter_subject: format!("{}.svc.{role}.*", n.prefix()),
+        deliver_policy: DeliverPolicy::All,
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: ACK_WAIT,
+        ..Default::default()
+    }
+}
+
+/// One field of an existing stream that differs from what the binding requires.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Drift {
+    /// The stream.
+    pub stream: String,
+    /// The field.
+    pub field: &'static str,
+    /// What the binding requires.
+    pub expected: String,
+    /// What the server has.
+    pub actual: String,
+}
+
+impl std::fmt::Display for Drift {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {} is {} but cotald expects {}",
+            self.stream, self.field, self.actual, self.expected
+        )
+    }
+}
+
+/// The fields of `actual` that differ from `expected`, among those the binding pins.
+pub fn drift(expected: &Config, actual: &Config) -> Vec<Drift> {
+    let mut out = Vec::new();
+    let mut check = |field: &'static str, e: String, a: String| {
+        if e != a {
+            out.push(Drift {
+                stream: expected.name.clone(),
+                field,
+                expected: e,
+                actual: a,
+            });
+        }
+    };
+    check("subjects", format!("{:?}", expected.subjects), format!("{:?}", actual.subjects));
+    check("retention", format!("{:?}", expected.retention), format!("{:?}", actual.retention));
+    check("storage", format!("{:?}", expected.storage), format!("{:?}", actual.storage));
+    check("discard", format!("{:?}", expected.discard), format!("{:?}", actual.discard));
+    check(
+        "max_msgs_per_subject",
+        expected.max_messages_per_subject.to_string(),
+        actual.max_messages_per_subject.to_string(),
+    );
+    check("max_msgs", expected.max_messages.to_string(), actual.max_messages.to_string());
+    check("max_bytes", expected.max_bytes.to_string(), actual.max_bytes.to_string());
+    check("max_age", format!("{:?}", expected.max_age), format!("{:?}", actual.max_age));
+    check("allow_direct", expected.allow_direct.to_string(), actual.allow_direct.to_string());
+    check("allow_rollup", expected.allow_rollup.to_string(), actual.allow_rollup.to_string());
+    check("deny_delete", expected.deny_delete.to_string(), actual.deny_delete.to_string());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_configs_match_section_8() {
+        let n = SpaceNames::new("main");
+        let r = Retention::default();
+        let c = chat(&n, &r);
+        assert_eq!(c.subjects, ["cotal.main.chat.>"]);
+        assert_eq!(c.storage, StorageType::File);
+        assert_eq!(c.retention, RetentionPolicy::Limits);
+        assert_eq!(c.max_messages_per_subject, 1000);
+        assert_eq!(c.discard, DiscardPolicy::Old);
+        assert!(c.allow_direct);
+        for c in [dm(&n, &r), task(&n, &r), backstop(&n, &r)] {
+            assert!(!c.allow_direct, "{}: no Direct Get", c.name);
+            assert_eq!(c.storage, StorageType::File);
+        }
+        assert_eq!(task(&n, &r).retention, RetentionPolicy::WorkQueue);
+        assert_eq!(presence_bucket(&n).max_age, Duration::from_millis(6000));
+        assert_eq!(presence_bucket(&n).subjects, ["$KV.cotal_presence_main.>"]);
+        assert_eq!(channels_bucket(&n).max_age, Duration::ZERO);
+    }
+
+    #[test]
+    fn profile_retention_bounds_dm() {
+        let n = SpaceNames::new("main");
+        let r = Retention {
+            dm: StreamLimits {
+                max_age: Duration::from_secs(86400),
+                max_bytes: 1 << 30,
+                max_msgs: 0,
+            },
+            ..Default::default()
+        };
+        let c = dm(&n, &r);
+        assert_eq!(c.max_age, Duration::from_secs(86400));
+        assert_eq!(c.max_bytes, 1 << 30);
+        assert_eq!(c.max_messages, -1);
+    }
+
+    #[test]
+    fn drift_names_each_changed_field() {
+        let n = SpaceNames::new("main");
+        let expected = chat(&n, &Retention::default());
+        let mut actual = expected.clone();
+        assert!(drift(&expected, &actual).is_empty());
+        actual.max_messages_per_subject = 10;
+        actual.allow_direct = false;
+        let d = drift(&expected, &actual);
+        assert_eq!(d.len(), 2);
+        assert_eq!(d[0].field, "max_msgs_per_subject");
+        assert_eq!(d[1].to_string(), "CHAT_main: allow_direct is false but cotald expects true");
+    }
+
+    #[test]
+    fn durables_follow_section_8() {
+        let n = SpaceNames::new("main");
+        let c = dm_consumer(&n, "UABC");
+        assert_eq!(c.durable_name.as_deref(), Some("dm_UABC"));
+        assert_eq!(c.filter_subject, "cotal.main.inst.UABC.*");
+        assert_eq!(c.ack_policy, AckPolicy::Explicit);
+        assert_eq!(c.ack_wait, Duration::from_secs(60));
+        assert_eq!(svc_consumer(&n, "reviewer").filter_subject, "cotal.main.svc.reviewer.*");
+    }
+}

@@ -1,0 +1,114 @@
+//! Idempotent bootstrap of one space (§8): create what is missing, never touch what exists.
+//! An existing stream whose pinned fields differ is reported as drift (someone changed it,
+//! or an older cotald made it); an existing registry value that differs from the profile is
+//! reported too. Nothing is overwritten, so re-running bootstrap never loses data.
+
+use async_nats::jetstream::context::{GetStreamError, GetStreamErrorKind};
+use async_nats::jetstream::{self, ErrorCode};
+
+use crate::binding::streams::{self, Drift, Retention};
+use crate::binding::SpaceNames;
+
+/// What one bootstrap run did and found.
+#[derive(Debug, Default, Clone)]
+pub struct BootstrapReport {
+    /// Streams and buckets created by this run.
+    pub created: Vec<String>,
+    /// Pinned fields that differ on existing streams.
+    pub drift: Vec<Drift>,
+    /// Channel registry keys written by this run.
+    pub registry_written: Vec<String>,
+    /// Channel registry keys whose stored value differs from the profile (kept as stored).
+    pub registry_drift: Vec<String>,
+}
+
+/// Why bootstrap failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    /// A JetStream request failed.
+    #[error("space `{space}`: {action} {object}: {reason}")]
+    JetStream {
+        space: String,
+        action: &'static str,
+        object: String,
+        reason: String,
+    },
+}
+
+/// Ensures every stream and bucket of the space exists, and that the channel registry holds
+/// `registry` entries (key → JSON value) that are absent.
+pub async fn bootstrap(
+    js: &jetstream::Context,
+    names: &SpaceNames,
+    retention: &Retention,
+    registry: &[(String, serde_json::Value)],
+) -> Result<BootstrapReport, BootstrapError> {
+    let err = |action, object: &str, reason: String| BootstrapError::JetStream {
+        space: names.space().to_owned(),
+        action,
+        object: object.to_owned(),
+        reason,
+    };
+    let mut report = BootstrapReport::default();
+    for expected in streams::all(names, retention) {
+        match js.get_stream(&expected.name).await {
+            Ok(mut existing) => {
+                let info = existing
+                    .info()
+                    .await
+                    .map_err(|e| err("reading", &expected.name, e.to_string()))?;
+                report.drift.extend(streams::drift(&expected, &info.config));
+            }
+            Err(e) if is_not_found(&e) => {
+                js.create_stream(expected.clone())
+                    .await
+                    .map_err(|e| err("creating", &expected.name, e.to_string()))?;
+                report.created.push(expected.name.clone());
+            }
+            Err(e) => return Err(err("reading", &expected.name, e.to_string())),
+        }
+    }
+
+    let bucket = names.channels_bucket();
+    let kv = js
+        .get_key_value(&bucket)
+        .await
+        .map_err(|e| err("opening", &bucket, e.to_string()))?;
+    for (key, value) in registry {
+        let stored = kv
+            .get(key)
+            .await
+            .map_err(|e| err("reading", &format!("{bucket}/{key}"), e.to_string()))?;
+        match stored {
+            None => {
+                let bytes = serde_json::to_vec(value).unwrap_or_default();
+                // `create` fails if the key appeared meanwhile: that value wins, as stored.
+                if kv.create(key, bytes.into()).await.is_ok() {
+                    report.registry_written.push(key.clone());
+                }
+            }
+            Some(bytes) => {
+                let same = serde_json::from_slice::<serde_json::Value>(&bytes)
+                    .is_ok_and(|stored| &stored == value);
+                if !same {
+                    report.registry_drift.push(key.clone());
+                }
+            }
+        }
+    }
+    for d in &report.drift {
+        tracing::warn!(space = names.space(), drift = %d, "stream config drift (not changed)");
+    }
+    for key in &report.registry_drift {
+        tracing::warn!(
+            space = names.space(),
+            key,
+            "channel registry value differs from the profile (kept as stored)"
+        );
+    }
+    Ok(report)
+}
+
+fn is_not_found(e: &GetStreamError) -> bool {
+    matches!(e.kind(), GetStreamErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND)
+}
