@@ -1,1 +1,3 @@
 //! cotald: a Cotal Wire Specification v0.3 appliance.
+
+pub mod protocol;
