@@ -3,11 +3,14 @@
 //!
 //! # Layout
 //!
-//! Dependencies point one way: `profile`, `provision` and `supervisor` know nothing of each
-//! other; `daemon` composes them; `cli` is a thin shell over `daemon`.
+//! Dependencies point one way: `protocol` is pure and knows nothing else; `binding` builds on
+//! it; `profile`, `provision` and `supervisor` know nothing of each other; `space` applies the
+//! binding to a server; `daemon` composes them; `cli` is a thin shell over `daemon`.
 //!
 //! | module | what it is | spec |
 //! | --- | --- | --- |
+//! | [`protocol`] | the transport-agnostic contract: subjects, envelopes, presence, channels, links | §2–§7, §10, §11 |
+//! | [`binding`] | the NATS binding as data: stream, bucket and durable names and configs, profile ACLs | §8, §9, App. B |
 //! | [`profile`] | the operator's TOML profile: broker settings, spaces | §7 (deployment profile) |
 //! | [`datadir`] | the data dir layout, its lock, the runtime state file | |
 //! | [`provision`] | keys and trust chain (operator, SYS, account per space, users), `.creds`, TLS | §2, §9 |
@@ -23,5 +26,6 @@ pub mod cli;
 pub mod daemon;
 pub mod datadir;
 pub mod profile;
+pub mod protocol;
 pub mod provision;
 pub mod supervisor;
