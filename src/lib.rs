@@ -14,6 +14,7 @@
 //! | [`profile`] | the operator's TOML profile: broker settings, spaces | §7 (deployment profile) |
 //! | [`datadir`] | the data dir layout, its lock, the runtime state file | |
 //! | [`provision`] | keys and trust chain (operator, SYS, account per space, users), `.creds`, TLS | §2, §9 |
+//! | [`space`] | a served space: provisioner connection, bootstrap, minted identities | §7, §8, App. B |
 //! | [`supervisor`] | the child nats-server: install, config, spawn, readiness, restart, stop | §8 |
 //! | [`daemon`] | the appliance: startup phases, account push, teardown | §9 |
 //! | [`cli`] | the `cotald` subcommands | |
@@ -28,4 +29,5 @@ pub mod datadir;
 pub mod profile;
 pub mod protocol;
 pub mod provision;
+pub mod space;
 pub mod supervisor;

@@ -10,6 +10,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::binding::streams::{Retention, StreamLimits};
+use crate::protocol::{
+    CHANNEL_DEFAULTS_KEY, ChannelConfig, ChannelDefaults, ChannelDescription, ChannelInstructions,
+    ChannelPattern, DeliveryClass, ReplayWindow,
+};
+
 /// The profile compiled into the binary (`config/local.toml`).
 pub const EMBEDDED_LOCAL: &str = include_str!("../config/local.toml");
 
@@ -41,13 +47,23 @@ pub struct BrokerConfig {
 }
 
 /// The deployment profile of a space (§7): it decides `=defaults.deliveryClass`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum DeploymentProfile {
     /// Local / self-hosted: channels are `durable` by default.
     Local,
     /// Public / web-scale: channels are `live` by default, durability opt-in.
     Public,
+}
+
+impl DeploymentProfile {
+    /// The delivery class a channel has when neither it nor the space says otherwise (§7).
+    pub fn default_delivery_class(self) -> DeliveryClass {
+        match self {
+            DeploymentProfile::Local => DeliveryClass::Durable,
+            DeploymentProfile::Public => DeliveryClass::Live,
+        }
+    }
 }
 
 /// One space.
@@ -59,6 +75,169 @@ pub struct SpaceConfig {
     /// JetStream limits of the space's account.
     #[serde(default)]
     pub jetstream: JetStreamConfig,
+    /// Stream retention.
+    #[serde(default)]
+    pub retention: RetentionConfig,
+    /// Space-wide channel defaults (`=defaults`, §7); `delivery_class` defaults to the
+    /// deployment profile's.
+    #[serde(default)]
+    pub defaults: DefaultsConfig,
+    /// Per-channel configs, keyed by concrete channel name (§7).
+    #[serde(default)]
+    pub channels: BTreeMap<String, ChannelToml>,
+}
+
+impl SpaceConfig {
+    /// A space with the given profile and every other setting at its default.
+    pub fn with_profile(profile: DeploymentProfile) -> Self {
+        SpaceConfig {
+            profile,
+            jetstream: JetStreamConfig::default(),
+            retention: RetentionConfig::default(),
+            defaults: DefaultsConfig::default(),
+            channels: BTreeMap::new(),
+        }
+    }
+
+    /// The `=defaults` record written at space creation: the deployment profile's delivery
+    /// class unless the profile file overrides it (§7).
+    pub fn channel_defaults(&self) -> ChannelDefaults {
+        ChannelDefaults {
+            replay: self.defaults.replay,
+            replay_window: self.defaults.replay_window.clone(),
+            delivery_class: Some(
+                self.defaults
+                    .delivery_class
+                    .unwrap_or(self.profile.default_delivery_class()),
+            ),
+            extra: Default::default(),
+        }
+    }
+
+    /// The channel registry entries the profile declares (key → JSON value), `=defaults` first.
+    pub fn registry_entries(&self) -> Vec<(String, serde_json::Value)> {
+        let mut out = vec![(
+            CHANNEL_DEFAULTS_KEY.to_owned(),
+            serde_json::to_value(self.channel_defaults()).unwrap_or_default(),
+        )];
+        for (name, c) in &self.channels {
+            let config = ChannelConfig {
+                replay: c.replay,
+                replay_window: c.replay_window.clone(),
+                delivery_class: c.delivery_class,
+                description: c.description.clone(),
+                instructions: c.instructions.clone(),
+                extra: Default::default(),
+            };
+            out.push((
+                name.clone(),
+                serde_json::to_value(config).unwrap_or_default(),
+            ));
+        }
+        out
+    }
+
+    /// The stream retention for the binding.
+    pub fn retention(&self) -> Retention {
+        let r = &self.retention;
+        let age =
+            |w: &Option<ReplayWindow>| w.as_ref().map(ReplayWindow::duration).unwrap_or_default();
+        Retention {
+            chat: StreamLimits {
+                max_age: age(&r.chat_max_age),
+                max_bytes: r.chat_max_bytes,
+                max_msgs: 0,
+            },
+            dm: StreamLimits {
+                max_age: age(&r.dm_max_age),
+                max_bytes: r.dm_max_bytes,
+                max_msgs: r.dm_max_msgs,
+            },
+            task: StreamLimits {
+                max_age: age(&r.task_max_age),
+                max_bytes: r.task_max_bytes,
+                max_msgs: 0,
+            },
+        }
+    }
+}
+
+/// Stream retention of a space. Ages use the `replayWindow` syntax (`90s`, `12h`, `30d`);
+/// sizes are bytes or `K`/`M`/`G`/`T` multiples; 0 or absent means unlimited.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionConfig {
+    /// CHAT: oldest message kept (on top of the spec's 1000 per sender and channel).
+    #[serde(default)]
+    pub chat_max_age: Option<ReplayWindow>,
+    /// CHAT: total bytes.
+    #[serde(default, deserialize_with = "de_size")]
+    pub chat_max_bytes: i64,
+    /// DM: oldest message kept.
+    #[serde(default = "default_dm_age")]
+    pub dm_max_age: Option<ReplayWindow>,
+    /// DM: total bytes.
+    #[serde(default = "default_dm_bytes", deserialize_with = "de_size")]
+    pub dm_max_bytes: i64,
+    /// DM: total messages.
+    #[serde(default)]
+    pub dm_max_msgs: i64,
+    /// TASK: oldest unconsumed work item kept.
+    #[serde(default)]
+    pub task_max_age: Option<ReplayWindow>,
+    /// TASK: total bytes.
+    #[serde(default, deserialize_with = "de_size")]
+    pub task_max_bytes: i64,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig {
+            chat_max_age: None,
+            chat_max_bytes: 0,
+            dm_max_age: default_dm_age(),
+            dm_max_bytes: default_dm_bytes(),
+            dm_max_msgs: 0,
+            task_max_age: None,
+            task_max_bytes: 0,
+        }
+    }
+}
+
+fn default_dm_age() -> Option<ReplayWindow> {
+    ReplayWindow::parse("30d").ok()
+}
+
+fn default_dm_bytes() -> i64 {
+    1 << 30
+}
+
+/// `=defaults` overrides (§7).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DefaultsConfig {
+    /// Replay history on join (built-in: true).
+    pub replay: Option<bool>,
+    /// Backfill horizon.
+    pub replay_window: Option<ReplayWindow>,
+    /// Delivery class (default: the deployment profile's).
+    pub delivery_class: Option<DeliveryClass>,
+}
+
+/// One channel's config (§7), as written in a profile.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChannelToml {
+    /// History replay on join.
+    pub replay: Option<bool>,
+    /// Backfill horizon (`^\d+(s|m|h|d)$`).
+    pub replay_window: Option<ReplayWindow>,
+    /// `live` or `durable`.
+    pub delivery_class: Option<DeliveryClass>,
+    /// One line, at most 200 characters.
+    pub description: Option<ChannelDescription>,
+    /// At most 2000 characters.
+    pub instructions: Option<ChannelInstructions>,
 }
 
 /// JetStream storage limits of a space's account, as sizes (`"256M"`, `"10G"`, bytes).
@@ -166,6 +345,17 @@ impl Profile {
         }
         for (name, space) in &self.spaces {
             validate_space_name(name)?;
+            for channel in space.channels.keys() {
+                let concrete = ChannelPattern::from_policy(channel)
+                    .ok()
+                    .filter(ChannelPattern::is_concrete);
+                if concrete.is_none_or(|c| c.as_str() != channel) {
+                    return Err(format!(
+                        "spaces.{name}.channels.{channel:?}: a channel config needs a concrete \
+                         channel name: dotted segments of [A-Za-z0-9_-], no wildcard"
+                    ));
+                }
+            }
             let js = &space.jetstream;
             if js.max_memory_store <= 0 || js.max_file_store <= 0 {
                 return Err(format!(
@@ -181,6 +371,11 @@ impl Profile {
 /// must already be a clean token: `[A-Za-z0-9_-]+`. A name that sanitization would change is
 /// refused rather than silently renamed.
 pub fn validate_space_name(name: &str) -> Result<(), String> {
+    validate_token("space name", name)
+}
+
+/// A strict routing token (`[A-Za-z0-9_-]`, 1 to 64 characters): refused, not sanitized.
+pub fn validate_token(what: &str, name: &str) -> Result<(), String> {
     if name.is_empty()
         || name.len() > 64
         || !name
@@ -188,7 +383,7 @@ pub fn validate_space_name(name: &str) -> Result<(), String> {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
     {
         return Err(format!(
-            "space name {name:?}: use 1 to 64 characters from [A-Za-z0-9_-]"
+            "{what} {name:?}: use 1 to 64 characters from [A-Za-z0-9_-]"
         ));
     }
     Ok(())
@@ -287,6 +482,63 @@ mod tests {
             let err = Profile::parse(&text, "t.toml").unwrap_err().to_string();
             assert!(err.contains(expect), "{to}: {err}");
         }
+    }
+
+    #[test]
+    fn deployment_profile_decides_the_default_delivery_class() {
+        let local = Profile::embedded().unwrap();
+        let defaults = local.spaces["main"].channel_defaults();
+        assert_eq!(defaults.delivery_class, Some(DeliveryClass::Durable));
+        let public =
+            Profile::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("config/public.toml"))
+                .unwrap();
+        let space = &public.spaces["main"];
+        assert_eq!(
+            space.channel_defaults().delivery_class,
+            Some(DeliveryClass::Live)
+        );
+        let entries = space.registry_entries();
+        assert_eq!(entries[0].0, "=defaults");
+        assert_eq!(entries[0].1["deliveryClass"], "live");
+        assert_eq!(entries[0].1["replayWindow"], "24h");
+        let incidents = entries.iter().find(|(k, _)| k == "incidents").unwrap();
+        assert_eq!(incidents.1["deliveryClass"], "durable");
+        assert_eq!(space.retention().dm.max_bytes, 4 << 30);
+        assert_eq!(space.retention().dm.max_age.as_secs(), 14 * 86400);
+    }
+
+    #[test]
+    fn channel_configs_are_validated() {
+        let bad = [
+            (
+                "[spaces.main.channels.general]",
+                "[spaces.main.channels.\"a.>\"]",
+                "concrete",
+            ),
+            (
+                "[spaces.main.channels.general]",
+                "[spaces.main.channels.\"foo/bar\"]",
+                "concrete",
+            ),
+            (
+                "description = \"Everyone",
+                "colour = \"red\"\ndescription = \"Everyone",
+                "colour",
+            ),
+            ("replay = true", "replay_window = \"1w\"", "replay"),
+        ];
+        for (from, to, expect) in bad {
+            let text = EMBEDDED_LOCAL.replace(from, to);
+            assert_ne!(text, EMBEDDED_LOCAL, "{from}");
+            let err = Profile::parse(&text, "t.toml").unwrap_err().to_string();
+            assert!(err.contains(expect), "{to}: {err}");
+        }
+        let long = format!("description = \"{}\"", "x".repeat(201));
+        let text = EMBEDDED_LOCAL.replace(
+            "description = \"Everyone's channel: announcements, questions, coordination.\"",
+            &long,
+        );
+        assert!(Profile::parse(&text, "t.toml").is_err());
     }
 
     #[test]

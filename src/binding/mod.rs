@@ -2,6 +2,7 @@
 //! streams, buckets and durables, their exact configurations, and the permission sets of each
 //! credential profile. Nothing here talks to a server; `space` applies these to one.
 
+pub mod acl;
 mod names;
 pub mod streams;
 

@@ -112,7 +112,10 @@ mod tests {
         assert_eq!(n.presence_bucket(), "cotal_presence_main");
         assert_eq!(n.channels_bucket(), "cotal_channels_main");
         assert_eq!(n.membership_bucket(), "cotal_membership_main");
-        assert_eq!(SpaceNames::kv_stream(&n.presence_bucket()), "KV_cotal_presence_main");
+        assert_eq!(
+            SpaceNames::kv_stream(&n.presence_bucket()),
+            "KV_cotal_presence_main"
+        );
         assert_eq!(dm_durable("UABC"), "dm_UABC");
         assert_eq!(svc_durable("reviewer"), "svc_reviewer");
         assert_eq!(chat_history_consumer("UABC"), "chathist_UABC");

@@ -64,7 +64,11 @@ fn base(name: String, subject: String, retention: RetentionPolicy) -> Config {
 
 /// `CHAT_<space>`: file, `max_msgs_per_subject=1000`, discard old, `allow_direct`.
 pub fn chat(n: &SpaceNames, r: &Retention) -> Config {
-    let mut c = base(n.chat_stream(), format!("{}.chat.>", n.prefix()), RetentionPolicy::Limits);
+    let mut c = base(
+        n.chat_stream(),
+        format!("{}.chat.>", n.prefix()),
+        RetentionPolicy::Limits,
+    );
     c.max_messages_per_subject = CHAT_MAX_MSGS_PER_SUBJECT;
     c.allow_direct = true;
     limits(&mut c, r.chat);
@@ -74,7 +78,11 @@ pub fn chat(n: &SpaceNames, r: &Retention) -> Config {
 /// `DM_<space>`: file, limits retention from the profile, no Direct Get (§8: it would bypass
 /// the consumer-create deny that keeps DMs confidential).
 pub fn dm(n: &SpaceNames, r: &Retention) -> Config {
-    let mut c = base(n.dm_stream(), format!("{}.inst.>", n.prefix()), RetentionPolicy::Limits);
+    let mut c = base(
+        n.dm_stream(),
+        format!("{}.inst.>", n.prefix()),
+        RetentionPolicy::Limits,
+    );
     limits(&mut c, r.dm);
     c
 }
@@ -92,7 +100,11 @@ pub fn task(n: &SpaceNames, r: &Retention) -> Config {
 
 /// `INBOX_<space>`: the backstop store for `@mention` copies; no Direct Get.
 pub fn backstop(n: &SpaceNames, r: &Retention) -> Config {
-    let mut c = base(n.backstop_stream(), n.backstop_subjects(), RetentionPolicy::Limits);
+    let mut c = base(
+        n.backstop_stream(),
+        n.backstop_subjects(),
+        RetentionPolicy::Limits,
+    );
     c.max_messages_per_subject = CHAT_MAX_MSGS_PER_SUBJECT;
     limits(&mut c, r.chat);
     c
@@ -127,7 +139,12 @@ pub fn channels_bucket(n: &SpaceNames) -> Config {
 
 /// `cotal_membership_<space>`: no TTL, latest value only.
 pub fn membership_bucket(n: &SpaceNames) -> Config {
-    bucket(n.membership_bucket(), 1, Duration::ZERO, MEMBERSHIP_MAX_BYTES)
+    bucket(
+        n.membership_bucket(),
+        1,
+        Duration::ZERO,
+        MEMBERSHIP_MAX_BYTES,
+    )
 }
 
 /// `cotal_members_<space>`: no TTL, latest value only (writes use revisions).
@@ -209,21 +226,61 @@ pub fn drift(expected: &Config, actual: &Config) -> Vec<Drift> {
             });
         }
     };
-    check("subjects", format!("{:?}", expected.subjects), format!("{:?}", actual.subjects));
-    check("retention", format!("{:?}", expected.retention), format!("{:?}", actual.retention));
-    check("storage", format!("{:?}", expected.storage), format!("{:?}", actual.storage));
-    check("discard", format!("{:?}", expected.discard), format!("{:?}", actual.discard));
+    check(
+        "subjects",
+        format!("{:?}", expected.subjects),
+        format!("{:?}", actual.subjects),
+    );
+    check(
+        "retention",
+        format!("{:?}", expected.retention),
+        format!("{:?}", actual.retention),
+    );
+    check(
+        "storage",
+        format!("{:?}", expected.storage),
+        format!("{:?}", actual.storage),
+    );
+    check(
+        "discard",
+        format!("{:?}", expected.discard),
+        format!("{:?}", actual.discard),
+    );
     check(
         "max_msgs_per_subject",
         expected.max_messages_per_subject.to_string(),
         actual.max_messages_per_subject.to_string(),
     );
-    check("max_msgs", expected.max_messages.to_string(), actual.max_messages.to_string());
-    check("max_bytes", expected.max_bytes.to_string(), actual.max_bytes.to_string());
-    check("max_age", format!("{:?}", expected.max_age), format!("{:?}", actual.max_age));
-    check("allow_direct", expected.allow_direct.to_string(), actual.allow_direct.to_string());
-    check("allow_rollup", expected.allow_rollup.to_string(), actual.allow_rollup.to_string());
-    check("deny_delete", expected.deny_delete.to_string(), actual.deny_delete.to_string());
+    check(
+        "max_msgs",
+        expected.max_messages.to_string(),
+        actual.max_messages.to_string(),
+    );
+    check(
+        "max_bytes",
+        expected.max_bytes.to_string(),
+        actual.max_bytes.to_string(),
+    );
+    check(
+        "max_age",
+        format!("{:?}", expected.max_age),
+        format!("{:?}", actual.max_age),
+    );
+    check(
+        "allow_direct",
+        expected.allow_direct.to_string(),
+        actual.allow_direct.to_string(),
+    );
+    check(
+        "allow_rollup",
+        expected.allow_rollup.to_string(),
+        actual.allow_rollup.to_string(),
+    );
+    check(
+        "deny_delete",
+        expected.deny_delete.to_string(),
+        actual.deny_delete.to_string(),
+    );
     out
 }
 
@@ -280,7 +337,10 @@ mod tests {
         let d = drift(&expected, &actual);
         assert_eq!(d.len(), 2);
         assert_eq!(d[0].field, "max_msgs_per_subject");
-        assert_eq!(d[1].to_string(), "CHAT_main: allow_direct is false but cotald expects true");
+        assert_eq!(
+            d[1].to_string(),
+            "CHAT_main: allow_direct is false but cotald expects true"
+        );
     }
 
     #[test]
@@ -291,6 +351,9 @@ mod tests {
         assert_eq!(c.filter_subject, "cotal.main.inst.UABC.*");
         assert_eq!(c.ack_policy, AckPolicy::Explicit);
         assert_eq!(c.ack_wait, Duration::from_secs(60));
-        assert_eq!(svc_consumer(&n, "reviewer").filter_subject, "cotal.main.svc.reviewer.*");
+        assert_eq!(
+            svc_consumer(&n, "reviewer").filter_subject,
+            "cotal.main.svc.reviewer.*"
+        );
     }
 }

@@ -1,5 +1,7 @@
 //! The `cotald` command line: thin over the library. Errors become `anyhow` here, at the edge.
 
+mod mint;
+mod space;
 mod status;
 mod up;
 
@@ -37,6 +39,15 @@ pub enum Command {
     Up(up::UpArgs),
     /// Report whether the appliance of a data dir is running and healthy (exit 0 only then).
     Status(status::StatusArgs),
+    /// Mint a credential (`.creds`) for an agent, observer or admin of a space.
+    ///
+    /// With the appliance running, its durables (`dm_<id>`, `svc_<role>`) are created at once,
+    /// so a client built from the credential alone receives DMs and anycast; without it, they
+    /// are created at the next `cotald up`. Channel lists are strict: `foo/bar`, `a.>.b` or an
+    /// empty segment are refused, never rewritten.
+    Mint(mint::MintArgs),
+    /// Add or list the spaces of a running appliance.
+    Space(space::SpaceArgs),
 }
 
 /// The data dir option every local command takes.
@@ -44,7 +55,7 @@ pub enum Command {
 pub struct DataDirArg {
     /// Where the appliance keeps its keys, certificates, streams and logs
     /// [default: $XDG_DATA_HOME/cotald or ~/.local/share/cotald]
-    #[arg(long, env = "COTALD_DATA_DIR", value_name = "DIR")]
+    #[arg(long, env = "COTALD_DATA_DIR", value_name = "DIR", global = true)]
     pub data_dir: Option<PathBuf>,
 }
 
@@ -74,6 +85,8 @@ pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
         match cli.command {
             Command::Up(args) => up::run(args, embedded).await,
             Command::Status(args) => status::run(args).await,
+            Command::Mint(args) => mint::run(args).await,
+            Command::Space(args) => space::run(args).await,
         }
     });
     match result {

@@ -24,6 +24,8 @@ struct Claims<'a, N: Serialize> {
     iss: String,
     name: &'a str,
     sub: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exp: Option<i64>,
     nats: N,
 }
 
@@ -145,6 +147,7 @@ pub(crate) fn operator_jwt(
         operator,
         operator.public_key(),
         "cotald",
+        None,
         OperatorClaims {
             system_account,
             kind: "operator",
@@ -164,6 +167,7 @@ pub(crate) fn account_jwt(
         operator,
         account.public_key(),
         name,
+        None,
         AccountClaims {
             limits,
             signing_keys: signing_key.map(KeyPair::public_key).into_iter().collect(),
@@ -181,11 +185,13 @@ pub(crate) fn user_jwt(
     user_public: String,
     name: &str,
     permissions: &UserPermissions,
+    expires: Option<i64>,
 ) -> Result<String, ProvisionError> {
     encode(
         signer,
         user_public,
         name,
+        expires,
         UserClaims {
             publish: &permissions.publish,
             subscribe: &permissions.subscribe,
@@ -203,6 +209,7 @@ fn encode<N: Serialize>(
     issuer: &KeyPair,
     subject: String,
     name: &str,
+    exp: Option<i64>,
     nats: N,
 ) -> Result<String, ProvisionError> {
     let mut claims = Claims {
@@ -211,6 +218,7 @@ fn encode<N: Serialize>(
         iss: issuer.public_key(),
         name,
         sub: subject,
+        exp,
         nats,
     };
     let unhashed = serde_json::to_vec(&claims).map_err(|e| ProvisionError::Sign(e.to_string()))?;
@@ -256,6 +264,7 @@ mod tests {
             user.public_key(),
             "alice",
             &UserPermissions::unrestricted(),
+            None,
         )
         .unwrap();
         let parts: Vec<&str> = jwt.split('.').collect();

@@ -7,6 +7,7 @@
 //! keys/spaces/<space>/account.nk         the space's account seed (§9: account = space)
 //! keys/spaces/<space>/signing.nk         the account signing key (signs user JWTs)
 //! keys/spaces/<space>/local-operator.nk  the machine operator's own user in that space
+//! keys/spaces/<space>/manager.nk         the appliance's provisioner in that space
 //! ```
 //!
 //! All files are 0600, their directories 0700.
@@ -129,6 +130,7 @@ impl KeyStore {
             self.system_user.public_key(),
             "cotald-system",
             &UserPermissions::unrestricted(),
+            None,
         )?;
         seed_creds(jwt, &self.system_user)
     }
@@ -195,22 +197,35 @@ impl SpaceKeys {
         user: &KeyPair,
         permissions: &UserPermissions,
     ) -> Result<Creds, ProvisionError> {
+        self.mint_until(name, user, permissions, None)
+    }
+
+    /// Like [`SpaceKeys::mint`], with an expiry (Unix seconds) the broker enforces.
+    pub fn mint_until(
+        &self,
+        name: &str,
+        user: &KeyPair,
+        permissions: &UserPermissions,
+        expires: Option<i64>,
+    ) -> Result<Creds, ProvisionError> {
         let jwt = claims::user_jwt(
             &self.signing,
             &self.account.public_key(),
             user.public_key(),
             name,
             permissions,
+            expires,
         )?;
         seed_creds(jwt, user)
     }
 
-    /// The machine operator's own user in this space: one stable key, unrestricted within
-    /// the space (whoever can read the data dir holds every key anyway).
-    pub fn local_operator_creds(&self) -> Result<Creds, ProvisionError> {
-        let path = self.dir.join("local-operator.nk");
+    /// A user of the appliance itself in this space (`local-operator`, `manager`): one stable
+    /// key per name under the space's key directory, unrestricted within the space (whoever
+    /// can read the data dir holds every key anyway).
+    pub fn own_user_creds(&self, name: &str) -> Result<Creds, ProvisionError> {
+        let path = self.dir.join(format!("{name}.nk"));
         let [user] = load_group(&self.dir, &[(path, Kind::User)], true)?;
-        self.mint("local-operator", &user, &UserPermissions::unrestricted())
+        self.mint(name, &user, &UserPermissions::unrestricted())
     }
 }
 

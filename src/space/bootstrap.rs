@@ -6,8 +6,8 @@
 use async_nats::jetstream::context::{GetStreamError, GetStreamErrorKind};
 use async_nats::jetstream::{self, ErrorCode};
 
-use crate::binding::streams::{self, Drift, Retention};
 use crate::binding::SpaceNames;
+use crate::binding::streams::{self, Drift, Retention};
 
 /// What one bootstrap run did and found.
 #[derive(Debug, Default, Clone)]

@@ -1,0 +1,119 @@
+//! What the data dir remembers about spaces beyond the profile: spaces added at runtime
+//! (`spaces/<space>/space.toml`) and the identities minted for each space
+//! (`spaces/<space>/identities/<id>.json`), so that a restart serves the same spaces and
+//! re-creates the durables every minted agent binds.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::identity::IdentityRecord;
+use crate::datadir::DataDir;
+use crate::profile::{DeploymentProfile, SpaceConfig};
+
+/// Why the space store could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// I/O.
+    #[error("I/O error at {path} while {action}: {source}")]
+    Io {
+        path: PathBuf,
+        action: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A stored file is malformed.
+    #[error("{path} is malformed: {reason}")]
+    Malformed { path: PathBuf, reason: String },
+}
+
+fn io(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
+    let path = path.to_owned();
+    move |source| StoreError::Io {
+        path,
+        action,
+        source,
+    }
+}
+
+/// A space added at runtime: only its deployment profile is chosen; the rest is default.
+#[derive(Debug, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+struct RuntimeSpace {
+    profile: DeploymentProfile,
+}
+
+fn runtime_file(dir: &DataDir, space: &str) -> PathBuf {
+    dir.space(space).join("space.toml")
+}
+
+/// Records a space added at runtime.
+pub fn add_runtime_space(
+    dir: &DataDir,
+    space: &str,
+    profile: DeploymentProfile,
+) -> Result<(), StoreError> {
+    let path = runtime_file(dir, space);
+    let parent = dir.space(space);
+    fs::create_dir_all(&parent).map_err(io(&parent, "creating"))?;
+    let text = toml::to_string(&RuntimeSpace { profile }).unwrap_or_default();
+    fs::write(&path, format!("# Added with `cotald space add`.\n{text}"))
+        .map_err(io(&path, "writing"))
+}
+
+/// The spaces added at runtime, by name.
+pub fn runtime_spaces(dir: &DataDir) -> Result<BTreeMap<String, SpaceConfig>, StoreError> {
+    let mut out = BTreeMap::new();
+    let root = dir.root().join("spaces");
+    let Ok(entries) = fs::read_dir(&root) else {
+        return Ok(out);
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = runtime_file(dir, &name);
+        let Ok(text) = fs::read_to_string(&path) else {
+            continue;
+        };
+        let space: RuntimeSpace = toml::from_str(&text).map_err(|e| StoreError::Malformed {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        out.insert(name, SpaceConfig::with_profile(space.profile));
+    }
+    Ok(out)
+}
+
+/// Records a minted identity.
+pub fn save_identity(dir: &DataDir, record: &IdentityRecord) -> Result<(), StoreError> {
+    let parent = dir.space(&record.space).join("identities");
+    fs::create_dir_all(&parent).map_err(io(&parent, "creating"))?;
+    let path = parent.join(format!("{}.json", record.id));
+    let json = serde_json::to_vec_pretty(record).unwrap_or_default();
+    fs::write(&path, json).map_err(io(&path, "writing"))
+}
+
+/// Every identity minted for `space`.
+pub fn identities(dir: &DataDir, space: &str) -> Result<Vec<IdentityRecord>, StoreError> {
+    let parent = dir.space(space).join("identities");
+    let Ok(entries) = fs::read_dir(&parent) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let bytes = fs::read(&path).map_err(io(&path, "reading"))?;
+        out.push(
+            serde_json::from_slice(&bytes).map_err(|e| StoreError::Malformed {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?,
+        );
+    }
+    out.sort_by(|a: &IdentityRecord, b| a.id.cmp(&b.id));
+    Ok(out)
+}
