@@ -66,7 +66,7 @@ impl ServerConf {
         let _ = writeln!(out, "system_account: {}", quote(&self.system_account));
         let _ = writeln!(
             out,
-            "resolver: {{\n  type: full\n  dir: {}\n  allow_delete: false\n  interval: \"2m\"\n  timeout: \"5s\"\n}}",
+            "resolver: {{\n  type: full\n  dir: {}\n  allow_delete: false\n  interval: \"2m\"\n  timeout: \"1s\"\n}}",
             quote_path(&self.resolver_dir)
         );
         let _ = writeln!(

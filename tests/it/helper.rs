@@ -220,3 +220,153 @@ pub fn alive(pid: u32) -> bool {
     // SAFETY: signal 0 only probes.
     unsafe { libc::kill(pid as i32, 0) == 0 }
 }
+
+/// What `cotald mint --json` prints.
+#[derive(Debug, serde::Deserialize)]
+pub struct Minted {
+    pub id: String,
+    pub creds: PathBuf,
+    pub link: String,
+    pub ca: PathBuf,
+}
+
+/// Runs `cotald mint NAME --space SPACE ARGS… --json` against the appliance's data dir.
+pub async fn mint(data_dir: &Path, name: &str, space: &str, args: &[&str]) -> Minted {
+    let out = mint_raw(data_dir, name, space, args).await;
+    assert!(
+        out.status.success(),
+        "mint failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("mint --json output")
+}
+
+/// Runs `cotald mint` and returns its raw output.
+pub async fn mint_raw(
+    data_dir: &Path,
+    name: &str,
+    space: &str,
+    args: &[&str],
+) -> std::process::Output {
+    tokio::time::timeout(
+        TIMEOUT,
+        Command::new(cotald_bin())
+            .args(["mint", name, "--space", space, "--json", "--data-dir"])
+            .arg(data_dir)
+            .args(args)
+            .output(),
+    )
+    .await
+    .expect("mint finishes")
+    .unwrap()
+}
+
+/// A client with its event stream, to read the broker's verdicts.
+pub struct Probe {
+    pub client: async_nats::Client,
+    pub events: mpsc::UnboundedReceiver<async_nats::Event>,
+}
+
+impl Probe {
+    /// Connects with `creds` and the per-identity inbox prefix `_INBOX_<id>` (§10).
+    pub async fn connect(c: &Cotald, creds: &Path) -> Probe {
+        Self::try_connect(c, creds).await.expect("connect")
+    }
+
+    /// Like [`Probe::connect`], returning the connect error.
+    pub async fn try_connect(c: &Cotald, creds: &Path) -> Result<Probe, async_nats::ConnectError> {
+        let text = std::fs::read_to_string(creds).unwrap();
+        let id = cotald::provision::Creds::parse(&text)
+            .ok()
+            .and_then(|c| c.public_key().ok())
+            .unwrap_or_default();
+        let (tx, events) = mpsc::unbounded_channel();
+        let client = async_nats::ConnectOptions::with_credentials(&text)
+            .unwrap()
+            .custom_inbox_prefix(format!("_INBOX_{id}"))
+            .add_root_certificates(c.data_dir.join("tls/ca.pem"))
+            .require_tls(true)
+            .event_callback(move |event| {
+                let tx = tx.clone();
+                async move {
+                    let _ = tx.send(event);
+                }
+            })
+            .connect(format!("tls://{}", c.state().listen))
+            .await?;
+        Ok(Probe { client, events })
+    }
+
+    /// Waits for the broker's permission violation naming `verb` ("Publish" or
+    /// "Subscription") and `subject`.
+    pub async fn violation(&mut self, verb: &str, subject: &str) {
+        let needle = format!("Permissions Violation for {verb} to \"{subject}\"");
+        let seen = tokio::time::timeout(TIMEOUT, async {
+            while let Some(event) = self.events.recv().await {
+                if let async_nats::Event::ServerError(async_nats::ServerError::Other(text)) = &event
+                    && text.contains(&needle)
+                {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        assert!(matches!(seen, Ok(true)), "no violation: {needle}");
+    }
+
+    /// Publishes and expects the broker to refuse it.
+    pub async fn denied_pub(&mut self, subject: &str) {
+        self.client
+            .publish(subject.to_owned(), "x".into())
+            .await
+            .unwrap();
+        self.violation("Publish", subject).await;
+    }
+
+    /// Subscribes and expects the broker to refuse it.
+    pub async fn denied_sub(&mut self, subject: &str) {
+        let _sub = self.client.subscribe(subject.to_owned()).await.unwrap();
+        self.violation("Subscription", subject).await;
+    }
+
+    /// A request that must be answered (the broker let it through); returns the reply.
+    pub async fn request(&mut self, subject: &str, body: serde_json::Value) -> serde_json::Value {
+        let reply = tokio::time::timeout(
+            TIMEOUT,
+            self.client
+                .request(subject.to_owned(), body.to_string().into()),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("no reply to {subject}"))
+        .unwrap_or_else(|e| panic!("request {subject}: {e}"));
+        serde_json::from_slice(&reply.payload).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// A request whose publish the broker must refuse.
+    pub async fn denied_request(&mut self, subject: &str, body: serde_json::Value) {
+        let client = self.client.clone();
+        let subject_owned = subject.to_owned();
+        // The refused request never gets a reply; the violation event is the verdict.
+        let pending = tokio::spawn(async move {
+            let _ = client.request(subject_owned, body.to_string().into()).await;
+        });
+        self.violation("Publish", subject).await;
+        pending.abort();
+    }
+
+    /// A round trip that proves the broker has processed everything sent before it.
+    pub async fn barrier(&mut self) {
+        let info = self.request("$JS.API.INFO", serde_json::json!({})).await;
+        assert!(info.get("error").is_none(), "$JS.API.INFO: {info}");
+    }
+}
+
+/// Waits for one message on `sub`.
+pub async fn next(sub: &mut async_nats::Subscriber) -> async_nats::Message {
+    use futures_util::StreamExt;
+    tokio::time::timeout(TIMEOUT, sub.next())
+        .await
+        .expect("message within timeout")
+        .expect("subscription open")
+}

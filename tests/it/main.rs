@@ -1,5 +1,6 @@
 //! Integration tests: the real `cotald` binary and its bundled nats-server on loopback, with
 //! random ports and temporary data dirs. One test binary, modules by area.
 
+mod acl;
 mod appliance;
 mod helper;

@@ -1,0 +1,557 @@
+//! The broker-enforced ACL battery (Appendix B, §9): minted credentials against the real
+//! broker, each case asserting the broker's verdict: accepted, or refused with a permission
+//! violation (or, for JetStream API requests it lets through, the server's own error).
+
+use std::path::PathBuf;
+
+use serde_json::json;
+
+use crate::helper::{Cotald, Probe, TIMEOUT, mint, next};
+
+const BOB: &str = "UDI36ZKVNUM5WMO4QQ6HDQU7F4OH2RCXOJRX6GAIOS5SKVNNSKCDNLJA";
+
+fn own_creds(c: &Cotald, space: &str) -> PathBuf {
+    c.data_dir
+        .join(format!("spaces/{space}/local-operator.creds"))
+}
+
+/// The witness (the space's unrestricted local operator) sees what an allowed publish sends.
+async fn witness_receives(witness: &mut Probe, subject: &str, send: impl AsyncFnOnce()) {
+    let mut sub = witness.client.subscribe(subject.to_owned()).await.unwrap();
+    witness.barrier().await;
+    send().await;
+    let msg = next(&mut sub).await;
+    assert_eq!(msg.subject.as_str(), subject);
+}
+
+/// `subscriber` receives what the witness publishes on `subject` (the subscription is live).
+async fn subscription_receives(
+    subscriber: &mut Probe,
+    witness: &Probe,
+    pattern: &str,
+    subject: &str,
+) {
+    let mut sub = subscriber
+        .client
+        .subscribe(pattern.to_owned())
+        .await
+        .unwrap();
+    subscriber.barrier().await;
+    witness
+        .client
+        .publish(subject.to_owned(), "x".into())
+        .await
+        .unwrap();
+    let msg = next(&mut sub).await;
+    assert_eq!(msg.subject.as_str(), subject);
+}
+
+fn history_body(id: &str, filter: &str) -> serde_json::Value {
+    json!({
+        "stream_name": "CHAT_main",
+        "config": {
+            "name": format!("chathist_{id}"),
+            "filter_subject": filter,
+            "ack_policy": "none",
+            "deliver_policy": "all",
+            "mem_storage": true,
+            "inactive_threshold": 30_000_000_000u64,
+        }
+    })
+}
+
+#[tokio::test]
+async fn agent_profile_is_enforced_by_the_broker() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(
+        tmp.path(),
+        "alice",
+        "main",
+        &[
+            "--subscribe",
+            "general",
+            "--allow-subscribe",
+            "general,team.>",
+            "--allow-publish",
+            "general",
+            "--role",
+            "reviewer",
+        ],
+    )
+    .await;
+    assert!(
+        alice.link.ends_with("/main?channel=general"),
+        "{}",
+        alice.link
+    );
+    assert!(alice.ca.ends_with("tls/ca.pem"));
+    let id = alice.id.clone();
+    let mut a = Probe::connect(&c, &alice.creds).await;
+    let mut w = Probe::connect(&c, &own_creds(&c, "main")).await;
+    let mut cases = 0;
+
+    // Publish: own chat subject on an allowPublish channel ✓, everything else ✗.
+    let own = format!("cotal.main.chat.{id}.general");
+    witness_receives(&mut w, &own, async || {
+        a.client.publish(own.clone(), "hi".into()).await.unwrap();
+    })
+    .await;
+    cases += 1;
+    for subject in [
+        format!("cotal.main.chat.{id}.random"),
+        format!("cotal.main.chat.{BOB}.general"),
+        format!("cotal.main.chat.{id}.*"),
+        format!("cotal.main.chat.{id}.team.backend"),
+    ] {
+        a.denied_pub(&subject).await;
+        cases += 1;
+    }
+    let dm_to_bob = format!("cotal.main.inst.{BOB}.{id}");
+    witness_receives(&mut w, &dm_to_bob, async || {
+        a.client
+            .publish(dm_to_bob.clone(), "dm".into())
+            .await
+            .unwrap();
+    })
+    .await;
+    a.denied_pub(&format!("cotal.main.inst.{id}.{BOB}")).await;
+    a.denied_pub(&format!("cotal.main.ctl.admin.{id}")).await;
+    cases += 3;
+
+    // Subscribe: within allowSubscribe ✓ (also under `team.>`), the rest ✗.
+    subscription_receives(
+        &mut a,
+        &w,
+        "cotal.main.chat.*.general",
+        &format!("cotal.main.chat.{BOB}.general"),
+    )
+    .await;
+    subscription_receives(
+        &mut a,
+        &w,
+        "cotal.main.chat.*.team.backend",
+        &format!("cotal.main.chat.{BOB}.team.backend"),
+    )
+    .await;
+    cases += 2;
+    for subject in [
+        "cotal.main.chat.*.team".to_owned(),
+        "cotal.main.chat.*.random".to_owned(),
+        "_INBOX.>".to_owned(),
+        format!("_INBOX_{BOB}.>"),
+        "cotal.main.>".to_owned(),
+        "cotal.main.inst.>".to_owned(),
+    ] {
+        a.denied_sub(&subject).await;
+        cases += 1;
+    }
+
+    // History: the pinned single-filter create ✓ for an allowed channel only.
+    let create = |filter: &str| format!("$JS.API.CONSUMER.CREATE.CHAT_main.chathist_{id}.{filter}");
+    let ok = a
+        .request(
+            &create("cotal.main.chat.*.general"),
+            history_body(&id, "cotal.main.chat.*.general"),
+        )
+        .await;
+    assert!(ok.get("error").is_none(), "pinned create: {ok}");
+    let _ = a
+        .request(
+            &format!("$JS.API.CONSUMER.DELETE.CHAT_main.chathist_{id}"),
+            json!({}),
+        )
+        .await;
+    let ok = a
+        .request(
+            &create("cotal.main.chat.*.team.>"),
+            history_body(&id, "cotal.main.chat.*.team.>"),
+        )
+        .await;
+    assert!(
+        ok.get("error").is_none(),
+        "pinned create under team.>: {ok}"
+    );
+    let _ = a
+        .request(
+            &format!("$JS.API.CONSUMER.DELETE.CHAT_main.chathist_{id}"),
+            json!({}),
+        )
+        .await;
+    cases += 2;
+    a.denied_request(
+        &create("cotal.main.chat.*.random"),
+        history_body(&id, "cotal.main.chat.*.random"),
+    )
+    .await;
+    cases += 1;
+    let mismatch = a
+        .request(
+            &create("cotal.main.chat.*.general"),
+            history_body(&id, "cotal.main.chat.*.random"),
+        )
+        .await;
+    assert_eq!(
+        mismatch["error"]["err_code"], 10131,
+        "body filter ≠ subject filter: {mismatch}"
+    );
+    cases += 1;
+    a.denied_request(
+        "$JS.API.CONSUMER.CREATE.CHAT_main",
+        history_body(&id, "cotal.main.chat.>"),
+    )
+    .await;
+    a.denied_request(
+        &format!("$JS.API.CONSUMER.CREATE.CHAT_main.chathist_{id}"),
+        json!({}),
+    )
+    .await;
+    a.denied_request("$JS.API.CONSUMER.DURABLE.CREATE.CHAT_main.x", json!({}))
+        .await;
+    a.denied_request("$JS.API.DIRECT.GET.CHAT_main", json!({"seq": 1}))
+        .await;
+    a.denied_request("$JS.API.DIRECT.GET.DM_main", json!({"seq": 1}))
+        .await;
+    a.denied_request("$JS.API.STREAM.MSG.GET.CHAT_main", json!({"seq": 1}))
+        .await;
+    cases += 6;
+
+    // DM: the pre-created dm_<id> is bound (INFO) and read; another's, and any create, ✗.
+    let info = a
+        .request(&format!("$JS.API.CONSUMER.INFO.DM_main.dm_{id}"), json!({}))
+        .await;
+    assert_eq!(
+        info["config"]["durable_name"],
+        format!("dm_{id}"),
+        "dm_<id> pre-created on mint: {info}"
+    );
+    cases += 1;
+    let js = async_nats::jetstream::new(w.client.clone());
+    js.publish(format!("cotal.main.inst.{id}.{BOB}"), "for alice".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let consumer = async_nats::jetstream::new(a.client.clone())
+        .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
+            format!("dm_{id}"),
+            "DM_main",
+        )
+        .await
+        .expect("bind dm_<id> with CONSUMER.INFO only");
+    let mut batch = consumer.fetch().max_messages(1).messages().await.unwrap();
+    use futures_util::StreamExt;
+    let dm = tokio::time::timeout(TIMEOUT, batch.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(&dm.payload[..], b"for alice");
+    dm.double_ack().await.expect("the ack is accepted");
+    cases += 1;
+    a.denied_request(
+        &format!("$JS.API.CONSUMER.INFO.DM_main.dm_{BOB}"),
+        json!({}),
+    )
+    .await;
+    a.denied_request(
+        &format!("$JS.API.CONSUMER.MSG.NEXT.DM_main.dm_{BOB}"),
+        json!({"batch": 1}),
+    )
+    .await;
+    cases += 2;
+    for subject in [
+        format!("$JS.API.CONSUMER.CREATE.DM_main.x.cotal.main.inst.{id}.*"),
+        "$JS.API.CONSUMER.CREATE.DM_main".to_owned(),
+        "$JS.API.CONSUMER.DURABLE.CREATE.DM_main.x".to_owned(),
+        "$JS.API.CONSUMER.CREATE.TASK_main.x.cotal.main.svc.reviewer.*".to_owned(),
+        "$JS.API.CONSUMER.DURABLE.CREATE.TASK_main.x".to_owned(),
+        "$JS.API.CONSUMER.CREATE.INBOX_main.x.cotal.main.backstop.>".to_owned(),
+        "$JS.API.CONSUMER.DELETE.DM_main.x".to_owned(),
+        "$JS.API.STREAM.CREATE.EVIL".to_owned(),
+        "$JS.API.STREAM.DELETE.CHAT_main".to_owned(),
+        "$JS.API.STREAM.PURGE.DM_main".to_owned(),
+    ] {
+        a.denied_request(&subject, json!({})).await;
+        cases += 1;
+    }
+    // Appendix B grants STREAM.INFO on DM (and CHAT, TASK, presence, registry) to agents.
+    let dm_info = a.request("$JS.API.STREAM.INFO.DM_main", json!({})).await;
+    assert_eq!(dm_info["config"]["name"], "DM_main", "{dm_info}");
+    cases += 1;
+
+    // Anycast: the role's pre-created svc_<role> is bound.
+    let svc = a
+        .request("$JS.API.CONSUMER.INFO.TASK_main.svc_reviewer", json!({}))
+        .await;
+    assert_eq!(svc["config"]["durable_name"], "svc_reviewer", "{svc}");
+    a.denied_request("$JS.API.CONSUMER.INFO.TASK_main.svc_other", json!({}))
+        .await;
+    cases += 2;
+
+    // Presence: own key ✓, another's ✗; the registries are not the agent's to write.
+    let ajs = async_nats::jetstream::new(a.client.clone());
+    let ack = ajs
+        .publish(format!("$KV.cotal_presence_main.{id}"), "{}".into())
+        .await
+        .unwrap();
+    tokio::time::timeout(TIMEOUT, ack)
+        .await
+        .unwrap()
+        .expect("own presence key is writable");
+    cases += 1;
+    for subject in [
+        format!("$KV.cotal_presence_main.{BOB}"),
+        "$KV.cotal_channels_main.general".to_owned(),
+        "$KV.cotal_channels_main.=defaults".to_owned(),
+        format!("$KV.cotal_members_main.general/{id}"),
+        format!("$KV.cotal_membership_main.{id}"),
+    ] {
+        a.denied_pub(&subject).await;
+        cases += 1;
+    }
+    // The channel registry is readable (STREAM.MSG.GET, Appendix B).
+    let defaults = a
+        .request(
+            "$JS.API.STREAM.MSG.GET.KV_cotal_channels_main",
+            json!({"last_by_subj": "$KV.cotal_channels_main.=defaults"}),
+        )
+        .await;
+    assert!(defaults["message"]["data"].is_string(), "{defaults}");
+    cases += 1;
+
+    eprintln!("agent ACL cases: {cases}");
+    assert!(cases >= 45, "{cases}");
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn observer_and_admin_profiles_are_enforced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let w = Probe::connect(&c, &own_creds(&c, "main")).await;
+    let obs = mint(tmp.path(), "dash", "main", &["--profile", "observer"]).await;
+    let adm = mint(tmp.path(), "root", "main", &["--profile", "admin"]).await;
+    let mut o = Probe::connect(&c, &obs.creds).await;
+    let mut ad = Probe::connect(&c, &adm.creds).await;
+
+    // A message on chat and one DM, stored by the streams.
+    let js = async_nats::jetstream::new(w.client.clone());
+    for subject in [
+        format!("cotal.main.chat.{BOB}.general"),
+        format!("cotal.main.inst.{BOB}.{BOB}"),
+    ] {
+        js.publish(subject, "x".into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
+    // Observer: live chat ✓, CHAT history ✓, registry ✓; publish ✗, DMs ✗.
+    subscription_receives(
+        &mut o,
+        &w,
+        "cotal.main.chat.>",
+        &format!("cotal.main.chat.{BOB}.ops"),
+    )
+    .await;
+    let ojs = async_nats::jetstream::new(o.client.clone());
+    let chat = ojs.get_stream("CHAT_main").await.expect("STREAM.INFO CHAT");
+    let history = chat
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            filter_subject: "cotal.main.chat.>".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("observer reads CHAT history");
+    let mut batch = history.fetch().max_messages(1).messages().await.unwrap();
+    use futures_util::StreamExt;
+    let first = tokio::time::timeout(TIMEOUT, batch.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        first.subject.as_str(),
+        format!("cotal.main.chat.{BOB}.general")
+    );
+    first.ack().await.unwrap();
+    o.denied_pub(&format!("cotal.main.chat.{}.general", obs.id))
+        .await;
+    o.denied_pub(&format!("cotal.main.inst.{BOB}.{}", obs.id))
+        .await;
+    o.denied_sub("cotal.main.inst.>").await;
+    o.denied_request("$JS.API.STREAM.INFO.DM_main", json!({}))
+        .await;
+    o.denied_request("$JS.API.CONSUMER.CREATE.DM_main", json!({}))
+        .await;
+    o.denied_pub("$KV.cotal_channels_main.general").await;
+
+    // Admin: the whole space live ✓ (DMs included), DM history ✓; publish ✗.
+    subscription_receives(
+        &mut ad,
+        &w,
+        "cotal.main.>",
+        &format!("cotal.main.inst.{BOB}.{BOB}"),
+    )
+    .await;
+    let ajs = async_nats::jetstream::new(ad.client.clone());
+    let dm = ajs
+        .get_stream("DM_main")
+        .await
+        .expect("admin STREAM.INFO DM");
+    let reader = dm
+        .create_consumer(async_nats::jetstream::consumer::pull::Config::default())
+        .await
+        .expect("admin reads DM history");
+    let mut batch = reader.fetch().max_messages(1).messages().await.unwrap();
+    let first = tokio::time::timeout(TIMEOUT, batch.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(first.subject.as_str().starts_with("cotal.main.inst."));
+    ad.denied_pub(&format!("cotal.main.chat.{}.general", adm.id))
+        .await;
+    ad.denied_pub(&format!("cotal.main.svc.reviewer.{}", adm.id))
+        .await;
+    ad.denied_pub(&format!("$KV.cotal_presence_main.{}", adm.id))
+        .await;
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn spaces_are_isolated() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let added = tokio::process::Command::new(crate::helper::cotald_bin())
+        .args(["space", "add", "lab", "--profile", "public", "--data-dir"])
+        .arg(tmp.path())
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        added.status.success(),
+        "{}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+
+    let mut main_all = Probe::connect(&c, &own_creds(&c, "main")).await;
+    let mut lab_all = Probe::connect(&c, &own_creds(&c, "lab")).await;
+    let mut sub = main_all.client.subscribe("cotal.>").await.unwrap();
+    main_all.barrier().await;
+    lab_all
+        .client
+        .publish("cotal.lab.chat.x.general", "secret".into())
+        .await
+        .unwrap();
+    lab_all
+        .client
+        .publish(
+            "cotal.main.chat.x.general",
+            "same name, other account".into(),
+        )
+        .await
+        .unwrap();
+    lab_all.barrier().await;
+    main_all
+        .client
+        .publish("cotal.main.marker", "m".into())
+        .await
+        .unwrap();
+    // Had anything of lab crossed over, it would have arrived before the marker.
+    let msg = next(&mut sub).await;
+    assert_eq!(
+        msg.subject.as_str(),
+        "cotal.main.marker",
+        "space main saw {}",
+        msg.subject
+    );
+    let info = main_all
+        .request("$JS.API.STREAM.INFO.CHAT_lab", json!({}))
+        .await;
+    assert_eq!(
+        info["error"]["err_code"], 10059,
+        "lab's streams do not exist in main: {info}"
+    );
+
+    // A lab agent cannot read main's history either: its account has no such stream.
+    let lab_agent = mint(tmp.path(), "x", "lab", &[]).await;
+    let mut la = Probe::connect(&c, &lab_agent.creds).await;
+    la.denied_sub("cotal.main.chat.*.general").await;
+    c.stop().await;
+}
+
+/// The broker refuses the credential: at connect, or (for an account it has to look up) with
+/// an authorization violation right after; the connection never carries a request.
+async fn refused(c: &Cotald, creds: &std::path::Path) {
+    let Ok(mut p) = Probe::try_connect(c, creds).await else {
+        return;
+    };
+    let seen = tokio::time::timeout(TIMEOUT, async {
+        while let Some(event) = p.events.recv().await {
+            if matches!(
+                event,
+                async_nats::Event::ServerError(async_nats::ServerError::AuthorizationViolation)
+            ) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert!(
+        matches!(seen, Ok(true)),
+        "{} was not refused",
+        creds.display()
+    );
+}
+
+#[tokio::test]
+async fn forged_expired_and_spliced_credentials_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let keys = cotald::provision::KeyStore::open(&tmp.path().join("keys")).unwrap();
+    let space = keys.space("main").unwrap();
+    let perms = cotald::provision::UserPermissions::unrestricted();
+    let write = |name: &str, creds: &cotald::provision::Creds| {
+        let path = tmp.path().join(name);
+        std::fs::write(&path, creds.render()).unwrap();
+        path
+    };
+
+    // Control: a correctly signed, unexpired credential connects.
+    let user = nkeys::KeyPair::new_user();
+    let good = space.mint("good", &user, &perms).unwrap();
+    Probe::connect(&c, &write("good.creds", &good)).await;
+
+    // Forged issuer: signed by a key the operator never vouched for.
+    let foreign_dir = tempfile::tempdir().unwrap();
+    let foreign = cotald::provision::KeyStore::load_or_create(foreign_dir.path()).unwrap();
+    let forged = foreign
+        .ensure_space("main")
+        .unwrap()
+        .mint("forged", &user, &perms)
+        .unwrap();
+    refused(&c, &write("forged.creds", &forged)).await;
+
+    // Expired an hour ago.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let expired = space
+        .mint_until("expired", &user, &perms, Some(now - 3600))
+        .unwrap();
+    refused(&c, &write("expired.creds", &expired)).await;
+
+    // A seed that does not match the JWT.
+    let other = nkeys::KeyPair::new_user();
+    let spliced = cotald::provision::Creds {
+        jwt: good.jwt.clone(),
+        seed: other.seed().unwrap(),
+    };
+    refused(&c, &write("spliced.creds", &spliced)).await;
+    c.stop().await;
+}
