@@ -4,3 +4,4 @@
 mod acl;
 mod appliance;
 mod helper;
+mod space;
