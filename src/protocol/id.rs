@@ -102,6 +102,12 @@ impl InstanceId {
         &self.0
     }
 
+    /// The per-instance inbox prefix `_INBOX_<id>` a client must set before any request, pull
+    /// consumer or KV watch (§10); replies then arrive under `_INBOX_<id>.>` (Appendix B).
+    pub fn inbox_prefix(&self) -> String {
+        format!("_INBOX_{}", self.0)
+    }
+
     /// Whether the id is a valid nkey user public key (as opposed to an open-mode id).
     pub fn is_user_nkey(&self) -> bool {
         Self::from_user_nkey(&self.0).is_ok()
@@ -144,6 +150,12 @@ mod tests {
             assert!(id.is_user_nkey());
             assert_eq!(key.parse::<InstanceId>().unwrap(), id);
         }
+    }
+
+    #[test]
+    fn inbox_prefix_is_per_instance() {
+        let id = InstanceId::from_user_nkey(ALICE).unwrap();
+        assert_eq!(id.inbox_prefix(), format!("_INBOX_{ALICE}"));
     }
 
     #[test]

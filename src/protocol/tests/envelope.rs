@@ -268,3 +268,32 @@ fn epoch_millis_accessors() {
     assert_eq!(f.as_u64(), None);
     assert_eq!(serde_json::to_value(&f).unwrap(), json!(1.5));
 }
+
+/// Fuzz finding (envelope target): `ts: 107829883994435673576` parsed one ulp off, so a parsed
+/// message re-serialized and re-parsed to a different `ts`. Every JSON number must parse
+/// correctly rounded so that relaying a message never alters it: `serde_json` is built with
+/// `float_roundtrip`. (Dev-dependencies enable that feature too, so this test alone cannot catch
+/// its removal from `[dependencies]`; the fuzz build, which has no dev-dependencies, replays
+/// the input from `fuzz/seeds/envelope/regression-float-roundtrip`.)
+#[test]
+fn numbers_survive_a_round_trip_exactly() {
+    let numbers = [
+        "107829883994435673576",
+        "1.0782988399443567e20",
+        "0.1",
+        "2.2250738585072011e-308",
+        "1710000000000.123",
+        "9007199254740993",
+    ];
+    for text in numbers {
+        let raw = format!(
+            r#"{{"id":"x","ts":{text},"space":"s","from":{{"id":"a","name":"b"}},"to":"c",
+                "parts":[{{"kind":"data","data":[{text}]}}],"n":{text}}}"#
+        );
+        let m = CotalMessage::from_json(raw.as_bytes()).unwrap();
+        let expected: f64 = text.parse().unwrap();
+        assert_eq!(m.ts.as_f64(), Some(expected), "{text}");
+        let again = CotalMessage::from_json(&m.to_json().unwrap()).unwrap();
+        assert_eq!(again, m, "{text}");
+    }
+}

@@ -1,0 +1,26 @@
+//! Envelope parsing (§5) and receive validation (§4). Input: `subject \0 payload`. Oracle: a
+//! parsed message serializes and re-parses to an equal message.
+#![no_main]
+
+use cotald::protocol::{CotalMessage, accept_control_request, accept_delivery};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let (subject, payload) = match data.iter().position(|b| *b == 0) {
+        Some(i) => (&data[..i], &data[i + 1..]),
+        None => (&[][..], data),
+    };
+    if let Ok(message) = CotalMessage::from_json(payload) {
+        let bytes = message.to_json().expect("a parsed message serializes");
+        let again = CotalMessage::from_json(&bytes).expect("serialized message re-parses");
+        assert_eq!(again, message);
+    }
+    if let Ok(subject) = std::str::from_utf8(subject) {
+        if let Ok(delivery) = accept_delivery(subject, payload, 1 << 20) {
+            assert_eq!(delivery.message.from.id, delivery.sender);
+        }
+        if let Ok(request) = accept_control_request(subject, payload, 1 << 20) {
+            assert_eq!(request.request.from.id, request.sender);
+        }
+    }
+});
