@@ -305,10 +305,7 @@ impl Core {
         )?;
         push_account(&self.system, name, jwt).await?;
         let creds_path = self.dir.space(name).join("local-operator.creds");
-        write_creds(
-            &creds_path,
-            &keys.own_user_creds("local-operator")?.render(),
-        )?;
+        keys.own_user_creds("local-operator")?.write(&creds_path)?;
         let profile = config.profile;
         let space = Space::connect(&keys, config, self.local, &self.ca_cert).await?;
         space.bootstrap().await?;
@@ -478,33 +475,6 @@ async fn push_account(
     }
     tracing::debug!(space, reply = %body, "account pushed");
     Ok(())
-}
-
-fn write_creds(path: &std::path::Path, text: &str) -> Result<(), ProvisionError> {
-    use std::io::Write;
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    let io = |action, source| ProvisionError::Io {
-        path: path.to_owned(),
-        action,
-        source,
-    };
-    if let Some(parent) = path.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(parent)
-            .map_err(|e| io("creating the directory of", e))?;
-    }
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|e| io("creating", e))?;
-    f.write_all(text.as_bytes()).map_err(|e| io("writing", e))?;
-    std::fs::rename(&tmp, path).map_err(|e| io("renaming into place", e))
 }
 
 /// The address the appliance itself dials: loopback when the listener is a wildcard.

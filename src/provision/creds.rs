@@ -46,6 +46,14 @@ impl Creds {
         )
     }
 
+    /// Writes the `.creds` file (mode 0600, its directory 0700), replacing an older copy.
+    pub fn write(&self, path: &std::path::Path) -> Result<(), super::ProvisionError> {
+        if let Some(parent) = path.parent() {
+            super::files::private_dir(parent)?;
+        }
+        super::files::write_regenerable(path, self.render().as_bytes(), 0o600)
+    }
+
     /// Parses a `.creds` file text.
     pub fn parse(text: &str) -> Result<Self, CredsError> {
         Ok(Creds {
