@@ -16,6 +16,7 @@
 //! | [`provision`] | keys and trust chain (operator, SYS, account per space, users), `.creds`, TLS | §2, §9 |
 //! | [`space`] | a served space: provisioner connection, bootstrap, minted identities | §7, §8, App. B |
 //! | [`supervisor`] | the child nats-server: install, config, spawn, readiness, restart, stop | §8 |
+//! | [`client`] | the conformant endpoint: connect, presence, join/replay/dedup, DM, anycast, control | §2, §4–§8, §10, §12 |
 //! | [`daemon`] | the appliance: startup phases, account push, teardown | §9 |
 //! | [`cli`] | the `cotald` subcommands | |
 //!
@@ -24,6 +25,7 @@
 
 pub mod binding;
 pub mod cli;
+pub mod client;
 pub mod daemon;
 pub mod datadir;
 pub mod profile;

@@ -1,5 +1,6 @@
 //! The `cotald` command line: thin over the library. Errors become `anyhow` here, at the edge.
 
+mod endpoint;
 mod mint;
 mod space;
 mod status;
@@ -48,6 +49,13 @@ pub enum Command {
     Mint(mint::MintArgs),
     /// Add or list the spaces of a running appliance.
     Space(space::SpaceArgs),
+    /// Send one message as the credential's identity (multicast, unicast or anycast).
+    Send(endpoint::SendArgs),
+    /// Join channels (and optionally DMs and a role's anycast) and print what arrives.
+    ///
+    /// History is replayed per the channel's config unless --no-history; a message is acked
+    /// only after it was printed. Exiting is not leaving: no durable membership is dropped.
+    Tail(endpoint::TailArgs),
 }
 
 /// The data dir option every local command takes.
@@ -87,6 +95,8 @@ pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
             Command::Status(args) => status::run(args).await,
             Command::Mint(args) => mint::run(args).await,
             Command::Space(args) => space::run(args).await,
+            Command::Send(args) => endpoint::send(args).await,
+            Command::Tail(args) => endpoint::tail(args).await,
         }
     });
     match result {

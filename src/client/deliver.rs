@@ -1,0 +1,362 @@
+//! Receiving (§4, §5, §8). Every copy is validated by `protocol::accept_delivery`: the subject
+//! must parse, `from.id` must equal the subject sender, the payload must be UTF-8 JSON of the
+//! message shape; the delivery kind comes from the subject only. Rejected JetStream copies are
+//! terminated (never redelivered) and reported; the live copy is never acked.
+//!
+//! Channel copies (live, backfill, and later the durable backstop) are one logical delivery:
+//! they are deduplicated by `id`. DM and anycast copies come from their own consumers and are
+//! handed to the application with an explicit ack handle: acked only once handled, nak on a
+//! transient failure.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+
+use super::{Client, ClientError, nats_err};
+use crate::protocol::{CotalMessage, DeliveryKind, RejectReason, accept_delivery};
+
+/// How many message ids the dedup window remembers.
+const SEEN_CAPACITY: usize = 65_536;
+
+/// One surfaced message.
+pub struct Delivery {
+    /// The message.
+    pub message: CotalMessage,
+    /// How it was addressed to us, from the subject (§4).
+    pub kind: DeliveryKind,
+    /// A history backfill copy (§7).
+    pub historical: bool,
+    /// The channel, for channel deliveries (the subject's tokens 4+).
+    pub channel: Option<String>,
+    /// The JetStream copy to ack, for DM and anycast.
+    ack: Option<jetstream::Message>,
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("id", &self.message.id)
+            .field("kind", &self.kind)
+            .field("historical", &self.historical)
+            .field("channel", &self.channel)
+            .field("acked_copy", &self.ack.is_some())
+            .finish()
+    }
+}
+
+impl Delivery {
+    /// Whether this copy is at-least-once and waits for [`Delivery::ack`].
+    pub fn needs_ack(&self) -> bool {
+        self.ack.is_some()
+    }
+
+    /// Confirms the message was handled; the broker will not redeliver it. A no-op for live
+    /// and backfill copies.
+    pub async fn ack(self) -> Result<(), ClientError> {
+        match self.ack {
+            Some(m) => m
+                .double_ack()
+                .await
+                .map_err(|e| nats_err("ack")(e.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    /// Asks for redelivery (a transient failure). A no-op for live and backfill copies.
+    pub async fn nak(self) -> Result<(), ClientError> {
+        match self.ack {
+            Some(m) => m
+                .ack_with(AckKind::Nak(None))
+                .await
+                .map_err(|e| nats_err("nak")(e.to_string())),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A message that was not surfaced, and why (§5 rejection reasons).
+#[derive(Debug, Clone)]
+pub struct Anomaly {
+    /// The delivering subject.
+    pub subject: String,
+    /// The advisory reason token.
+    pub reason: RejectReason,
+    /// What exactly was wrong.
+    pub detail: String,
+}
+
+/// Something the application should know about besides messages.
+#[derive(Debug, Clone)]
+pub enum Notice {
+    /// A message was rejected (and, if it was a JetStream copy, terminated).
+    Rejected(Anomaly),
+    /// The broker refused a joined channel's subscription after the join (§7): it was dropped.
+    ChannelDropped {
+        /// The channel.
+        channel: String,
+    },
+    /// The DM or anycast consumer failed; the client rebinds it.
+    ConsumerLost {
+        /// The durable.
+        durable: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The receiving end: messages and notices.
+pub struct Deliveries {
+    messages: mpsc::Receiver<Delivery>,
+    notices: mpsc::UnboundedReceiver<Notice>,
+}
+
+impl Deliveries {
+    /// The next message; `None` once the client is gone.
+    pub async fn next(&mut self) -> Option<Delivery> {
+        self.messages.recv().await
+    }
+
+    /// The next notice.
+    pub async fn next_notice(&mut self) -> Option<Notice> {
+        self.notices.recv().await
+    }
+
+    /// A notice, if one is waiting.
+    pub fn try_notice(&mut self) -> Option<Notice> {
+        self.notices.try_recv().ok()
+    }
+
+    /// The next message or notice, whichever comes first; `None` once the client is gone.
+    pub async fn next_event(&mut self) -> Option<Event> {
+        tokio::select! {
+            Some(n) = self.notices.recv() => Some(Event::Notice(n)),
+            m = self.messages.recv() => m.map(Event::Message),
+        }
+    }
+}
+
+/// A message or a notice.
+#[derive(Debug)]
+pub enum Event {
+    /// A surfaced message.
+    Message(Delivery),
+    /// Something else to know.
+    Notice(Notice),
+}
+
+/// The sending end, shared by every pump.
+pub(crate) struct Sink {
+    messages: mpsc::Sender<Delivery>,
+    notices: mpsc::UnboundedSender<Notice>,
+    seen: Mutex<Seen>,
+    max_payload: usize,
+    own_id: String,
+}
+
+#[derive(Default)]
+struct Seen {
+    ids: HashSet<String>,
+    order: VecDeque<String>,
+}
+
+impl Seen {
+    /// Records `id`; false when it was already there.
+    fn first(&mut self, id: &str) -> bool {
+        if self.ids.contains(id) {
+            return false;
+        }
+        if self.order.len() == SEEN_CAPACITY
+            && let Some(old) = self.order.pop_front()
+        {
+            self.ids.remove(&old);
+        }
+        self.ids.insert(id.to_owned());
+        self.order.push_back(id.to_owned());
+        true
+    }
+}
+
+pub(crate) fn channel(max_payload: usize, own_id: String) -> (Sink, Deliveries) {
+    let (messages, rx) = mpsc::channel(1024);
+    let (notices, notices_rx) = mpsc::unbounded_channel();
+    (
+        Sink {
+            messages,
+            notices,
+            seen: Mutex::new(Seen::default()),
+            max_payload,
+            own_id,
+        },
+        Deliveries {
+            messages: rx,
+            notices: notices_rx,
+        },
+    )
+}
+
+impl Sink {
+    pub(crate) fn notice(&self, notice: Notice) {
+        let _ = self.notices.send(notice);
+    }
+
+    fn reject(&self, subject: &str, reason: RejectReason, detail: String) {
+        tracing::warn!(
+            subject,
+            reason = reason.as_str(),
+            detail,
+            "message rejected"
+        );
+        self.notice(Notice::Rejected(Anomaly {
+            subject: subject.to_owned(),
+            reason,
+            detail,
+        }));
+    }
+
+    /// A channel copy (live or backfill): validated, own echo dropped, deduplicated by `id`.
+    pub(crate) async fn channel_copy(&self, subject: &str, payload: &[u8], historical: bool) {
+        let accepted = match accept_delivery(subject, payload, self.max_payload) {
+            Ok(a) if a.kind == DeliveryKind::Channel => a,
+            Ok(a) => {
+                return self.reject(
+                    subject,
+                    RejectReason::MalformedSubject,
+                    format!("a {:?} subject on a channel subscription", a.kind),
+                );
+            }
+            Err(r) => return self.reject(subject, r.reason(), r.to_string()),
+        };
+        if accepted.sender == self.own_id {
+            return;
+        }
+        let first = self
+            .seen
+            .lock()
+            .map(|mut s| s.first(&accepted.message.id))
+            .unwrap_or(true);
+        if !first {
+            return;
+        }
+        let _ = self
+            .messages
+            .send(Delivery {
+                message: accepted.message,
+                kind: DeliveryKind::Channel,
+                historical,
+                channel: Some(accepted.route),
+                ack: None,
+            })
+            .await;
+    }
+
+    /// A DM or anycast copy: validated; anomalies terminated; surfaced with its ack handle.
+    async fn stream_copy(&self, msg: jetstream::Message) {
+        let subject = msg.subject.to_string();
+        match accept_delivery(&subject, &msg.payload, self.max_payload) {
+            Ok(a) if a.kind != DeliveryKind::Channel => {
+                let _ = self
+                    .messages
+                    .send(Delivery {
+                        message: a.message,
+                        kind: a.kind,
+                        historical: false,
+                        channel: None,
+                        ack: Some(msg),
+                    })
+                    .await;
+            }
+            outcome => {
+                let (reason, detail) = match outcome {
+                    Err(r) => (r.reason(), r.to_string()),
+                    Ok(_) => (
+                        RejectReason::MalformedSubject,
+                        "a chat subject on a DM or task consumer".into(),
+                    ),
+                };
+                if let Err(e) = msg.ack_with(AckKind::Term).await {
+                    tracing::warn!(subject, error = %e, "cannot terminate a rejected message");
+                }
+                self.reject(&subject, reason, detail);
+            }
+        }
+    }
+}
+
+/// Binds a pre-created pull durable (`CONSUMER.INFO` only, never create: Appendix B) and
+/// pumps it into the sink until the client closes, rebinding after failures.
+pub(crate) async fn bind(client: &Client, stream: &str, durable: &str) -> Result<(), ClientError> {
+    let consumer = client
+        .inner
+        .js
+        .get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(durable, stream)
+        .await
+        .map_err(|e| {
+            ClientError::Config(format!(
+                "cannot bind {durable} on {stream}: {e} (it is created when the credential is minted \
+                 on a running appliance)"
+            ))
+        })?;
+    let inner = client.inner.clone();
+    let (stream, durable) = (stream.to_owned(), durable.to_owned());
+    let task = tokio::spawn(async move {
+        let mut consumer = consumer;
+        loop {
+            match consumer.messages().await {
+                Ok(mut messages) => {
+                    while let Some(next) = messages.next().await {
+                        match next {
+                            Ok(msg) => inner.out.stream_copy(msg).await,
+                            Err(e) => {
+                                tracing::debug!(durable, error = %e, "pull stream error");
+                                if matches!(
+                                    e.kind(),
+                                    jetstream::consumer::pull::MessagesErrorKind::ConsumerDeleted
+                                ) {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                }
+                Err(e) => inner.out.notice(Notice::ConsumerLost {
+                    durable: durable.clone(),
+                    reason: e.to_string(),
+                }),
+            }
+            // The consumer went away or the stream ended (e.g. a broker restart): rebind.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if let Ok(c) = inner
+                .js
+                .get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(
+                    &durable, &stream,
+                )
+                .await
+            {
+                consumer = c;
+            }
+        }
+    });
+    client.inner.tasks.lock().map(|mut t| t.push(task)).ok();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seen_window_is_bounded_and_remembers_recent_ids() {
+        let mut seen = Seen::default();
+        assert!(seen.first("a"));
+        assert!(!seen.first("a"));
+        for i in 0..SEEN_CAPACITY {
+            seen.first(&i.to_string());
+        }
+        assert_eq!(seen.ids.len(), SEEN_CAPACITY);
+        assert!(seen.first("a"), "evicted once the window is full");
+    }
+}

@@ -1,0 +1,280 @@
+//! Presence (§6): the heartbeat of our own key and the roster of everyone else's.
+//!
+//! The heartbeat writes only our own key (`card.id`) every 2000 ms and never `offline` while
+//! live; [`Client::close`] writes one final `offline`. The roster watches the presence bucket
+//! through a named single-filter consumer (the create form Appendix B grants), drops records
+//! whose key differs from `card.id`, treats delete/purge and stale `ts` (6000 ms) as offline,
+//! and is rebound after every reconnect (watches do not survive a broker restart). While the
+//! connection is down the roster is marked stale instead of declaring every peer offline.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_nats::jetstream::consumer::{DeliverPolicy, push};
+use futures_util::StreamExt;
+use tokio::sync::Notify;
+
+use super::{Client, ClientError, ConnectionState, nats_err};
+use crate::protocol::{
+    EpochMillis, HEARTBEAT_INTERVAL, LIVENESS_WINDOW, Presence, PresenceStatus,
+    accept_presence_record, effective_status,
+};
+
+/// One peer as last seen.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    /// Its last record.
+    pub presence: Presence,
+    /// Whether its key was deleted or purged.
+    pub removed: bool,
+}
+
+impl Peer {
+    /// The status to believe now: `offline` if removed or stale (§6).
+    pub fn status(&self) -> PresenceStatus {
+        if self.removed {
+            return PresenceStatus::Offline;
+        }
+        effective_status(&self.presence, &EpochMillis::now(), LIVENESS_WINDOW)
+    }
+}
+
+/// The roster: every peer seen in the space's presence directory.
+#[derive(Clone, Default)]
+pub struct Roster {
+    peers: Arc<Mutex<BTreeMap<String, Peer>>>,
+    stale: Arc<AtomicBool>,
+    changed: Arc<Notify>,
+    updates: Arc<AtomicU64>,
+}
+
+impl Roster {
+    /// A copy of every peer.
+    pub fn peers(&self) -> BTreeMap<String, Peer> {
+        self.peers.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+
+    /// One peer.
+    pub fn peer(&self, id: &str) -> Option<Peer> {
+        self.peers.lock().ok()?.get(id).cloned()
+    }
+
+    /// True while the connection is down: the view is old, not the peers dead.
+    pub fn is_stale(&self) -> bool {
+        self.stale.load(Ordering::Relaxed)
+    }
+
+    /// How many records the watch has applied (grows with every heartbeat seen).
+    pub fn updates(&self) -> u64 {
+        self.updates.load(Ordering::Relaxed)
+    }
+
+    /// Waits for the next roster change.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
+    fn apply(&self, key: &str, peer: Option<Peer>) {
+        if let Ok(mut peers) = self.peers.lock() {
+            match peer {
+                Some(p) => {
+                    peers.insert(key.to_owned(), p);
+                }
+                None => {
+                    if let Some(p) = peers.get_mut(key) {
+                        p.removed = true;
+                    }
+                }
+            }
+        }
+        self.updates.fetch_add(1, Ordering::Relaxed);
+        self.changed.notify_waiters();
+    }
+}
+
+impl Client {
+    /// Sets the presence status (never `offline` while connected) and publishes it now.
+    pub async fn set_status(
+        &self,
+        status: PresenceStatus,
+        activity: Option<String>,
+    ) -> Result<(), ClientError> {
+        if status == PresenceStatus::Offline {
+            return Err(ClientError::Message(
+                "a live client does not heartbeat as offline (§6)".into(),
+            ));
+        }
+        *self.inner.status.lock().unwrap_or_else(|e| e.into_inner()) = (status, activity);
+        heartbeat(self).await
+    }
+}
+
+/// Writes our own presence key once.
+async fn heartbeat(client: &Client) -> Result<(), ClientError> {
+    let card = client
+        .inner
+        .card
+        .lock()
+        .map(|c| c.clone())
+        .unwrap_or_else(|e| e.into_inner().clone());
+    let (status, activity) = client
+        .inner
+        .status
+        .lock()
+        .map(|s| s.clone())
+        .unwrap_or_else(|e| e.into_inner().clone());
+    let mut record = Presence::heartbeat(card, status, EpochMillis::now())
+        .map_err(|e| ClientError::Message(e.to_string()))?;
+    record.activity = activity;
+    put(client, &record).await
+}
+
+async fn put(client: &Client, record: &Presence) -> Result<(), ClientError> {
+    let subject = format!(
+        "$KV.{}.{}",
+        client.inner.names.presence_bucket(),
+        record.key()
+    );
+    let body = serde_json::to_vec(record).map_err(|e| ClientError::Message(e.to_string()))?;
+    let ack = client
+        .inner
+        .js
+        .publish(subject, body.into())
+        .await
+        .map_err(|e| nats_err("presence heartbeat")(e.to_string()))?;
+    ack.await
+        .map_err(|e| nats_err("presence heartbeat")(e.to_string()))?;
+    Ok(())
+}
+
+/// The single final `offline` record of a graceful close (§6).
+pub(crate) async fn publish_offline(client: &Client) {
+    let card = client
+        .inner
+        .card
+        .lock()
+        .map(|c| c.clone())
+        .unwrap_or_else(|e| e.into_inner().clone());
+    let record = Presence::final_offline(card, EpochMillis::now());
+    if let Err(e) = put(client, &record).await {
+        tracing::debug!(error = %e, "final offline presence not written");
+    }
+}
+
+/// Publishes the first heartbeat (so a bad grant fails the connect), then keeps beating and
+/// watching.
+pub(crate) async fn start(client: &Client) -> Result<(), ClientError> {
+    heartbeat(client).await?;
+    let beat = client.clone();
+    let heartbeat_task = tokio::spawn(async move {
+        let mut next = tokio::time::Instant::now() + HEARTBEAT_INTERVAL;
+        loop {
+            tokio::time::sleep_until(next).await;
+            next += HEARTBEAT_INTERVAL;
+            if let Err(e) = heartbeat(&beat).await {
+                tracing::debug!(error = %e, "heartbeat failed; retrying on the next beat");
+            }
+        }
+    });
+    let watcher = client.clone();
+    let watch_task = tokio::spawn(async move { watch(watcher).await });
+    if let Ok(mut tasks) = client.inner.tasks.lock() {
+        tasks.push(heartbeat_task);
+        tasks.push(watch_task);
+    }
+    Ok(())
+}
+
+/// Watches the presence bucket; rebinds after every reconnect or failure.
+async fn watch(client: Client) {
+    let bucket = client.inner.names.presence_bucket();
+    let roster = client.inner.roster.clone();
+    let mut state = client.state();
+    let mut generation = 0u32;
+    loop {
+        generation += 1;
+        let consumer = async {
+            let stream = client
+                .inner
+                .js
+                .get_stream(crate::binding::SpaceNames::kv_stream(&bucket))
+                .await
+                .map_err(|e| e.to_string())?;
+            stream
+                .create_consumer(push::OrderedConfig {
+                    name: Some(format!("roster_{}_{generation}", client.inner.id.as_str())),
+                    deliver_subject: client.inner.nats.new_inbox(),
+                    filter_subject: format!("$KV.{bucket}.>"),
+                    deliver_policy: DeliverPolicy::LastPerSubject,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match consumer.await {
+            Ok(consumer) => match consumer.messages().await {
+                Ok(mut messages) => {
+                    roster.stale.store(false, Ordering::Relaxed);
+                    loop {
+                        tokio::select! {
+                            next = messages.next() => match next {
+                                Some(Ok(msg)) => apply(&roster, &bucket, &msg),
+                                Some(Err(e)) => tracing::debug!(error = %e, "roster watch error"),
+                                None => break,
+                            },
+                            changed = state.changed() => {
+                                if changed.is_err() {
+                                    return;
+                                }
+                                let now = *state.borrow_and_update();
+                                if now != ConnectionState::Connected {
+                                    roster.stale.store(true, Ordering::Relaxed);
+                                    roster.changed.notify_waiters();
+                                } else {
+                                    // Reconnected: the broker may have restarted; rebind.
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "roster watch not started"),
+            },
+            Err(e) => tracing::debug!(error = %e, "roster consumer not created"),
+        }
+        // Wait until connected before rebinding.
+        while *state.borrow() != ConnectionState::Connected {
+            if state.changed().await.is_err() {
+                return;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+fn apply(roster: &Roster, bucket: &str, msg: &async_nats::Message) {
+    let prefix = format!("$KV.{bucket}.");
+    let Some(key) = msg.subject.as_str().strip_prefix(&prefix) else {
+        return;
+    };
+    let operation = msg
+        .headers
+        .as_ref()
+        .and_then(|h| h.get("KV-Operation"))
+        .map(|v| v.as_str().to_owned());
+    if matches!(operation.as_deref(), Some("DEL") | Some("PURGE")) {
+        roster.apply(key, None);
+        return;
+    }
+    match accept_presence_record(key, &msg.payload) {
+        Ok(presence) => roster.apply(
+            key,
+            Some(Peer {
+                presence,
+                removed: false,
+            }),
+        ),
+        Err(e) => tracing::debug!(key, error = %e, "presence record dropped"),
+    }
+}
