@@ -134,7 +134,7 @@ impl Deliveries {
     pub async fn next_event(&mut self) -> Option<Event> {
         tokio::select! {
             Some(n) = self.notices.recv() => Some(Event::Notice(n)),
-            m = self.messages.recv() => m.map(Event::Message),
+            m = self.messages.recv() => m.map(|m| Event::Message(Box::new(m))),
         }
     }
 }
@@ -143,7 +143,7 @@ impl Deliveries {
 #[derive(Debug)]
 pub enum Event {
     /// A surfaced message.
-    Message(Delivery),
+    Message(Box<Delivery>),
     /// Something else to know.
     Notice(Notice),
 }
