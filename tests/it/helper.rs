@@ -370,3 +370,35 @@ pub async fn next(sub: &mut async_nats::Subscriber) -> async_nats::Message {
         .expect("message within timeout")
         .expect("subscription open")
 }
+
+/// Connects a client endpoint with a minted identity.
+pub async fn endpoint(
+    m: &Minted,
+    tweak: impl FnOnce(&mut cotald::client::ConnectOptions),
+) -> cotald::client::Connection {
+    let link = cotald::protocol::JoinLink::parse(&m.link).unwrap();
+    let mut opts =
+        cotald::client::ConnectOptions::new(link, std::fs::read_to_string(&m.creds).unwrap());
+    opts.ca = Some(m.ca.clone());
+    tweak(&mut opts);
+    tokio::time::timeout(TIMEOUT, cotald::client::Client::connect(opts))
+        .await
+        .expect("connect in time")
+        .expect("connect")
+}
+
+/// The next surfaced message (bounded).
+pub async fn delivery(d: &mut cotald::client::Deliveries) -> cotald::client::Delivery {
+    tokio::time::timeout(TIMEOUT, d.next())
+        .await
+        .expect("a delivery within the timeout")
+        .expect("the client is alive")
+}
+
+/// The next notice (bounded).
+pub async fn notice(d: &mut cotald::client::Deliveries) -> cotald::client::Notice {
+    tokio::time::timeout(TIMEOUT, d.next_notice())
+        .await
+        .expect("a notice within the timeout")
+        .expect("the client is alive")
+}

@@ -3,5 +3,6 @@
 
 mod acl;
 mod appliance;
+mod client;
 mod helper;
 mod space;

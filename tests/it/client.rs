@@ -1,0 +1,541 @@
+//! The client endpoint against the real broker (§12): the interop scenario, the join window,
+//! raw-NATS adversaries, presence across a broker crash, and the CLI over it.
+
+use std::collections::BTreeMap;
+
+use cotald::client::{DurableState, JoinError, Notice, Replay};
+use cotald::protocol::{Channel, InstanceId, PresenceStatus, RejectReason, Routing};
+use serde_json::json;
+
+use crate::helper::{Cotald, Probe, TIMEOUT, delivery, endpoint, mint, notice};
+
+fn channel(name: &str) -> Routing {
+    Routing::channel(&Channel::new(name).unwrap())
+}
+
+fn to(id: &str) -> Routing {
+    Routing::to(&InstanceId::from_user_nkey(id).unwrap())
+}
+
+fn text(d: &cotald::client::Delivery) -> String {
+    serde_json::to_value(&d.message.parts[0]).unwrap()["text"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn interop_scenario_of_section_12() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let team = [
+        "--subscribe",
+        "team.backend",
+        "--allow-publish",
+        "team.backend",
+    ];
+    let alice = mint(tmp.path(), "alice", "main", &team).await;
+    let bob = mint(tmp.path(), "bob", "main", &team).await;
+    let carol = mint(tmp.path(), "carol", "main", &["--role", "reviewer"]).await;
+    let dave = mint(tmp.path(), "dave", "main", &["--role", "reviewer"]).await;
+    let erin = mint(tmp.path(), "erin", "main", &["--subscribe", "team.backend"]).await;
+
+    // 1–3: connect with `_INBOX_<id>`, write presence, join team.backend.
+    let a = endpoint(&alice, |_| {}).await;
+    let mut b = endpoint(&bob, |_| {}).await;
+    assert_eq!(
+        a.client.id().as_str(),
+        alice.id,
+        "the credential's id is adopted (§2)"
+    );
+    for conn in [&a, &b] {
+        let report = conn
+            .client
+            .join("team.backend", Replay::AsConfigured)
+            .await
+            .unwrap();
+        assert!(
+            matches!(report.durable, DurableState::Unavailable(_)),
+            "durable channel without a provisioner service: joined live, shortfall surfaced"
+        );
+        assert!(
+            report
+                .summary()
+                .starts_with("joined live team.backend (durable backstop unavailable")
+        );
+    }
+    loop {
+        if a.client
+            .roster()
+            .peer(&bob.id)
+            .is_some_and(|p| p.status() == PresenceStatus::Idle)
+        {
+            break;
+        }
+        tokio::time::timeout(TIMEOUT, a.client.roster().changed())
+            .await
+            .expect("bob appears in alice's roster");
+    }
+
+    // 4: multicast → kind=channel.
+    let (sent, _) = a
+        .client
+        .send_text(channel("team.backend"), "multicast")
+        .await
+        .unwrap();
+    let got = delivery(&mut b.deliveries).await;
+    assert_eq!(got.message.id, sent.id);
+    assert_eq!(got.kind.as_str(), "channel");
+    assert_eq!(got.channel.as_deref(), Some("team.backend"));
+    assert!(
+        !got.historical && !got.needs_ack(),
+        "the live copy is not acked"
+    );
+
+    // 5: unicast → kind=dm, acked after handling.
+    let (sent, _) = a.client.send_text(to(&bob.id), "unicast").await.unwrap();
+    let got = delivery(&mut b.deliveries).await;
+    assert_eq!(
+        (got.message.id.as_str(), got.kind.as_str()),
+        (sent.id.as_str(), "dm")
+    );
+    assert!(got.needs_ack());
+    got.ack().await.unwrap();
+
+    // 6: anycast to `reviewer` with two holders → exactly one receives kind=anycast.
+    let mut cc = endpoint(&carol, |o| o.role = Some("reviewer".into())).await;
+    let mut dd = endpoint(&dave, |o| o.role = Some("reviewer".into())).await;
+    let (sent, _) = a
+        .client
+        .send_text(Routing::to_service("reviewer"), "anycast")
+        .await
+        .unwrap();
+    let got = tokio::select! {
+        d = delivery(&mut cc.deliveries) => d,
+        d = delivery(&mut dd.deliveries) => d,
+    };
+    assert_eq!(
+        (got.message.id.as_str(), got.kind.as_str()),
+        (sent.id.as_str(), "anycast")
+    );
+    got.ack().await.unwrap();
+    let mut w = Probe::connect(&c, &tmp.path().join("spaces/main/local-operator.creds")).await;
+    let svc = w
+        .request("$JS.API.CONSUMER.INFO.TASK_main.svc_reviewer", json!({}))
+        .await;
+    assert_eq!(svc["num_pending"], 0, "{svc}");
+    assert_eq!(svc["num_ack_pending"], 0, "no second copy in flight: {svc}");
+    assert_eq!(
+        svc["delivered"]["stream_seq"], 1,
+        "one task, delivered once: {svc}"
+    );
+
+    // 7: a late joiner replays with historical=true, no duplicates.
+    for i in 0..5 {
+        a.client
+            .send_text(channel("team.backend"), &format!("history {i}"))
+            .await
+            .unwrap();
+    }
+    let mut e = endpoint(&erin, |_| {}).await;
+    let report = e
+        .client
+        .join("team.backend", Replay::AsConfigured)
+        .await
+        .unwrap();
+    assert_eq!(report.backfilled, 6, "everything at or below the watermark");
+    let (marker, _) = a
+        .client
+        .send_text(channel("team.backend"), "after join")
+        .await
+        .unwrap();
+    let mut seen = BTreeMap::new();
+    loop {
+        let d = delivery(&mut e.deliveries).await;
+        let id = d.message.id.clone();
+        *seen.entry(id.clone()).or_insert(0) += 1;
+        if id == marker.id {
+            assert!(!d.historical);
+            break;
+        }
+        assert!(d.historical, "{}", text(&d));
+    }
+    assert_eq!(seen.len(), 7);
+    assert!(seen.values().all(|&n| n == 1), "no duplicates: {seen:?}");
+    for conn in [a, b, cc, dd, e] {
+        conn.client.close().await;
+    }
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn nothing_is_lost_or_duplicated_in_the_join_window() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    let mut b = endpoint(&bob, |o| o.presence = false).await;
+
+    const N: usize = 300;
+    let publisher = a.client.clone();
+    let sending = tokio::spawn(async move {
+        let mut ids = Vec::with_capacity(N);
+        for i in 0..N {
+            let (m, _) = publisher
+                .send_text(channel("general"), &i.to_string())
+                .await
+                .unwrap();
+            ids.push(m.id);
+        }
+        ids
+    });
+    // Join while the publisher is mid-stream.
+    tokio::task::yield_now().await;
+    let report = b
+        .client
+        .join("general", Replay::AsConfigured)
+        .await
+        .unwrap();
+    let ids = sending.await.unwrap();
+    assert!(
+        report.watermark > 0 && (report.watermark as usize) < N,
+        "the join landed inside the burst: {report:?}"
+    );
+    let mut seen = BTreeMap::new();
+    while seen.len() < N {
+        let d = delivery(&mut b.deliveries).await;
+        *seen.entry(d.message.id.clone()).or_insert(0) += 1;
+    }
+    // One more live message proves nothing else was queued behind.
+    let (last, _) = a.client.send_text(channel("general"), "end").await.unwrap();
+    loop {
+        let d = delivery(&mut b.deliveries).await;
+        if d.message.id == last.id {
+            break;
+        }
+        *seen.entry(d.message.id.clone()).or_insert(0) += 1;
+    }
+    assert_eq!(seen.len(), N);
+    assert!(
+        ids.iter().all(|id| seen.get(id) == Some(&1)),
+        "each message exactly once"
+    );
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn raw_nats_adversaries_are_rejected_not_surfaced_not_redelivered() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+    let mut b = endpoint(&bob, |o| o.presence = false).await;
+    b.client.join("general", Replay::Off).await.unwrap();
+    // The adversary: an unrestricted user of the space, publishing raw NATS.
+    let mut raw = Probe::connect(&c, &tmp.path().join("spaces/main/local-operator.creds")).await;
+    let js = async_nats::jetstream::new(raw.client.clone());
+    let mallory = "UAQGWOEVJKMIO4WXSYOTLARXYOZTCXFK67JASEH6AFFFYK6FOPSKQCAD";
+    let envelope = |from: &str, routing: serde_json::Value| {
+        let mut m = json!({
+            "id": cotald::protocol::new_message_id(),
+            "ts": 1,
+            "space": "main",
+            "from": {"id": from, "name": "mallory"},
+            "parts": [{"kind": "text", "text": "x"}],
+        });
+        m.as_object_mut()
+            .unwrap()
+            .extend(routing.as_object().unwrap().clone());
+        m.to_string()
+    };
+    let dm_subject = format!("cotal.main.inst.{}.{mallory}", bob.id);
+    let cases = [
+        // A spoofed `from` on a DM.
+        (
+            dm_subject.clone(),
+            envelope(&bob.id, json!({"to": bob.id})),
+            RejectReason::SenderMismatch,
+        ),
+        // Malformed JSON on a DM.
+        (
+            dm_subject.clone(),
+            "{not json".to_owned(),
+            RejectReason::MalformedJson,
+        ),
+        // A sender token outside the token alphabet: the subject does not parse.
+        (
+            format!("cotal.main.inst.{}.bad$sender", bob.id),
+            envelope("bad$sender", json!({"to": bob.id})),
+            RejectReason::MalformedSubject,
+        ),
+    ];
+    for (subject, payload, reason) in cases {
+        js.publish(subject.clone(), payload.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        match notice(&mut b.deliveries).await {
+            Notice::Rejected(a) => {
+                assert_eq!(a.reason, reason, "{subject}: {}", a.detail);
+                assert_eq!(a.subject, subject);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // Spoofed sender on the live channel: dropped with its reason (the live copy has no ack).
+    raw.client
+        .publish(
+            format!("cotal.main.chat.{mallory}.general"),
+            envelope(&bob.id, json!({"channel": "general"})).into(),
+        )
+        .await
+        .unwrap();
+    match notice(&mut b.deliveries).await {
+        Notice::Rejected(a) => assert_eq!(a.reason, RejectReason::SenderMismatch),
+        other => panic!("{other:?}"),
+    }
+    // A payload `to` on a chat subject is a channel delivery (§4: kind from the subject).
+    raw.client
+        .publish(
+            format!("cotal.main.chat.{mallory}.general"),
+            envelope(mallory, json!({"to": bob.id})).into(),
+        )
+        .await
+        .unwrap();
+    let d = delivery(&mut b.deliveries).await;
+    assert_eq!(d.kind.as_str(), "channel");
+    assert!(b.deliveries.try_notice().is_none(), "no other notice");
+
+    // None of the rejected DM copies is pending or redelivered: they were terminated.
+    let info = raw
+        .request(
+            &format!("$JS.API.CONSUMER.INFO.DM_main.dm_{}", bob.id),
+            json!({}),
+        )
+        .await;
+    assert_eq!(info["num_ack_pending"], 0, "{info}");
+    assert_eq!(info["num_redelivered"], 0, "{info}");
+    assert_eq!(info["num_pending"], 0, "{info}");
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn refusals_are_clear_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(
+        tmp.path(),
+        "alice",
+        "main",
+        &[
+            "--allow-subscribe",
+            "general,team.>",
+            "--subscribe",
+            "general",
+        ],
+    )
+    .await;
+    let mut a = endpoint(&alice, |o| o.presence = false).await;
+
+    // Outside the read ACL: refused by the broker, reported as such, not joined.
+    let err = a
+        .client
+        .join("ops", Replay::AsConfigured)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, JoinError::Refused { .. }), "{err}");
+    assert!(a.client.joined().await.is_empty());
+    // A wildcard join within the ACL works, and so does leaving the last channel.
+    let report = a.client.join("team.>", Replay::AsConfigured).await.unwrap();
+    assert_eq!(report.channel, "team.>");
+    a.client.leave("team.>").await.unwrap();
+    assert!(a.client.joined().await.is_empty());
+    // The bare parent of a `team.>` grant is not covered.
+    assert!(matches!(
+        a.client.join("team", Replay::Off).await,
+        Err(JoinError::Refused { .. })
+    ));
+
+    // A publish outside allowPublish (default deny): a clear error naming the subject.
+    let err = a
+        .client
+        .send_text(channel("general"), "x")
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("refused to publish on cotal.main.chat."),
+        "{err}"
+    );
+
+    // An explicit id that is not the credential's: refused before connecting.
+    let link = cotald::protocol::JoinLink::parse(&alice.link).unwrap();
+    let mut opts =
+        cotald::client::ConnectOptions::new(link, std::fs::read_to_string(&alice.creds).unwrap());
+    opts.ca = Some(alice.ca.clone());
+    opts.expect_id = Some("UDI36ZKVNUM5WMO4QQ6HDQU7F4OH2RCXOJRX6GAIOS5SKVNNSKCDNLJA".into());
+    let err = cotald::client::Client::connect(opts)
+        .await
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("bound to"), "{err}");
+    // A role the credential was not minted for.
+    let link = cotald::protocol::JoinLink::parse(&alice.link).unwrap();
+    let mut opts =
+        cotald::client::ConnectOptions::new(link, std::fs::read_to_string(&alice.creds).unwrap());
+    opts.ca = Some(alice.ca.clone());
+    opts.role = Some("reviewer".into());
+    let err = cotald::client::Client::connect(opts)
+        .await
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("--role reviewer"), "{err}");
+    let _ = a.deliveries.try_notice();
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn presence_survives_a_broker_crash() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &[]).await;
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
+    let a = endpoint(&alice, |_| {}).await;
+    let b = endpoint(&bob, |_| {}).await;
+    let roster = b.client.roster().clone();
+    let online = |r: &cotald::client::Roster| {
+        r.peer(&alice.id)
+            .is_some_and(|p| p.status() == PresenceStatus::Idle)
+    };
+    while !online(&roster) {
+        tokio::time::timeout(TIMEOUT, roster.changed())
+            .await
+            .expect("alice appears");
+    }
+
+    let broker = c.state().broker_pid;
+    // SAFETY: plain syscall on the broker child.
+    assert_eq!(unsafe { libc::kill(broker as i32, libc::SIGKILL) }, 0);
+    c.wait_stderr("nats-server restarted").await;
+    // After the restart the roster is rebound without restarting the client, and shows
+    // heartbeats written after the crash.
+    let restarted_at = cotald::protocol::EpochMillis::now().as_u64().unwrap();
+    loop {
+        let fresh = roster
+            .peer(&alice.id)
+            .and_then(|p| p.presence.ts.as_u64())
+            .is_some_and(|ts| ts >= restarted_at);
+        if fresh && online(&roster) && !roster.is_stale() {
+            break;
+        }
+        tokio::time::timeout(TIMEOUT, roster.changed())
+            .await
+            .expect("the roster recovers");
+    }
+    a.client.close().await;
+    // The graceful close writes one final offline record.
+    while roster
+        .peer(&alice.id)
+        .is_some_and(|p| p.status() != PresenceStatus::Offline)
+    {
+        tokio::time::timeout(TIMEOUT, roster.changed())
+            .await
+            .expect("alice goes offline");
+    }
+    b.client.close().await;
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn send_and_tail_from_the_command_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
+    let cli = |args: Vec<String>| {
+        tokio::process::Command::new(crate::helper::cotald_bin())
+            .args(args)
+            .output()
+    };
+    let base = |m: &crate::helper::Minted| {
+        vec![
+            "--creds".to_owned(),
+            m.creds.display().to_string(),
+            "--link".to_owned(),
+            m.link.clone(),
+            "--ca".to_owned(),
+            m.ca.display().to_string(),
+        ]
+    };
+    let mut send = vec!["send".to_owned()];
+    send.extend(base(&alice));
+    send.extend(["--channel".into(), "general".into(), "from the cli".into()]);
+    let out = cli(send.clone()).await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut dm = vec!["send".to_owned()];
+    dm.extend(base(&alice));
+    dm.extend(["--to".into(), bob.id.clone(), "a dm".into()]);
+    assert!(cli(dm).await.unwrap().status.success());
+
+    let mut tail = vec!["tail".to_owned()];
+    tail.extend(base(&bob));
+    tail.extend([
+        "--channel".into(),
+        "general".into(),
+        "--dm".into(),
+        "--count".into(),
+        "2".into(),
+        "--json".into(),
+    ]);
+    let out = tokio::time::timeout(TIMEOUT, cli(tail))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    let kinds: Vec<&str> = lines.iter().map(|l| l["kind"].as_str().unwrap()).collect();
+    assert!(
+        kinds.contains(&"dm") && kinds.contains(&"channel"),
+        "{kinds:?}"
+    );
+    for l in &lines {
+        for key in ["id", "kind", "historical", "channel", "from", "parts", "ts"] {
+            assert!(l.get(key).is_some(), "{key} in {l}");
+        }
+        if l["kind"] == "channel" {
+            assert_eq!(l["historical"], true, "sent before the join: replayed");
+        }
+    }
+    // The DM was acked by tail: nothing pending for bob.
+    let mut w = Probe::connect(&c, &tmp.path().join("spaces/main/local-operator.creds")).await;
+    let info = w
+        .request(
+            &format!("$JS.API.CONSUMER.INFO.DM_main.dm_{}", bob.id),
+            json!({}),
+        )
+        .await;
+    assert_eq!(info["num_ack_pending"], 0, "{info}");
+    assert_eq!(info["num_pending"], 0, "{info}");
+
+    // A refused send exits non-zero with the reason.
+    let mut bad = vec!["send".to_owned()];
+    bad.extend(base(&bob));
+    bad.extend(["--channel".into(), "general".into(), "x".into()]);
+    let out = cli(bad).await.unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("refused to publish"));
+    c.stop().await;
+}
