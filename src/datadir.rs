@@ -162,7 +162,19 @@ impl DataDir {
             .truncate(false)
             .open(&path)
             .map_err(|source| io(&path, "opening", source))?;
-        match file.try_lock() {
+        // `cotald status` probes with a shared lock held for an instant: retry briefly
+        // before concluding that another appliance owns the data dir.
+        let mut attempt = 0;
+        let locked = loop {
+            match file.try_lock() {
+                Err(TryLockError::WouldBlock) if attempt < 10 => {
+                    attempt += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => break other,
+            }
+        };
+        match locked {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
                 let mut text = String::new();
@@ -199,7 +211,7 @@ impl DataDir {
     /// Records the runtime state (atomically).
     pub fn write_state(&self, state: &RuntimeState) -> Result<(), DataDirError> {
         let path = self.state_path();
-        let tmp = path.with_extension("json.tmp");
+        let tmp = temp_path(&path);
         let json = serde_json::to_vec_pretty(state).map_err(|source| DataDirError::BadState {
             path: path.clone(),
             source,
@@ -224,6 +236,14 @@ impl DataDir {
     pub fn clear_state(&self) {
         let _ = fs::remove_file(self.state_path());
     }
+}
+
+/// The temporary name a file is written under before it is renamed into place:
+/// `<name>.tmp` beside it (so `ca.pem` and `ca.key` never share one).
+pub fn temp_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    path.with_file_name(name)
 }
 
 fn create_private_dir(dir: &Path) -> Result<(), DataDirError> {

@@ -356,6 +356,16 @@ impl Profile {
                     ));
                 }
             }
+            let r = &space.retention;
+            if r.chat_max_bytes < 0
+                || r.dm_max_bytes < 0
+                || r.dm_max_msgs < 0
+                || r.task_max_bytes < 0
+            {
+                return Err(format!(
+                    "spaces.{name}.retention: sizes and counts cannot be negative"
+                ));
+            }
             let js = &space.jetstream;
             if js.max_memory_store <= 0 || js.max_file_store <= 0 {
                 return Err(format!(

@@ -281,7 +281,38 @@ pub fn drift(expected: &Config, actual: &Config) -> Vec<Drift> {
         expected.deny_delete.to_string(),
         actual.deny_delete.to_string(),
     );
+    let names = |v: &Option<Vec<async_nats::jetstream::stream::Source>>| {
+        format!(
+            "{:?}",
+            v.as_ref()
+                .map(|v| v.iter().map(|s| s.name.clone()).collect::<Vec<_>>())
+        )
+    };
+    check(
+        "republish",
+        format!("{:?}", expected.republish),
+        format!("{:?}", actual.republish),
+    );
+    check(
+        "mirror",
+        format!("{:?}", expected.mirror.as_ref().map(|m| &m.name)),
+        format!("{:?}", actual.mirror.as_ref().map(|m| &m.name)),
+    );
+    check("sources", names(&expected.sources), names(&actual.sources));
     out
+}
+
+impl Drift {
+    /// Whether serving on top of this drift would break a confidentiality boundary (§8, §9):
+    /// a stream capturing other subjects, copying its messages elsewhere, or (DM, TASK and the
+    /// backstop) readable with Direct Get.
+    pub fn is_unsafe(&self) -> bool {
+        match self.field {
+            "subjects" | "republish" | "mirror" | "sources" => true,
+            "allow_direct" => !self.stream.starts_with("CHAT_") && self.actual == "true",
+            _ => false,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -340,6 +371,26 @@ mod tests {
         assert_eq!(
             d[1].to_string(),
             "CHAT_main: allow_direct is false but cotald expects true"
+        );
+    }
+
+    #[test]
+    fn confidentiality_drift_is_unsafe() {
+        let n = SpaceNames::new("main");
+        let expected = dm(&n, &Retention::default());
+        let mut actual = expected.clone();
+        actual.allow_direct = true;
+        actual.max_age = Duration::from_secs(1);
+        let d = drift(&expected, &actual);
+        assert_eq!(d.len(), 2);
+        assert!(d.iter().any(|d| d.field == "allow_direct" && d.is_unsafe()));
+        assert!(d.iter().any(|d| d.field == "max_age" && !d.is_unsafe()));
+        let mut chat_actual = chat(&n, &Retention::default());
+        chat_actual.allow_direct = false;
+        assert!(
+            drift(&chat(&n, &Retention::default()), &chat_actual)
+                .iter()
+                .all(|d| !d.is_unsafe())
         );
     }
 

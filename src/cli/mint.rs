@@ -119,6 +119,15 @@ pub(super) async fn run(args: MintArgs) -> anyhow::Result<ExitCode> {
 /// Mints from the data dir when no appliance runs: the key store signs, the identity is
 /// remembered, and the next `cotald up` pre-creates its durables.
 fn offline(dir: &DataDir, req: &MintRequest) -> anyhow::Result<MintReply> {
+    // Holding the lock proves no appliance is starting: one that is would read the identities
+    // before this one is recorded, and create its durables only at the start after.
+    let _lock = dir.lock().map_err(|e| match e {
+        crate::datadir::DataDirError::Locked { .. } => anyhow::anyhow!(
+            "cotald is starting on {} (its admin socket is not open yet); retry in a moment",
+            dir.root().display()
+        ),
+        other => other.into(),
+    })?;
     let keys = KeyStore::open(&dir.keys())?;
     let space = keys.space(&req.space).map_err(|_| {
         anyhow::anyhow!(

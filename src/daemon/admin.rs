@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 
@@ -98,10 +98,28 @@ impl AdminServer {
     }
 }
 
+/// The largest request accepted (a mint request with long channel lists fits easily).
+const MAX_REQUEST: u64 = 64 * 1024;
+
 async fn serve(core: Arc<Core>, stream: UnixStream) {
+    // The socket's mode already confines it; the peer's uid is checked as well.
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let own = unsafe { libc::geteuid() };
+    match stream.peer_cred() {
+        Ok(cred) if cred.uid() == own => {}
+        other => {
+            tracing::warn!(peer = ?other, "admin socket: refused a connection from another user");
+            return;
+        }
+    }
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
-    if BufReader::new(read).read_line(&mut line).await.is_err() {
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        BufReader::new(read.take(MAX_REQUEST)).read_line(&mut line),
+    )
+    .await;
+    if !matches!(read, Ok(Ok(_))) {
         return;
     }
     let reply = match serde_json::from_str::<AdminRequest>(&line) {

@@ -146,6 +146,17 @@ pub struct Appliance {
     info: ReadyInfo,
 }
 
+/// What the phases before the broker produced, for the phases after it.
+struct Prepared {
+    dir: DataDir,
+    lock: DataDirLock,
+    spaces: BTreeMap<String, SpaceConfig>,
+    hostnames: Vec<String>,
+    ca_cert: PathBuf,
+    keys: KeyStore,
+    broker_version: String,
+}
+
 /// What the running appliance's operations share.
 pub(crate) struct Core {
     dir: DataDir,
@@ -215,15 +226,59 @@ impl Appliance {
             stop_deadline: STOP_DEADLINE,
         };
         let supervisor = Supervisor::start(spec).await?;
+        let prepared = Prepared {
+            dir,
+            lock,
+            spaces,
+            hostnames,
+            ca_cert: tls.ca_cert,
+            keys,
+            broker_version,
+        };
+        match Self::serve(prepared, &supervisor).await {
+            Ok((core, lock, admin, info)) => {
+                let state_task = tokio::spawn(track_state(core.clone(), supervisor.status()));
+                tracing::info!("phase: ready");
+                Ok(Appliance {
+                    core,
+                    _lock: lock,
+                    supervisor,
+                    state_task,
+                    admin,
+                    info,
+                })
+            }
+            Err(e) => {
+                // Leave nothing running behind a failed start.
+                supervisor.stop().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The phases after the broker is ready: system connection, spaces, state, admin socket.
+    async fn serve(
+        prepared: Prepared,
+        supervisor: &Supervisor,
+    ) -> Result<(Arc<Core>, DataDirLock, admin::AdminServer, ReadyInfo), DaemonError> {
+        let Prepared {
+            dir,
+            lock,
+            spaces,
+            hostnames,
+            ca_cert,
+            keys,
+            broker_version,
+        } = prepared;
         let status = supervisor.status().borrow().clone();
         tracing::info!(pid = status.pid, client = %status.client, "phase: broker ready");
 
         let local = local_addr(status.client);
-        let system = connect_system(&keys, &tls.ca_cert, local).await?;
+        let system = connect_system(&keys, &ca_cert, local).await?;
         let core = Arc::new(Core {
             dir: dir.clone(),
             keys,
-            ca_cert: tls.ca_cert.clone(),
+            ca_cert: ca_cert.clone(),
             local,
             link_host: link_host(status.client, &hostnames),
             system,
@@ -245,26 +300,17 @@ impl Appliance {
         tracing::info!(spaces = infos.len(), "phase: spaces served");
 
         core.write_state()?;
-        let state_task = tokio::spawn(track_state(core.clone(), supervisor.status()));
         let admin = admin::AdminServer::start(core.clone())?;
         let info = ReadyInfo {
             data_dir: dir.root().to_owned(),
             listen: status.client,
             monitor: status.monitor,
-            ca_cert: tls.ca_cert,
+            ca_cert,
             spaces: infos,
             broker_pid: status.pid,
             broker_version,
         };
-        tracing::info!("phase: ready");
-        Ok(Appliance {
-            core,
-            _lock: lock,
-            supervisor,
-            state_task,
-            admin,
-            info,
-        })
+        Ok((core, lock, admin, info))
     }
 
     /// What the appliance announces.
@@ -387,12 +433,10 @@ impl Core {
         join_link(&self.link_host, space, channels)
     }
 
+    /// Writes `run/state.json`; the lock is held across the write so that two writers (a
+    /// broker restart and a `space add`) cannot land an older snapshot last.
     fn write_state(&self) -> Result<(), DaemonError> {
-        let state = self
-            .state
-            .lock()
-            .map(|s| s.clone())
-            .unwrap_or_else(|e| e.into_inner().clone());
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         self.dir.write_state(&state)?;
         Ok(())
     }
@@ -429,7 +473,6 @@ async fn connect_system(
         .name("cotald-system")
         .add_root_certificates(ca.to_owned())
         .require_tls(true)
-        .retry_on_initial_connect()
         .connect(format!("tls://{local}"))
         .await
         .map_err(|e| fail(e.to_string()))

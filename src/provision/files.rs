@@ -35,7 +35,7 @@ pub(crate) fn write_regenerable(
 }
 
 fn write_replace(path: &Path, bytes: &[u8], mode: u32, sync: bool) -> Result<(), ProvisionError> {
-    let tmp = path.with_extension("tmp");
+    let tmp = crate::datadir::temp_path(path);
     let _ = fs::remove_file(&tmp);
     let mut f = OpenOptions::new()
         .write(true)

@@ -4,6 +4,7 @@
 //! reported too. Nothing is overwritten, so re-running bootstrap never loses data.
 
 use async_nats::jetstream::context::{GetStreamError, GetStreamErrorKind};
+use async_nats::jetstream::kv::CreateErrorKind;
 use async_nats::jetstream::{self, ErrorCode};
 
 use crate::binding::SpaceNames;
@@ -33,6 +34,12 @@ pub enum BootstrapError {
         object: String,
         reason: String,
     },
+    /// An existing stream differs in a way that breaks confidentiality; refused, not served.
+    #[error(
+        "space `{space}` refused: {drift}. Fix the stream (or delete it to let cotald recreate \
+         it) before serving this space"
+    )]
+    Unsafe { space: String, drift: String },
 }
 
 /// Ensures every stream and bucket of the space exists, and that the channel registry holds
@@ -82,9 +89,13 @@ pub async fn bootstrap(
         match stored {
             None => {
                 let bytes = serde_json::to_vec(value).unwrap_or_default();
-                // `create` fails if the key appeared meanwhile: that value wins, as stored.
-                if kv.create(key, bytes.into()).await.is_ok() {
-                    report.registry_written.push(key.clone());
+                match kv.create(key, bytes.into()).await {
+                    Ok(_) => report.registry_written.push(key.clone()),
+                    // The key appeared meanwhile: that value wins, as stored.
+                    Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {}
+                    Err(e) => {
+                        return Err(err("writing", &format!("{bucket}/{key}"), e.to_string()));
+                    }
                 }
             }
             Some(bytes) => {
@@ -98,6 +109,18 @@ pub async fn bootstrap(
     }
     for d in &report.drift {
         tracing::warn!(space = names.space(), drift = %d, "stream config drift (not changed)");
+    }
+    let unsafe_drift: Vec<String> = report
+        .drift
+        .iter()
+        .filter(|d| d.is_unsafe())
+        .map(ToString::to_string)
+        .collect();
+    if !unsafe_drift.is_empty() {
+        return Err(BootstrapError::Unsafe {
+            space: names.space().to_owned(),
+            drift: unsafe_drift.join("; "),
+        });
     }
     for key in &report.registry_drift {
         tracing::warn!(

@@ -76,7 +76,6 @@ impl Space {
             .name(format!("cotald-manager-{space}"))
             .add_root_certificates(ca.to_owned())
             .require_tls(true)
-            .retry_on_initial_connect()
             .connection_timeout(Duration::from_secs(10))
             .connect(format!("tls://{addr}"))
             .await
@@ -167,10 +166,30 @@ impl Space {
             .get_stream(&stream)
             .await
             .map_err(|e| fail(e.to_string()))?;
-        stream
-            .get_or_create_consumer(&durable, config)
+        let mut consumer = stream
+            .get_or_create_consumer(&durable, config.clone())
             .await
             .map_err(|e| fail(e.to_string()))?;
+        // An existing durable is bound by agents as it is: it must be the §8 one.
+        let actual = consumer
+            .info()
+            .await
+            .map_err(|e| fail(e.to_string()))?
+            .config
+            .clone();
+        if actual.filter_subject != config.filter_subject
+            || actual.deliver_subject.is_some()
+            || actual.ack_policy != config.ack_policy
+        {
+            return Err(fail(format!(
+                "it exists with filter {:?}, deliver subject {:?}, ack policy {:?}; expected \
+                 filter {:?}, pull, explicit ack",
+                actual.filter_subject,
+                actual.deliver_subject,
+                actual.ack_policy,
+                config.filter_subject
+            )));
+        }
         Ok(())
     }
 

@@ -59,8 +59,10 @@ pub fn add_runtime_space(
     let parent = dir.space(space);
     fs::create_dir_all(&parent).map_err(io(&parent, "creating"))?;
     let text = toml::to_string(&RuntimeSpace { profile }).unwrap_or_default();
-    fs::write(&path, format!("# Added with `cotald space add`.\n{text}"))
-        .map_err(io(&path, "writing"))
+    write_atomic(
+        &path,
+        format!("# Added with `cotald space add`.\n{text}").as_bytes(),
+    )
 }
 
 /// The spaces added at runtime, by name.
@@ -76,6 +78,10 @@ pub fn runtime_spaces(dir: &DataDir) -> Result<BTreeMap<String, SpaceConfig>, St
         let Ok(text) = fs::read_to_string(&path) else {
             continue;
         };
+        if let Err(reason) = crate::profile::validate_space_name(&name) {
+            tracing::warn!(path = %path.display(), reason, "not a space directory; skipped");
+            continue;
+        }
         let space: RuntimeSpace = toml::from_str(&text).map_err(|e| StoreError::Malformed {
             path: path.clone(),
             reason: e.to_string(),
@@ -85,13 +91,21 @@ pub fn runtime_spaces(dir: &DataDir) -> Result<BTreeMap<String, SpaceConfig>, St
     Ok(out)
 }
 
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let tmp = crate::datadir::temp_path(path);
+    fs::write(&tmp, bytes).map_err(io(&tmp, "writing"))?;
+    fs::rename(&tmp, path).map_err(io(path, "renaming into place"))
+}
+
 /// Records a minted identity.
 pub fn save_identity(dir: &DataDir, record: &IdentityRecord) -> Result<(), StoreError> {
     let parent = dir.space(&record.space).join("identities");
     fs::create_dir_all(&parent).map_err(io(&parent, "creating"))?;
     let path = parent.join(format!("{}.json", record.id));
-    let json = serde_json::to_vec_pretty(record).unwrap_or_default();
-    fs::write(&path, json).map_err(io(&path, "writing"))
+    write_atomic(
+        &path,
+        &serde_json::to_vec_pretty(record).unwrap_or_default(),
+    )
 }
 
 /// Every identity minted for `space`.

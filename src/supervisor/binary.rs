@@ -71,7 +71,7 @@ impl BrokerBinary {
                 if fs::read(&path).is_ok_and(|b| b == *bytes) {
                     return Ok(path);
                 }
-                let tmp = path.with_extension("tmp");
+                let tmp = crate::datadir::temp_path(&path);
                 let _ = fs::remove_file(&tmp);
                 let write = || -> std::io::Result<()> {
                     let mut f = OpenOptions::new()

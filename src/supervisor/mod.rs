@@ -150,9 +150,17 @@ impl Supervisor {
     }
 
     /// Stops the child gracefully and waits for it.
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
         self.cancel.cancel();
-        let _ = self.task.await;
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for Supervisor {
+    /// Dropped without [`Supervisor::stop`] (a failed or interrupted startup): the supervising
+    /// task still stops the child gracefully, as long as the runtime lives.
+    fn drop(&mut self) {
+        self.cancel.cancel();
     }
 }
 
@@ -221,6 +229,9 @@ impl Running {
         };
         write_private(&spec.conf_path, spec.conf.render().as_bytes())
             .map_err(io(&spec.conf_path, "writing the broker config"))?;
+        // A crashed child leaves its ports file behind, and pids repeat (containers): only the
+        // file this child writes may count.
+        remove_ports_files(&spec.conf.ports_file_dir);
         let mut cmd = Command::new(&spec.executable);
         cmd.arg("-c")
             .arg(&spec.conf_path)
@@ -270,10 +281,16 @@ impl Running {
                     let _ = tokio::time::timeout(Duration::from_secs(2), pump).await;
                 }
                 let tail = tail_text();
-                if tail.contains("address already in use") {
-                    return Err(SupervisorError::PortInUse {
-                        addr: SocketAddr::new(spec.conf.host, spec.conf.port.unwrap_or(0)),
-                    });
+                if let Some(line) = tail.lines().find(|l| l.contains("address already in use")) {
+                    let monitor = spec
+                        .conf
+                        .monitor_port
+                        .map(|p| SocketAddr::new(spec.conf.monitor_host, p));
+                    let addr = match monitor {
+                        Some(m) if line.contains(&m.to_string()) => m,
+                        _ => SocketAddr::new(spec.conf.host, spec.conf.port.unwrap_or(0)),
+                    };
+                    return Err(SupervisorError::PortInUse { addr });
                 }
                 return Err(SupervisorError::Exited {
                     status: describe(status),
@@ -281,8 +298,8 @@ impl Running {
                     tail,
                 });
             }
-            if addrs.is_none() {
-                addrs = read_ports_file(ports_dir, &spec.conf, pid);
+            if let Some(found) = read_ports_file(ports_dir, &spec.conf, pid) {
+                addrs = Some(found);
             }
             if let Some((_, monitor)) = addrs
                 && monitor::healthy(monitor).await
@@ -360,6 +377,14 @@ fn read_ports_file(dir: &Path, conf: &ServerConf, pid: u32) -> Option<(SocketAdd
     ))
 }
 
+fn remove_ports_files(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_name().to_string_lossy().ends_with(".ports") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 async fn pump(
     stream: impl AsyncRead + Unpin,
     log_path: PathBuf,
@@ -389,7 +414,7 @@ async fn pump(
 fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
+    let tmp = crate::datadir::temp_path(path);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)

@@ -486,8 +486,17 @@ async fn spaces_are_isolated() {
 /// The broker refuses the credential: at connect, or (for an account it has to look up) with
 /// an authorization violation right after; the connection never carries a request.
 async fn refused(c: &Cotald, creds: &std::path::Path) {
-    let Ok(mut p) = Probe::try_connect(c, creds).await else {
-        return;
+    let mut p = match Probe::try_connect(c, creds).await {
+        Err(e) => {
+            assert_eq!(
+                e.kind(),
+                async_nats::ConnectErrorKind::AuthorizationViolation,
+                "{}: refused for the wrong reason: {e}",
+                creds.display()
+            );
+            return;
+        }
+        Ok(p) => p,
     };
     let seen = tokio::time::timeout(TIMEOUT, async {
         while let Some(event) = p.events.recv().await {
