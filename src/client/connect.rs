@@ -213,7 +213,7 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
         restricted_subscribe,
         tasks: Mutex::new(Vec::new()),
         roster: Roster::default(),
-        status: Mutex::new((crate::protocol::PresenceStatus::Idle, None)),
+        declared: Mutex::new(Default::default()),
         request_timeout: opts.request_timeout,
         announced: opts.presence,
     });

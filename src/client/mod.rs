@@ -118,7 +118,7 @@ pub(crate) struct Inner {
     pub(crate) restricted_subscribe: bool,
     pub(crate) tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     pub(crate) roster: presence::Roster,
-    pub(crate) status: Mutex<(crate::protocol::PresenceStatus, Option<String>)>,
+    pub(crate) declared: Mutex<presence::Declared>,
     pub(crate) request_timeout: Duration,
     /// Whether this client heartbeats presence (and so owes a final `offline`).
     pub(crate) announced: bool,
@@ -217,15 +217,7 @@ impl Client {
             ack.await
                 .map_err(|e| nats_err(format!("publish on {subject}"))(e.to_string()))
         };
-        let refused = async {
-            loop {
-                match violations.recv().await {
-                    Ok(v) if v.verb == "Publish" && v.subject == subject => return,
-                    Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
-                    _ => {}
-                }
-            }
-        };
+        let refused = refused_publish(&mut violations, &subject);
         tokio::select! {
             ack = publish => Ok((message, ack?.sequence)),
             () = refused => Err(ClientError::PublishRefused { subject }),
@@ -257,22 +249,28 @@ impl Client {
         let request = ControlRequest::new(op, self.endpoint()).with_args(args);
         let body = serde_json::to_vec(&request).map_err(|e| ClientError::Message(e.to_string()))?;
         let timeout = self.inner.request_timeout;
-        let reply = tokio::time::timeout(
+        let mut violations = self.inner.violations.subscribe();
+        let request = tokio::time::timeout(
             timeout,
             self.inner.nats.request(subject.clone(), body.into()),
-        )
-        .await
-        .map_err(|_| ClientError::Timeout {
-            what: format!("control {op} on {subject}"),
-            timeout,
-        })?
-        .map_err(|e| match e.kind() {
-            async_nats::RequestErrorKind::NoResponders => ClientError::NoResponders {
-                service: service.to_owned(),
-                space: self.space().to_owned(),
-            },
-            _ => nats_err(format!("control {op}"))(e.to_string()),
-        })?;
+        );
+        let refused = refused_publish(&mut violations, &subject);
+        let reply = tokio::select! {
+            reply = request => reply,
+            () = refused => return Err(ClientError::PublishRefused { subject }),
+        };
+        let reply = reply
+            .map_err(|_| ClientError::Timeout {
+                what: format!("control {op} on {subject}"),
+                timeout,
+            })?
+            .map_err(|e| match e.kind() {
+                async_nats::RequestErrorKind::NoResponders => ClientError::NoResponders {
+                    service: service.to_owned(),
+                    space: self.space().to_owned(),
+                },
+                _ => nats_err(format!("control {op}"))(e.to_string()),
+            })?;
         serde_json::from_slice(&reply.payload)
             .map_err(|e| nats_err(format!("control {op} reply"))(e.to_string()))
     }
@@ -302,6 +300,17 @@ impl Client {
             task.abort();
         }
         let _ = tokio::time::timeout(Duration::from_secs(2), self.inner.nats.drain()).await;
+    }
+}
+
+/// Resolves when the broker reports a refused publish on `subject`.
+async fn refused_publish(violations: &mut broadcast::Receiver<Violation>, subject: &str) {
+    loop {
+        match violations.recv().await {
+            Ok(v) if v.verb == "Publish" && v.subject == subject => return,
+            Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
+            _ => {}
+        }
     }
 }
 

@@ -17,8 +17,8 @@ use tokio::sync::Notify;
 
 use super::{Client, ClientError, ConnectionState, nats_err};
 use crate::protocol::{
-    EpochMillis, HEARTBEAT_INTERVAL, LIVENESS_WINDOW, Presence, PresenceStatus,
-    accept_presence_record, effective_status,
+    AttentionMode, Channel, ChannelMode, EpochMillis, HEARTBEAT_INTERVAL, LIVENESS_WINDOW,
+    Presence, PresenceStatus, accept_presence_record, effective_status,
 };
 
 /// One peer as last seen.
@@ -93,8 +93,28 @@ impl Roster {
     }
 }
 
+/// What this endpoint declares about itself besides its card (§6).
+#[derive(Debug, Clone)]
+pub(crate) struct Declared {
+    pub(crate) status: PresenceStatus,
+    pub(crate) activity: Option<String>,
+    pub(crate) attention: Option<AttentionMode>,
+    pub(crate) channel_modes: BTreeMap<String, ChannelMode>,
+}
+
+impl Default for Declared {
+    fn default() -> Self {
+        Declared {
+            status: PresenceStatus::Idle,
+            activity: None,
+            attention: None,
+            channel_modes: BTreeMap::new(),
+        }
+    }
+}
+
 impl Client {
-    /// Sets the presence status (never `offline` while connected) and publishes it now.
+    /// Sets the presence status (never `offline` while connected) and activity; publishes now.
     pub async fn set_status(
         &self,
         status: PresenceStatus,
@@ -105,7 +125,44 @@ impl Client {
                 "a live client does not heartbeat as offline (§6)".into(),
             ));
         }
-        *self.inner.status.lock().unwrap_or_else(|e| e.into_inner()) = (status, activity);
+        self.declare(|d| {
+            d.status = status;
+            d.activity = activity;
+        })
+        .await
+    }
+
+    /// Sets the global attention mode (advisory, §6); publishes now.
+    pub async fn set_attention(&self, attention: Option<AttentionMode>) -> Result<(), ClientError> {
+        self.declare(|d| d.attention = attention).await
+    }
+
+    /// Sets (or with `None` clears) a per-channel attention override (advisory, §6).
+    pub async fn set_channel_mode(
+        &self,
+        channel: &Channel,
+        mode: Option<ChannelMode>,
+    ) -> Result<(), ClientError> {
+        let key = channel.as_str().to_owned();
+        self.declare(|d| match mode {
+            Some(m) => {
+                d.channel_modes.insert(key, m);
+            }
+            None => {
+                d.channel_modes.remove(&key);
+            }
+        })
+        .await
+    }
+
+    async fn declare(&self, change: impl FnOnce(&mut Declared)) -> Result<(), ClientError> {
+        change(
+            &mut self
+                .inner
+                .declared
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
         heartbeat(self).await
     }
 }
@@ -118,15 +175,17 @@ async fn heartbeat(client: &Client) -> Result<(), ClientError> {
         .lock()
         .map(|c| c.clone())
         .unwrap_or_else(|e| e.into_inner().clone());
-    let (status, activity) = client
+    let declared = client
         .inner
-        .status
+        .declared
         .lock()
         .map(|s| s.clone())
         .unwrap_or_else(|e| e.into_inner().clone());
-    let mut record = Presence::heartbeat(card, status, EpochMillis::now())
+    let mut record = Presence::heartbeat(card, declared.status, EpochMillis::now())
         .map_err(|e| ClientError::Message(e.to_string()))?;
-    record.activity = activity;
+    record.activity = declared.activity;
+    record.attention = declared.attention;
+    record.channel_modes = declared.channel_modes;
     put(client, &record).await
 }
 

@@ -414,10 +414,28 @@ async fn presence_survives_a_broker_crash() {
             .expect("alice appears");
     }
 
+    // Bob is also a member of a channel and has a DM consumer: both must survive.
+    let mut b = b;
+    b.client.join("general", Replay::Off).await.unwrap();
+    let mut state = a.client.state();
     let broker = c.state().broker_pid;
     // SAFETY: plain syscall on the broker child.
     assert_eq!(unsafe { libc::kill(broker as i32, libc::SIGKILL) }, 0);
     c.wait_stderr("nats-server restarted").await;
+    // The connection state is observable: reconnecting, then connected again.
+    let mut seen_reconnecting = false;
+    tokio::time::timeout(TIMEOUT, async {
+        loop {
+            state.changed().await.unwrap();
+            match *state.borrow_and_update() {
+                cotald::client::ConnectionState::Reconnecting => seen_reconnecting = true,
+                cotald::client::ConnectionState::Connected if seen_reconnecting => break,
+                _ => {}
+            }
+        }
+    })
+    .await
+    .expect("alice reconnects");
     // After the restart the roster is rebound without restarting the client, and shows
     // heartbeats written after the crash.
     let restarted_at = cotald::protocol::EpochMillis::now().as_u64().unwrap();
@@ -433,6 +451,35 @@ async fn presence_survives_a_broker_crash() {
             .await
             .expect("the roster recovers");
     }
+    // Subscriptions and consumers were re-established: a DM and a channel message arrive.
+    let alice_poster = mint(
+        tmp.path(),
+        "poster",
+        "main",
+        &["--allow-publish", "general"],
+    )
+    .await;
+    let p = endpoint(&alice_poster, |o| o.presence = false).await;
+    let (dm, _) = p
+        .client
+        .send_text(to(&bob.id), "after the crash")
+        .await
+        .unwrap();
+    let (multi, _) = p
+        .client
+        .send_text(channel("general"), "after the crash")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        let d = delivery(&mut b.deliveries).await;
+        got.push(d.message.id.clone());
+        d.ack().await.unwrap();
+    }
+    got.sort();
+    let mut want = vec![dm.id, multi.id];
+    want.sort();
+    assert_eq!(got, want);
     a.client.close().await;
     // The graceful close writes one final offline record.
     while roster
@@ -537,5 +584,145 @@ async fn send_and_tail_from_the_command_line() {
     let out = cli(bad).await.unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("refused to publish"));
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn endpoint_semantics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(
+        tmp.path(),
+        "alice",
+        "main",
+        &["--allow-publish", "general", "--role", "reviewer"],
+    )
+    .await;
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
+    let mut a = endpoint(&alice, |o| o.role = Some("reviewer".into())).await;
+    let mut b = endpoint(&bob, |_| {}).await;
+    b.client.join("general", Replay::Off).await.unwrap();
+
+    // Mentions are normalized (§5).
+    let (sent, _) = a
+        .client
+        .send(
+            channel("general"),
+            vec![cotald::protocol::Part::text("hi")],
+            &[" Bob ".into(), "bob".into(), "".into()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(sent.mentions, ["bob"]);
+    let got = delivery(&mut b.deliveries).await;
+    assert_eq!(got.message.mentions, ["bob"]);
+
+    // Nak is a transient failure: the DM is redelivered; ack ends it.
+    let (dm, _) = a.client.send_text(to(&bob.id), "retry me").await.unwrap();
+    let first = delivery(&mut b.deliveries).await;
+    assert_eq!(first.message.id, dm.id);
+    first.nak().await.unwrap();
+    let again = delivery(&mut b.deliveries).await;
+    assert_eq!(again.message.id, dm.id, "redelivered after nak");
+    again.ack().await.unwrap();
+
+    // Own anycast on a shared role queue is not consumed away: the holder receives it.
+    let (task, _) = a
+        .client
+        .send_text(Routing::to_service("reviewer"), "self-assigned")
+        .await
+        .unwrap();
+    let got = delivery(&mut a.deliveries).await;
+    assert_eq!(
+        (got.message.id.as_str(), got.kind.as_str()),
+        (task.id.as_str(), "anycast")
+    );
+    got.ack().await.unwrap();
+
+    // Control requests: a typed error when nobody serves the service.
+    let err = a
+        .client
+        .manager("ping", Default::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, cotald::client::ClientError::NoResponders { .. }),
+        "{err}"
+    );
+    // A control subject outside the credential: refused, named, not a timeout.
+    let err = a
+        .client
+        .control("admin", "ping", Default::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, cotald::client::ClientError::PublishRefused { .. }),
+        "{err}"
+    );
+
+    // Presence: status, activity, attention and channel modes reach peers; a record whose
+    // key is not its card id is dropped from the roster.
+    a.client
+        .set_status(PresenceStatus::Working, Some("reviewing".into()))
+        .await
+        .unwrap();
+    a.client
+        .set_attention(Some(cotald::protocol::AttentionMode::Focus))
+        .await
+        .unwrap();
+    a.client
+        .set_channel_mode(
+            &Channel::new("general").unwrap(),
+            Some(cotald::protocol::ChannelMode::Quiet),
+        )
+        .await
+        .unwrap();
+    assert!(
+        a.client
+            .set_status(PresenceStatus::Offline, None)
+            .await
+            .is_err(),
+        "never offline while live"
+    );
+    let roster = b.client.roster().clone();
+    loop {
+        let done = roster.peer(&alice.id).is_some_and(|p| {
+            p.status() == PresenceStatus::Working
+                && p.presence.activity.as_deref() == Some("reviewing")
+                && p.presence.attention == Some(cotald::protocol::AttentionMode::Focus)
+                && p.presence.channel_modes.get("general")
+                    == Some(&cotald::protocol::ChannelMode::Quiet)
+        });
+        if done {
+            break;
+        }
+        tokio::time::timeout(TIMEOUT, roster.changed())
+            .await
+            .expect("alice's presence arrives");
+    }
+    let mut raw = Probe::connect(&c, &tmp.path().join("spaces/main/local-operator.creds")).await;
+    let impostor = "UDI36ZKVNUM5WMO4QQ6HDQU7F4OH2RCXOJRX6GAIOS5SKVNNSKCDNLJA";
+    let record = json!({"card": {"id": alice.id, "name": "not alice", "kind": "agent"}, "status": "idle", "ts": 1});
+    let before = roster.updates();
+    async_nats::jetstream::new(raw.client.clone())
+        .publish(
+            format!("$KV.cotal_presence_main.{impostor}"),
+            record.to_string().into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    raw.barrier().await;
+    // Wait for a later heartbeat of alice to be applied, then check the impostor is absent.
+    while roster.updates() < before + 2 {
+        tokio::time::timeout(TIMEOUT, roster.changed())
+            .await
+            .expect("heartbeats keep coming");
+    }
+    assert!(roster.peer(impostor).is_none(), "key ≠ card.id is dropped");
+    assert_eq!(roster.peer(&alice.id).unwrap().presence.card.name, "alice");
+    a.client.close().await;
+    b.client.close().await;
     c.stop().await;
 }
