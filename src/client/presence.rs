@@ -65,6 +65,17 @@ impl Roster {
         self.stale.load(Ordering::Relaxed)
     }
 
+    /// A peer's status as this view can tell it: derived from `ts` while the view is current;
+    /// while it is stale, the last status seen (a stalled connection says nothing about peers).
+    pub fn status(&self, id: &str) -> Option<PresenceStatus> {
+        let peer = self.peer(id)?;
+        Some(if self.is_stale() && !peer.removed {
+            peer.presence.status
+        } else {
+            peer.status()
+        })
+    }
+
     /// How many records the watch has applied (grows with every heartbeat seen).
     pub fn updates(&self) -> u64 {
         self.updates.load(Ordering::Relaxed)

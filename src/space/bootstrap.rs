@@ -57,23 +57,28 @@ pub async fn bootstrap(
         reason,
     };
     let mut report = BootstrapReport::default();
-    for expected in streams::all(names, retention) {
+    // One round trip per stream, all in flight at once (startup time).
+    let checks = streams::all(names, retention).into_iter().map(|expected| async move {
         match js.get_stream(&expected.name).await {
             Ok(mut existing) => {
                 let info = existing
                     .info()
                     .await
                     .map_err(|e| err("reading", &expected.name, e.to_string()))?;
-                report.drift.extend(streams::drift(&expected, &info.config));
+                Ok((None, streams::drift(&expected, &info.config)))
             }
             Err(e) if is_not_found(&e) => {
                 js.create_stream(expected.clone())
                     .await
                     .map_err(|e| err("creating", &expected.name, e.to_string()))?;
-                report.created.push(expected.name.clone());
+                Ok((Some(expected.name.clone()), Vec::new()))
             }
-            Err(e) => return Err(err("reading", &expected.name, e.to_string())),
+            Err(e) => Err(err("reading", &expected.name, e.to_string())),
         }
+    });
+    for (created, drift) in futures_util::future::try_join_all(checks).await? {
+        report.created.extend(created);
+        report.drift.extend(drift);
     }
 
     let bucket = names.channels_bucket();
