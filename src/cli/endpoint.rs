@@ -125,20 +125,41 @@ pub(super) async fn tail(args: TailArgs) -> anyhow::Result<ExitCode> {
     } else {
         Replay::AsConfigured
     };
-    for channel in &channels {
-        let report = client.join(channel, replay).await?;
-        eprintln!("{}", report.summary());
-    }
+    // Joins surface history as they go: they run beside the loop that drains it.
+    let joiner = client.clone();
+    let mut joins = tokio::spawn(async move {
+        for channel in &channels {
+            let report = joiner.join(channel, replay).await?;
+            eprintln!("{}", report.summary());
+        }
+        Ok::<(), crate::client::JoinError>(())
+    });
+    let mut joining = true;
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
     let mut printed = 0;
-    let result = loop {
+    let result: anyhow::Result<()> = loop {
         if args.count.is_some_and(|n| printed >= n) {
             break Ok(());
         }
         tokio::select! {
+            joined = &mut joins, if joining => {
+                joining = false;
+                match joined {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => break Err(e.into()),
+                    Err(e) => break Err(anyhow::anyhow!("join task failed: {e}")),
+                }
+            }
             next = deliveries.next_event() => match next {
                 Some(Event::Message(delivery)) => {
-                    print(&delivery, args.json)?;
-                    delivery.ack().await?;
+                    if let Err(e) = print(&delivery, args.json) {
+                        break Err(e);
+                    }
+                    // Acked only once printed (§8).
+                    if let Err(e) = delivery.ack().await {
+                        break Err(e.into());
+                    }
                     printed += 1;
                 }
                 Some(Event::Notice(Notice::Rejected(a))) => {
@@ -152,14 +173,18 @@ pub(super) async fn tail(args: TailArgs) -> anyhow::Result<ExitCode> {
                 }
                 None => break Ok(()),
             },
-            _ = tokio::signal::ctrl_c() => break Ok(()),
+            _ = &mut interrupted => break Ok(()),
         }
     };
+    joins.abort();
     client.close().await;
     result.map(|()| ExitCode::SUCCESS)
 }
 
+/// Writes one delivery to stdout; a closed pipe (`tail | head`) is an error, not a panic.
 fn print(d: &Delivery, json: bool) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
     if json {
         let parts = serde_json::to_value(&d.message.parts)?;
         let from = serde_json::to_value(&d.message.from)?;
@@ -172,7 +197,7 @@ fn print(d: &Delivery, json: bool) -> anyhow::Result<()> {
             "parts": parts,
             "ts": serde_json::to_value(&d.message.ts)?,
         });
-        println!("{doc}");
+        writeln!(out, "{doc}")?;
     } else {
         let text: Vec<String> = d
             .message

@@ -18,6 +18,7 @@ use super::{Client, ClientError, ConnectionState, Inner, Violation};
 use crate::binding::{SpaceNames, dm_durable, svc_durable};
 use crate::protocol::{
     AgentCard, EndpointKind, InstanceId, JoinLink, SpaceSubjects, WIRE_PROTOCOL_VERSION,
+    subject_matches,
 };
 use crate::provision::Creds;
 
@@ -198,7 +199,32 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
     card.protocol_version = Some(WIRE_PROTOCOL_VERSION.to_owned());
     let max_payload = nats.server_info().max_payload;
     let (sink, deliveries) = deliver::channel(max_payload, id.as_str().to_owned());
-    let restricted_subscribe = !claims.sub_allow.is_empty() || !claims.sub_deny.is_empty();
+    let barrier = "_INBOX.cotal-barrier.probe";
+    let barrier_refused = claims.sub_deny.iter().any(|p| subject_matches(p, barrier))
+        || (!claims.sub_allow.is_empty()
+            && !claims.sub_allow.iter().any(|p| subject_matches(p, barrier)));
+    let unrestricted = claims.pub_allow.is_empty();
+    let may_publish = |subject: &str| {
+        unrestricted || claims.pub_allow.iter().any(|p| subject_matches(p, subject))
+    };
+    // Observers and admins hold no presence write (Appendix B): they watch, never announce.
+    let announce =
+        opts.presence && may_publish(&format!("$KV.{}.{}", names.presence_bucket(), id.as_str()));
+    let grants = |consumer: &str| {
+        claims.pub_allow.iter().any(|s| {
+            s.starts_with("$JS.API.CONSUMER.MSG.NEXT.") && s.ends_with(&format!(".{consumer}"))
+        })
+    };
+    let dm = dm_durable(id.as_str());
+    let bind_dm = opts.receive_dms && (unrestricted || grants(&dm));
+    if let Some(role) = &opts.role {
+        let svc = svc_durable(role);
+        if !unrestricted && !grants(&svc) {
+            return Err(ClientError::Config(format!(
+                "role `{role}`: this credential may not read {svc} (mint it with --role {role})"
+            )));
+        }
+    }
     let inner = Arc::new(Inner {
         nats,
         js,
@@ -210,39 +236,46 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
         state,
         out: sink,
         joined: tokio::sync::Mutex::new(Default::default()),
-        restricted_subscribe,
+        barrier_refused,
         tasks: Mutex::new(Vec::new()),
         roster: Roster::default(),
         declared: Mutex::new(Default::default()),
         request_timeout: opts.request_timeout,
-        announced: opts.presence,
+        announced: announce,
     });
     let client = Client { inner };
 
-    // The durables this credential binds (Appendix B): dm_<id> for agents, svc_<role>.
-    let dm = dm_durable(client.id().as_str());
-    let grants = |consumer: &str| {
-        claims.pub_allow.iter().any(|s| {
-            s.starts_with("$JS.API.CONSUMER.MSG.NEXT.") && s.ends_with(&format!(".{consumer}"))
-        })
-    };
-    let unrestricted = claims.pub_allow.is_empty();
-    if opts.receive_dms && (grants(&dm) || unrestricted) {
-        let stream = client.inner.names.dm_stream();
-        deliver::bind(&client, &stream, &dm).await?;
-    }
-    if let Some(role) = &opts.role {
-        let svc = svc_durable(role);
-        if !unrestricted && !grants(&svc) {
-            return Err(ClientError::Config(format!(
-                "role `{role}`: this credential may not read {svc} (mint it with --role {role})"
-            )));
+    // Every check is done: bind the durables this credential reads (Appendix B), start
+    // presence. A failure here stops whatever was started.
+    let started = async {
+        if bind_dm {
+            deliver::bind(&client, &client.inner.names.dm_stream(), &dm).await?;
         }
-        let stream = client.inner.names.task_stream();
-        deliver::bind(&client, &stream, &svc).await?;
-    }
-    if opts.presence {
-        presence::start(&client).await?;
+        if let Some(role) = &opts.role {
+            deliver::bind(
+                &client,
+                &client.inner.names.task_stream(),
+                &svc_durable(role),
+            )
+            .await?;
+        }
+        if opts.presence {
+            presence::start(&client, announce).await?;
+        }
+        Ok::<(), ClientError>(())
+    };
+    if let Err(e) = started.await {
+        for task in client
+            .inner
+            .tasks
+            .lock()
+            .map(|mut t| std::mem::take(&mut *t))
+            .unwrap_or_default()
+        {
+            task.abort();
+        }
+        let _ = client.inner.nats.drain().await;
+        return Err(e);
     }
     Ok(Connection { client, deliveries })
 }

@@ -217,32 +217,40 @@ impl Sink {
         }));
     }
 
-    /// A channel copy (live or backfill): validated, own echo dropped, deduplicated by `id`.
-    pub(crate) async fn channel_copy(&self, subject: &str, payload: &[u8], historical: bool) {
+    /// A channel copy (live or backfill): validated, own echo dropped, deduplicated by
+    /// (sender, `id`): every copy of one logical message has the same sender, and keying on the
+    /// sender too keeps one peer from suppressing another's messages by reusing their ids.
+    /// Returns whether it was surfaced.
+    pub(crate) async fn channel_copy(
+        &self,
+        subject: &str,
+        payload: &[u8],
+        historical: bool,
+    ) -> bool {
         let accepted = match accept_delivery(subject, payload, self.max_payload) {
             Ok(a) if a.kind == DeliveryKind::Channel => a,
             Ok(a) => {
-                return self.reject(
+                self.reject(
                     subject,
                     RejectReason::MalformedSubject,
                     format!("a {:?} subject on a channel subscription", a.kind),
                 );
+                return false;
             }
-            Err(r) => return self.reject(subject, r.reason(), r.to_string()),
+            Err(r) => {
+                self.reject(subject, r.reason(), r.to_string());
+                return false;
+            }
         };
         if accepted.sender == self.own_id {
-            return;
+            return false;
         }
-        let first = self
-            .seen
-            .lock()
-            .map(|mut s| s.first(&accepted.message.id))
-            .unwrap_or(true);
+        let key = format!("{} {}", accepted.sender, accepted.message.id);
+        let first = self.seen.lock().map(|mut s| s.first(&key)).unwrap_or(true);
         if !first {
-            return;
+            return false;
         }
-        let _ = self
-            .messages
+        self.messages
             .send(Delivery {
                 message: accepted.message,
                 kind: DeliveryKind::Channel,
@@ -250,7 +258,8 @@ impl Sink {
                 channel: Some(accepted.route),
                 ack: None,
             })
-            .await;
+            .await
+            .is_ok()
     }
 
     /// A DM or anycast copy: validated; anomalies terminated; surfaced with its ack handle.

@@ -100,27 +100,88 @@ pub enum Replay {
     Off,
 }
 
+/// Aborts a task when dropped: a join that fails or is cancelled leaves nothing running.
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl AbortOnDrop {
+    fn new(task: tokio::task::JoinHandle<()>) -> Self {
+        AbortOnDrop(Some(task))
+    }
+
+    /// Lets the task run on (it is finishing by itself).
+    fn detach(mut self) {
+        self.0.take();
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}
+
+/// A joined channel (or, with no pump yet, a join in progress).
 pub(crate) struct Joined {
-    task: tokio::task::JoinHandle<()>,
+    pump: Option<AbortOnDrop>,
+    watcher: Option<AbortOnDrop>,
     durable: DurableState,
 }
 
+/// Removes an unfinished join's reservation if the join fails or its future is dropped.
+struct Reservation {
+    inner: Option<std::sync::Arc<super::Inner>>,
+    key: String,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.take() {
+            let key = std::mem::take(&mut self.key);
+            tokio::spawn(async move {
+                let mut joined = inner.joined.lock().await;
+                if joined.get(&key).is_some_and(|j| j.pump.is_none()) {
+                    joined.remove(&key);
+                }
+            });
+        }
+    }
+}
+
 impl Client {
-    /// Joins a channel (or a wildcard pattern within the read ACL).
+    /// Joins a channel (or a wildcard pattern within the read ACL). History is surfaced while
+    /// this runs: drain [`super::Deliveries`] concurrently.
     pub async fn join(&self, channel: &str, replay: Replay) -> Result<JoinReport, JoinError> {
         let pattern = ChannelPattern::new(channel).map_err(|e| JoinError::Invalid {
             channel: channel.to_owned(),
             reason: e.to_string(),
         })?;
         let key = pattern.as_str().to_owned();
-        let mut joined = self.inner.joined.lock().await;
-        if joined.contains_key(&key) {
-            return Err(JoinError::Invalid {
-                channel: key,
-                reason: "already joined".into(),
-            });
+        {
+            let mut joined = self.inner.joined.lock().await;
+            if joined.contains_key(&key) {
+                return Err(JoinError::Invalid {
+                    channel: key,
+                    reason: "already joined (or joining)".into(),
+                });
+            }
+            joined.insert(
+                key.clone(),
+                Joined {
+                    pump: None,
+                    watcher: None,
+                    durable: DurableState::NotApplicable,
+                },
+            );
         }
+        let mut reservation = Reservation {
+            inner: Some(self.inner.clone()),
+            key: key.clone(),
+        };
+
         let subject = self.inner.subjects.chat_subscription(&pattern);
+        // Subscribed before the SUB is sent: no verdict, early or late, is missed.
         let mut violations = self.inner.violations.subscribe();
         let mut sub = self
             .inner
@@ -128,41 +189,54 @@ impl Client {
             .subscribe(subject.clone())
             .await
             .map_err(|e| nats_err("subscribe")(e.to_string()))?;
-        if !self.confirm(&subject, &mut violations).await? {
-            let _ = sub.unsubscribe().await;
-            return Err(JoinError::Refused { channel: key });
+        match self.confirm(&subject, &mut violations).await {
+            Ok(true) => {}
+            Ok(false) => {
+                let _ = sub.unsubscribe().await;
+                return Err(JoinError::Refused { channel: key });
+            }
+            Err(e) => {
+                let _ = sub.unsubscribe().await;
+                return Err(e.into());
+            }
         }
         let watermark = self.chat_frontier().await?;
-
         let inner = self.inner.clone();
-        let task = tokio::spawn(async move {
+        let pump = AbortOnDrop::new(tokio::spawn(async move {
             while let Some(msg) = sub.next().await {
                 inner
                     .out
                     .channel_copy(msg.subject.as_str(), &msg.payload, false)
                     .await;
             }
-        });
-        let effective = self.effective_config(&pattern).await;
+        }));
+        let effective = self.effective_config(&pattern).await?;
         let backfilled = if replay == Replay::AsConfigured && effective.replay && watermark > 0 {
             self.backfill(&subject, watermark, &effective).await?
         } else {
             0
         };
-        let durable = if effective.delivery_class == DeliveryClass::Durable {
-            self.durable_join(&key, watermark).await
-        } else {
-            DurableState::NotApplicable
+        let durable = match effective.delivery_class {
+            DeliveryClass::Live => DurableState::NotApplicable,
+            DeliveryClass::Durable if !pattern.is_concrete() => DurableState::Unavailable(
+                "durable membership is per concrete channel; join each one to get a backstop"
+                    .into(),
+            ),
+            DeliveryClass::Durable => self.durable_join(&key, watermark).await,
         };
-        joined.insert(
-            key.clone(),
-            Joined {
-                task,
-                durable: durable.clone(),
-            },
-        );
-        drop(joined);
-        self.watch_late_refusal(key.clone(), subject);
+        let watcher = self.watch_late_refusal(key.clone(), subject, violations);
+        {
+            let mut joined = self.inner.joined.lock().await;
+            joined.insert(
+                key.clone(),
+                Joined {
+                    pump: Some(pump),
+                    watcher: Some(watcher),
+                    durable: durable.clone(),
+                },
+            );
+        }
+        reservation.inner = None;
         Ok(JoinReport {
             channel: key,
             effective,
@@ -172,35 +246,56 @@ impl Client {
         })
     }
 
-    /// Leaves a channel: unsubscribes, and on a durable channel asks the provisioner to close
-    /// the membership (a hard read boundary for the backstop, §7). Leaving the last channel is
-    /// fine.
+    /// Leaves a channel: unsubscribes (no privileged step needed, §7), then on a durable channel
+    /// asks the provisioner to close the membership (a hard read boundary for the backstop). A
+    /// failure of that second step is returned after the live half has been left. Leaving the
+    /// last channel is fine.
     pub async fn leave(&self, channel: &str) -> Result<(), JoinError> {
-        let mut joined = self.inner.joined.lock().await;
-        let Some(entry) = joined.get(channel) else {
-            return Err(JoinError::NotJoined(channel.to_owned()));
-        };
-        if entry.durable == DurableState::Established {
-            let mut args = serde_json::Map::new();
-            args.insert("channel".into(), channel.into());
-            let reply = self.manager("durable-leave", args).await?;
-            if !reply.ok {
-                return Err(ClientError::Nats {
-                    action: format!("durable leave of {channel}"),
-                    reason: reply.error.unwrap_or_default(),
-                }
-                .into());
+        let key = ChannelPattern::new(channel)
+            .map(|p| p.as_str().to_owned())
+            .unwrap_or_else(|_| channel.to_owned());
+        let entry = {
+            let mut joined = self.inner.joined.lock().await;
+            match joined.get(&key) {
+                Some(j) if j.pump.is_some() => joined.remove(&key),
+                _ => None,
             }
-        }
-        if let Some(entry) = joined.remove(channel) {
-            entry.task.abort();
+        };
+        let Some(entry) = entry else {
+            return Err(JoinError::NotJoined(key));
+        };
+        let durable = entry.durable.clone();
+        drop(entry);
+        if durable == DurableState::Established {
+            self.durable_leave(&key).await?;
         }
         Ok(())
     }
 
     /// The joined channels.
     pub async fn joined(&self) -> Vec<String> {
-        self.inner.joined.lock().await.keys().cloned().collect()
+        self.inner
+            .joined
+            .lock()
+            .await
+            .iter()
+            .filter(|(_, j)| j.pump.is_some())
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    async fn durable_leave(&self, channel: &str) -> Result<(), ClientError> {
+        let mut args = serde_json::Map::new();
+        args.insert("channel".into(), channel.into());
+        let reply = self.manager("durable-leave", args).await?;
+        if reply.ok {
+            Ok(())
+        } else {
+            Err(ClientError::Nats {
+                action: format!("durable leave of {channel} (the live subscription is gone)"),
+                reason: reply.error.unwrap_or_default(),
+            })
+        }
     }
 
     /// Waits for the broker's verdict on the subscribe to `subject`.
@@ -209,8 +304,9 @@ impl Client {
         subject: &str,
         violations: &mut broadcast::Receiver<super::Violation>,
     ) -> Result<bool, ClientError> {
-        if !self.inner.restricted_subscribe {
-            // An unrestricted credential cannot be refused; a round trip proves the SUB is live.
+        if !self.inner.barrier_refused {
+            // Nothing this credential subscribes to can be refused (or the barrier would not
+            // be): a round trip proves the SUB is registered.
             self.inner
                 .js
                 .query_account()
@@ -230,7 +326,14 @@ impl Client {
                 match violations.recv().await {
                     Ok(v) if v.verb == "Subscription" && v.subject == subject => return Ok(false),
                     Ok(v) if v.verb == "Subscription" && v.subject == barrier => return Ok(true),
-                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        return Err(nats_err("confirm subscribe")(
+                            "permission events were dropped; the broker's verdict is unknown, \
+                             retry the join"
+                                .into(),
+                        ));
+                    }
                     Err(broadcast::error::RecvError::Closed) => {
                         return Err(nats_err("confirm subscribe")("connection closed".into()));
                     }
@@ -245,29 +348,42 @@ impl Client {
         })?
     }
 
-    /// A refusal that arrives after the join drops the channel (§7) and is reported.
-    fn watch_late_refusal(&self, channel: String, subject: String) {
-        let mut violations = self.inner.violations.subscribe();
-        let inner = self.inner.clone();
-        let task = tokio::spawn(async move {
+    /// A refusal that arrives after the join drops the channel (§7), closes its durable
+    /// membership, and is reported.
+    fn watch_late_refusal(
+        &self,
+        channel: String,
+        subject: String,
+        mut violations: broadcast::Receiver<super::Violation>,
+    ) -> AbortOnDrop {
+        let client = self.clone();
+        AbortOnDrop::new(tokio::spawn(async move {
             loop {
                 match violations.recv().await {
-                    Ok(v) if v.verb == "Subscription" && v.subject == subject => {
-                        if let Some(entry) = inner.joined.lock().await.remove(&channel) {
-                            entry.task.abort();
-                        }
-                        tracing::warn!(channel, "the broker refused a joined channel; dropped");
-                        inner
-                            .out
-                            .notice(super::deliver::Notice::ChannelDropped { channel });
-                        return;
-                    }
+                    Ok(v) if v.verb == "Subscription" && v.subject == subject => break,
                     Err(broadcast::error::RecvError::Closed) => return,
                     _ => {}
                 }
             }
-        });
-        self.inner.tasks.lock().map(|mut t| t.push(task)).ok();
+            let entry = client.inner.joined.lock().await.remove(&channel);
+            let Some(mut entry) = entry else { return };
+            // This task is the entry's watcher: do not abort ourselves while finishing.
+            if let Some(me) = entry.watcher.take() {
+                me.detach();
+            }
+            let durable = entry.durable.clone();
+            drop(entry);
+            tracing::warn!(channel, "the broker refused a joined channel; dropped");
+            if durable == DurableState::Established
+                && let Err(e) = client.durable_leave(&channel).await
+            {
+                tracing::warn!(channel, error = %e, "durable membership of a refused channel not closed");
+            }
+            client
+                .inner
+                .out
+                .notice(super::deliver::Notice::ChannelDropped { channel });
+        }))
     }
 
     /// The CHAT frontier (last stream sequence).
@@ -287,37 +403,42 @@ impl Client {
 
     /// The effective config of a channel (§7): registry value ?? `=defaults` ?? built-in. A
     /// wildcard pattern has no registry key of its own: the defaults apply.
-    pub async fn effective_config(&self, pattern: &ChannelPattern) -> EffectiveChannelConfig {
-        let kv = match self
+    pub async fn effective_config(
+        &self,
+        pattern: &ChannelPattern,
+    ) -> Result<EffectiveChannelConfig, ClientError> {
+        // An unreadable registry is an error, never a guess (§12 item 11).
+        let unreadable = |e: String| nats_err("read the channel registry")(e);
+        let kv = self
             .inner
             .js
             .get_key_value(self.inner.names.channels_bucket())
             .await
-        {
-            Ok(kv) => kv,
-            Err(e) => {
-                tracing::warn!(error = %e, "channel registry unreadable; built-in defaults apply");
-                return resolve(None, None);
-            }
-        };
-        let read = async |key: &str| match kv.get(key).await {
-            Ok(value) => value,
-            Err(e) => {
-                tracing::warn!(key, error = %e, "channel registry read failed");
-                None
-            }
-        };
-        let defaults = read(CHANNEL_DEFAULTS_KEY)
-            .await
-            .and_then(|b| ChannelDefaults::from_json(&b).ok());
-        let channel = if pattern.is_concrete() {
-            read(pattern.as_str())
+            .map_err(|e| unreadable(e.to_string()))?;
+        let read = async |key: &str| {
+            kv.get(key)
                 .await
-                .and_then(|b| ChannelConfig::from_json(&b).ok())
-        } else {
-            None
+                .map_err(|e| unreadable(format!("{key}: {e}")))
         };
-        resolve(channel.as_ref(), defaults.as_ref())
+        let defaults = match read(CHANNEL_DEFAULTS_KEY).await? {
+            Some(b) => Some(
+                ChannelDefaults::from_json(&b)
+                    .map_err(|e| unreadable(format!("{CHANNEL_DEFAULTS_KEY}: {e}")))?,
+            ),
+            None => None,
+        };
+        // A wildcard has no registry key of its own: the space defaults apply to it.
+        let channel = match pattern.is_concrete() {
+            true => match read(pattern.as_str()).await? {
+                Some(b) => Some(
+                    ChannelConfig::from_json(&b)
+                        .map_err(|e| unreadable(format!("{}: {e}", pattern.as_str())))?,
+                ),
+                None => None,
+            },
+            false => None,
+        };
+        Ok(resolve(channel.as_ref(), defaults.as_ref()))
     }
 
     /// Reads the channel's history up to `watermark` through the pinned single-filter
@@ -356,12 +477,37 @@ impl Client {
             })
             .await
             .map_err(|e| fail(e.to_string()))?;
+        // Read to the watermark, then once more to the frontier as it is then: a message routed
+        // just before our SUB became active may be stored just after the watermark was read.
+        // Later messages reach the live subscription; dedup by `id` absorbs any overlap.
+        let mut consumer = consumer;
         let mut surfaced = 0;
-        let mut remaining = consumer.cached_info().num_pending;
-        'read: while remaining > 0 {
+        let mut target = watermark;
+        let mut extended = false;
+        let mut pending = consumer.cached_info().num_pending;
+        'read: loop {
+            if pending == 0 {
+                if extended {
+                    break;
+                }
+                extended = true;
+                let now = self.chat_frontier().await?;
+                if now <= target {
+                    break;
+                }
+                target = now;
+                pending = consumer
+                    .info()
+                    .await
+                    .map_err(|e| fail(e.to_string()))?
+                    .num_pending;
+                if pending == 0 {
+                    break;
+                }
+            }
             let mut batch = consumer
                 .fetch()
-                .max_messages(HISTORY_BATCH)
+                .max_messages(HISTORY_BATCH.min(pending as usize).max(1))
                 .expires(Duration::from_secs(2))
                 .messages()
                 .await
@@ -370,19 +516,27 @@ impl Client {
             while let Some(msg) = batch.next().await {
                 let msg = msg.map_err(|e| fail(e.to_string()))?;
                 got += 1;
-                remaining = remaining.saturating_sub(1);
-                let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(u64::MAX);
-                if seq > watermark {
-                    break 'read;
+                let Ok(info) = msg.info() else { continue };
+                let (seq, left) = (info.stream_sequence, info.pending);
+                if seq > target {
+                    if extended {
+                        break 'read;
+                    }
+                    extended = true;
+                    target = self.chat_frontier().await?;
+                    if seq > target {
+                        break 'read;
+                    }
                 }
-                self.inner
+                if self
+                    .inner
                     .out
-                    .channel_copy(msg.subject.as_str(), &msg.payload, true)
-                    .await;
-                surfaced += 1;
-                if seq == watermark {
-                    break 'read;
+                    .channel_copy(msg.subject.as_str(), &msg.payload, seq <= watermark)
+                    .await
+                {
+                    surfaced += 1;
                 }
+                pending = left;
             }
             if got == 0 {
                 break;

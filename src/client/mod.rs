@@ -114,8 +114,9 @@ pub(crate) struct Inner {
     pub(crate) state: watch::Receiver<ConnectionState>,
     pub(crate) out: deliver::Sink,
     pub(crate) joined: tokio::sync::Mutex<BTreeMap<String, join::Joined>>,
-    /// Whether the credential restricts subscriptions (then a denied barrier confirms SUBs).
-    pub(crate) restricted_subscribe: bool,
+    /// Whether the credential denies the barrier subject (then a refused barrier SUB confirms
+    /// every earlier SUB; otherwise nothing can be refused and a round trip confirms).
+    pub(crate) barrier_refused: bool,
     pub(crate) tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     pub(crate) roster: presence::Roster,
     pub(crate) declared: Mutex<presence::Declared>,
@@ -287,17 +288,20 @@ impl Client {
     /// Publishes the final `offline` presence (§6), leaves nothing durable behind (a
     /// disconnect is not a leave), and drains the connection.
     pub async fn close(self) {
-        if self.inner.announced {
-            presence::publish_offline(&self).await;
-        }
-        for task in self
+        // Stop the heartbeat first, so that no beat lands after the final `offline`.
+        let tasks = self
             .inner
             .tasks
             .lock()
             .map(|mut t| std::mem::take(&mut *t))
-            .unwrap_or_default()
-        {
+            .unwrap_or_default();
+        for task in tasks {
             task.abort();
+            let _ = task.await;
+        }
+        self.inner.joined.lock().await.clear();
+        if self.inner.announced {
+            presence::publish_offline(&self).await;
         }
         let _ = tokio::time::timeout(Duration::from_secs(2), self.inner.nats.drain()).await;
     }

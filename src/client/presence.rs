@@ -232,9 +232,20 @@ pub(crate) async fn publish_offline(client: &Client) {
     }
 }
 
-/// Publishes the first heartbeat (so a bad grant fails the connect), then keeps beating and
-/// watching.
-pub(crate) async fn start(client: &Client) -> Result<(), ClientError> {
+/// Watches the roster and, when `announce`, publishes the first heartbeat (so a bad grant
+/// fails the connect) and keeps beating.
+pub(crate) async fn start(client: &Client, announce: bool) -> Result<(), ClientError> {
+    let watcher = client.clone();
+    let watch_task = tokio::spawn(async move { watch(watcher).await });
+    client
+        .inner
+        .tasks
+        .lock()
+        .map(|mut t| t.push(watch_task))
+        .ok();
+    if !announce {
+        return Ok(());
+    }
     heartbeat(client).await?;
     let beat = client.clone();
     let heartbeat_task = tokio::spawn(async move {
@@ -247,12 +258,12 @@ pub(crate) async fn start(client: &Client) -> Result<(), ClientError> {
             }
         }
     });
-    let watcher = client.clone();
-    let watch_task = tokio::spawn(async move { watch(watcher).await });
-    if let Ok(mut tasks) = client.inner.tasks.lock() {
-        tasks.push(heartbeat_task);
-        tasks.push(watch_task);
-    }
+    client
+        .inner
+        .tasks
+        .lock()
+        .map(|mut t| t.push(heartbeat_task))
+        .ok();
     Ok(())
 }
 

@@ -58,24 +58,26 @@ pub async fn bootstrap(
     };
     let mut report = BootstrapReport::default();
     // One round trip per stream, all in flight at once (startup time).
-    let checks = streams::all(names, retention).into_iter().map(|expected| async move {
-        match js.get_stream(&expected.name).await {
-            Ok(mut existing) => {
-                let info = existing
-                    .info()
-                    .await
-                    .map_err(|e| err("reading", &expected.name, e.to_string()))?;
-                Ok((None, streams::drift(&expected, &info.config)))
+    let checks = streams::all(names, retention)
+        .into_iter()
+        .map(|expected| async move {
+            match js.get_stream(&expected.name).await {
+                Ok(mut existing) => {
+                    let info = existing
+                        .info()
+                        .await
+                        .map_err(|e| err("reading", &expected.name, e.to_string()))?;
+                    Ok((None, streams::drift(&expected, &info.config)))
+                }
+                Err(e) if is_not_found(&e) => {
+                    js.create_stream(expected.clone())
+                        .await
+                        .map_err(|e| err("creating", &expected.name, e.to_string()))?;
+                    Ok((Some(expected.name.clone()), Vec::new()))
+                }
+                Err(e) => Err(err("reading", &expected.name, e.to_string())),
             }
-            Err(e) if is_not_found(&e) => {
-                js.create_stream(expected.clone())
-                    .await
-                    .map_err(|e| err("creating", &expected.name, e.to_string()))?;
-                Ok((Some(expected.name.clone()), Vec::new()))
-            }
-            Err(e) => Err(err("reading", &expected.name, e.to_string())),
-        }
-    });
+        });
     for (created, drift) in futures_util::future::try_join_all(checks).await? {
         report.created.extend(created);
         report.drift.extend(drift);
