@@ -287,6 +287,21 @@ mod tests {
     }
 
     #[test]
+    fn membership_daemon_may_only_ask_for_its_account_connections() {
+        let id = InstanceId::from_user_nkey(ALICE).unwrap();
+        let p = membership_daemon("AACCOUNT", &id);
+        assert_eq!(p.publish.allow, ["$SYS.REQ.ACCOUNT.AACCOUNT.CONNZ"]);
+        assert_eq!(
+            p.subscribe.allow,
+            [
+                format!("_INBOX_{ALICE}.>"),
+                "$SYS.ACCOUNT.AACCOUNT.CONNECT".to_owned(),
+                "$SYS.ACCOUNT.AACCOUNT.DISCONNECT".to_owned(),
+            ]
+        );
+    }
+
+    #[test]
     fn observer_and_admin_publish_nothing_of_the_application() {
         let n = SpaceNames::new("main");
         let id = InstanceId::from_user_nkey(ALICE).unwrap();

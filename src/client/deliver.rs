@@ -19,6 +19,9 @@ use tokio::sync::mpsc;
 use super::{Client, ClientError, nats_err};
 use crate::protocol::{CotalMessage, DeliveryKind, RejectReason, accept_delivery};
 
+/// How many DM or anycast copies are pulled ahead of the application.
+const PULL_BATCH: usize = 16;
+
 /// How many message ids the dedup window remembers.
 const SEEN_CAPACITY: usize = 65_536;
 
@@ -314,7 +317,14 @@ pub(crate) async fn bind(client: &Client, stream: &str, durable: &str) -> Result
     let task = tokio::spawn(async move {
         let mut consumer = consumer;
         loop {
-            match consumer.messages().await {
+            // A small prefetch: every pulled copy's `ack_wait` runs while it waits for the
+            // application, so pulling far ahead of it would only provoke redeliveries.
+            match consumer
+                .stream()
+                .max_messages_per_batch(PULL_BATCH)
+                .messages()
+                .await
+            {
                 Ok(mut messages) => {
                     while let Some(next) = messages.next().await {
                         match next {
