@@ -149,7 +149,11 @@ fn offline(dir: &DataDir, req: &MintRequest) -> anyhow::Result<MintReply> {
 
 fn write_new_secret(path: &Path, text: &str) -> anyhow::Result<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
             .with_context(|| format!("cannot create {}", parent.display()))?;
     }
     let mut f = std::fs::OpenOptions::new()

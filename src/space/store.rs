@@ -57,7 +57,7 @@ pub fn add_runtime_space(
 ) -> Result<(), StoreError> {
     let path = runtime_file(dir, space);
     let parent = dir.space(space);
-    fs::create_dir_all(&parent).map_err(io(&parent, "creating"))?;
+    private_dir(&parent)?;
     let text = toml::to_string(&RuntimeSpace { profile }).unwrap_or_default();
     write_atomic(
         &path,
@@ -91,6 +91,16 @@ pub fn runtime_spaces(dir: &DataDir) -> Result<BTreeMap<String, SpaceConfig>, St
     Ok(out)
 }
 
+/// Creates `dir` (and its parents) owner-only, like everything else in the data dir.
+fn private_dir(dir: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io(dir, "creating"))
+}
+
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     let tmp = crate::datadir::temp_path(path);
     fs::write(&tmp, bytes).map_err(io(&tmp, "writing"))?;
@@ -100,7 +110,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
 /// Records a minted identity.
 pub fn save_identity(dir: &DataDir, record: &IdentityRecord) -> Result<(), StoreError> {
     let parent = dir.space(&record.space).join("identities");
-    fs::create_dir_all(&parent).map_err(io(&parent, "creating"))?;
+    private_dir(&parent)?;
     let path = parent.join(format!("{}.json", record.id));
     write_atomic(
         &path,
