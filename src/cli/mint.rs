@@ -42,6 +42,9 @@ pub struct MintArgs {
     /// Anycast role it serves (receives `toService` messages for it).
     #[arg(long)]
     role: Option<String>,
+    /// Make the credential expire after this long (`90s`, `12h`, `30d`) [default: never]
+    #[arg(long, value_name = "DURATION")]
+    expires: Option<String>,
     /// Where to write the `.creds` file (0600; never overwritten)
     /// [default: <data-dir>/spaces/<space>/creds/<name>-<id>.creds]
     #[arg(long, value_name = "FILE")]
@@ -69,6 +72,7 @@ pub(super) async fn run(args: MintArgs) -> anyhow::Result<ExitCode> {
         allow_subscribe: args.allow_subscribe.clone(),
         allow_publish: args.allow_publish.clone(),
         role: args.role.clone(),
+        expires: args.expires.clone(),
     };
     let reply = match admin::call(&dir, &AdminRequest::Mint(req.clone())).await? {
         Some(value) => {

@@ -178,20 +178,15 @@ impl Client {
     }
 }
 
+/// A copy of a value behind a lock (a poisoned lock still holds a usable value).
+fn snapshot<T: Clone>(m: &Mutex<T>) -> T {
+    m.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
 /// Writes our own presence key once.
 async fn heartbeat(client: &Client) -> Result<(), ClientError> {
-    let card = client
-        .inner
-        .card
-        .lock()
-        .map(|c| c.clone())
-        .unwrap_or_else(|e| e.into_inner().clone());
-    let declared = client
-        .inner
-        .declared
-        .lock()
-        .map(|s| s.clone())
-        .unwrap_or_else(|e| e.into_inner().clone());
+    let card = snapshot(&client.inner.card);
+    let declared = snapshot(&client.inner.declared);
     let mut record = Presence::heartbeat(card, declared.status, EpochMillis::now())
         .map_err(|e| ClientError::Message(e.to_string()))?;
     record.activity = declared.activity;
@@ -220,12 +215,7 @@ async fn put(client: &Client, record: &Presence) -> Result<(), ClientError> {
 
 /// The single final `offline` record of a graceful close (§6).
 pub(crate) async fn publish_offline(client: &Client) {
-    let card = client
-        .inner
-        .card
-        .lock()
-        .map(|c| c.clone())
-        .unwrap_or_else(|e| e.into_inner().clone());
+    let card = snapshot(&client.inner.card);
     let record = Presence::final_offline(card, EpochMillis::now());
     if let Err(e) = put(client, &record).await {
         tracing::debug!(error = %e, "final offline presence not written");

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::binding::SpaceNames;
 use crate::binding::acl::{self, AgentScope};
 use crate::profile::validate_token;
-use crate::protocol::{ChannelPattern, InstanceId};
+use crate::protocol::{ChannelPattern, InstanceId, ReplayWindow};
 use crate::provision::{Creds, SpaceKeys};
 
 /// The credential profiles `cotald mint` issues (Appendix B).
@@ -46,6 +46,9 @@ pub struct MintRequest {
     pub allow_publish: Vec<String>,
     /// Anycast role.
     pub role: Option<String>,
+    /// Lifetime of the credential (`90s`, `12h`, `30d`); the broker refuses it afterwards.
+    #[serde(default)]
+    pub expires: Option<String>,
 }
 
 /// What the data dir remembers of a minted identity (never its seed).
@@ -67,6 +70,9 @@ pub struct IdentityRecord {
     pub allow_subscribe: Vec<String>,
     /// Post ACL.
     pub allow_publish: Vec<String>,
+    /// When the credential expires (Unix seconds), if it does.
+    #[serde(default)]
+    pub expires_at: Option<i64>,
 }
 
 /// A minted credential and what it was minted for.
@@ -153,6 +159,18 @@ pub fn mint(keys: &SpaceKeys, req: &MintRequest) -> Result<Minted, MintError> {
         }
     }
 
+    let expires_at = match &req.expires {
+        None => None,
+        Some(text) => {
+            let lifetime = ReplayWindow::parse(text)
+                .map_err(|e| MintError::Invalid(format!("--expires {text:?}: {e}")))?
+                .duration();
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            Some((now + lifetime).as_secs() as i64)
+        }
+    };
     let user = nkeys::KeyPair::new_user();
     let id = InstanceId::from_user_nkey(&user.public_key())
         .map_err(|e| MintError::Invalid(e.to_string()))?;
@@ -170,7 +188,7 @@ pub fn mint(keys: &SpaceKeys, req: &MintRequest) -> Result<Minted, MintError> {
         CredentialProfile::Observer => acl::observer(&names, &id),
         CredentialProfile::Admin => acl::admin(&names, &id),
     };
-    let creds = keys.mint(name, &user, &permissions)?;
+    let creds = keys.mint_until(name, &user, &permissions, expires_at)?;
     let strings = |v: &[ChannelPattern]| v.iter().map(|c| c.as_str().to_owned()).collect();
     Ok(Minted {
         record: IdentityRecord {
@@ -182,6 +200,7 @@ pub fn mint(keys: &SpaceKeys, req: &MintRequest) -> Result<Minted, MintError> {
             subscribe: strings(&subscribe),
             allow_subscribe: strings(&allow_subscribe),
             allow_publish: strings(&allow_publish),
+            expires_at,
         },
         creds,
     })
@@ -244,6 +263,41 @@ mod tests {
             let err = mint(&keys, r).err().expect("refused").to_string();
             assert!(err.contains(expect), "{r:?}: {err}");
         }
+    }
+
+    #[test]
+    fn expiry_is_signed_into_the_credential() {
+        let (_tmp, keys) = keys();
+        let m = mint(
+            &keys,
+            &MintRequest {
+                expires: Some("12h".into()),
+                ..req(&[], &[])
+            },
+        )
+        .unwrap();
+        let exp = m.record.expires_at.unwrap();
+        let payload = m.creds.jwt.split('.').nth(1).unwrap();
+        use base64::Engine;
+        let claims: serde_json::Value = serde_json::from_slice(
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(payload)
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(claims["exp"], exp);
+        assert!(claims["exp"].as_i64().unwrap() > claims["iat"].as_i64().unwrap() + 43_000);
+        let bad = MintRequest {
+            expires: Some("soon".into()),
+            ..req(&[], &[])
+        };
+        assert!(
+            mint(&keys, &bad)
+                .err()
+                .unwrap()
+                .to_string()
+                .contains("--expires")
+        );
     }
 
     #[test]
