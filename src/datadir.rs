@@ -52,6 +52,12 @@ pub enum DataDirError {
         #[source]
         source: serde_json::Error,
     },
+    /// Other users may write into the data dir.
+    #[error(
+        "data dir {dir} has mode {mode:o}: other users could replace what cotald runs. Fix it \
+         with `chmod go-w {dir}` (or `chmod 700`)"
+    )]
+    Writable { dir: PathBuf, mode: u32 },
     /// No data dir was given and none can be derived.
     #[error(
         "cannot determine the data dir: set --data-dir, COTALD_DATA_DIR, XDG_DATA_HOME or HOME"
@@ -149,10 +155,23 @@ impl DataDir {
         self.run().join("state.json")
     }
 
-    /// Creates the root and takes the exclusive lock, recording our pid in it.
+    /// Creates the root and takes the exclusive lock, recording our pid in it. A root that
+    /// other users may write to is refused: they could replace the broker binary or the socket.
     pub fn lock(&self) -> Result<DataDirLock, DataDirError> {
         for dir in [self.root.clone(), self.run(), self.log(), self.bin()] {
             create_private_dir(&dir)?;
+        }
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let meta = fs::metadata(&self.root)
+                .map_err(|source| io(&self.root, "reading metadata of", source))?;
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o022 != 0 {
+                return Err(DataDirError::Writable {
+                    dir: self.root.clone(),
+                    mode,
+                });
+            }
         }
         let path = self.lock_path();
         let mut file = OpenOptions::new()
@@ -284,6 +303,19 @@ mod tests {
         drop(held);
         assert!(!dir.is_locked().unwrap());
         dir.lock().unwrap();
+    }
+
+    #[test]
+    fn a_data_dir_others_can_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("d");
+        fs::create_dir(&root).unwrap();
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o777)).unwrap();
+        let err = DataDir::new(&root).lock().unwrap_err();
+        assert!(err.to_string().contains("chmod go-w"), "{err}");
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+        DataDir::new(&root).lock().unwrap();
     }
 
     #[test]
