@@ -226,60 +226,25 @@ pub fn drift(expected: &Config, actual: &Config) -> Vec<Drift> {
             });
         }
     };
-    check(
-        "subjects",
-        format!("{:?}", expected.subjects),
-        format!("{:?}", actual.subjects),
-    );
-    check(
-        "retention",
-        format!("{:?}", expected.retention),
-        format!("{:?}", actual.retention),
-    );
-    check(
-        "storage",
-        format!("{:?}", expected.storage),
-        format!("{:?}", actual.storage),
-    );
-    check(
-        "discard",
-        format!("{:?}", expected.discard),
-        format!("{:?}", actual.discard),
-    );
-    check(
-        "max_msgs_per_subject",
-        expected.max_messages_per_subject.to_string(),
-        actual.max_messages_per_subject.to_string(),
-    );
-    check(
-        "max_msgs",
-        expected.max_messages.to_string(),
-        actual.max_messages.to_string(),
-    );
-    check(
-        "max_bytes",
-        expected.max_bytes.to_string(),
-        actual.max_bytes.to_string(),
-    );
-    check(
-        "max_age",
-        format!("{:?}", expected.max_age),
-        format!("{:?}", actual.max_age),
-    );
-    check(
-        "allow_direct",
-        expected.allow_direct.to_string(),
-        actual.allow_direct.to_string(),
-    );
-    check(
-        "allow_rollup",
-        expected.allow_rollup.to_string(),
-        actual.allow_rollup.to_string(),
-    );
-    check(
-        "deny_delete",
-        expected.deny_delete.to_string(),
-        actual.deny_delete.to_string(),
+    // Each pinned field, compared by its Debug text (what the report shows).
+    macro_rules! pinned {
+        ($($field:ident => $name:literal),* $(,)?) => {
+            $(check($name, format!("{:?}", expected.$field), format!("{:?}", actual.$field));)*
+        };
+    }
+    pinned!(
+        subjects => "subjects",
+        retention => "retention",
+        storage => "storage",
+        discard => "discard",
+        max_messages_per_subject => "max_msgs_per_subject",
+        max_messages => "max_msgs",
+        max_bytes => "max_bytes",
+        max_age => "max_age",
+        allow_direct => "allow_direct",
+        allow_rollup => "allow_rollup",
+        deny_delete => "deny_delete",
+        republish => "republish",
     );
     let names = |v: &Option<Vec<async_nats::jetstream::stream::Source>>| {
         format!(
@@ -288,11 +253,6 @@ pub fn drift(expected: &Config, actual: &Config) -> Vec<Drift> {
                 .map(|v| v.iter().map(|s| s.name.clone()).collect::<Vec<_>>())
         )
     };
-    check(
-        "republish",
-        format!("{:?}", expected.republish),
-        format!("{:?}", actual.republish),
-    );
     check(
         "mirror",
         format!("{:?}", expected.mirror.as_ref().map(|m| &m.name)),
