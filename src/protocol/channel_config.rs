@@ -155,77 +155,60 @@ impl fmt::Display for ReplayWindow {
     }
 }
 
-/// A channel's one-line purpose, at most 200 characters.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct ChannelDescription(String);
+/// A text newtype whose length (in characters) is bounded, checked when built and when parsed.
+macro_rules! bounded_text {
+    ($(#[$doc:meta])* $name:ident, $max:expr, $error:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
 
-impl ChannelDescription {
-    /// Validates the length.
-    pub fn new(text: impl Into<String>) -> Result<Self, ChannelConfigError> {
-        let text = text.into();
-        let chars = text.chars().count();
-        if chars > MAX_DESCRIPTION_CHARS {
-            return Err(ChannelConfigError::DescriptionTooLong { chars });
+        impl $name {
+            /// Validates the length.
+            pub fn new(text: impl Into<String>) -> Result<Self, ChannelConfigError> {
+                let text = text.into();
+                let chars = text.chars().count();
+                if chars > $max {
+                    return Err(ChannelConfigError::$error { chars });
+                }
+                Ok(Self(text))
+            }
+
+            /// The text.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
         }
-        Ok(Self(text))
-    }
 
-    /// The text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
+        impl TryFrom<String> for $name {
+            type Error = ChannelConfigError;
 
-impl TryFrom<String> for ChannelDescription {
-    type Error = ChannelConfigError;
-
-    fn try_from(value: String) -> Result<Self, Self::Error> {
-        Self::new(value)
-    }
-}
-
-impl From<ChannelDescription> for String {
-    fn from(d: ChannelDescription) -> Self {
-        d.0
-    }
-}
-
-/// Advisory usage text for a channel, at most 2000 characters.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct ChannelInstructions(String);
-
-impl ChannelInstructions {
-    /// Validates the length.
-    pub fn new(text: impl Into<String>) -> Result<Self, ChannelConfigError> {
-        let text = text.into();
-        let chars = text.chars().count();
-        if chars > MAX_INSTRUCTIONS_CHARS {
-            return Err(ChannelConfigError::InstructionsTooLong { chars });
+            fn try_from(value: String) -> Result<Self, Self::Error> {
+                Self::new(value)
+            }
         }
-        Ok(Self(text))
-    }
 
-    /// The text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
+        impl From<$name> for String {
+            fn from(t: $name) -> Self {
+                t.0
+            }
+        }
+    };
 }
 
-impl TryFrom<String> for ChannelInstructions {
-    type Error = ChannelConfigError;
+bounded_text!(
+    /// A channel's one-line purpose, at most 200 characters.
+    ChannelDescription,
+    MAX_DESCRIPTION_CHARS,
+    DescriptionTooLong
+);
 
-    fn try_from(value: String) -> Result<Self, Self::Error> {
-        Self::new(value)
-    }
-}
-
-impl From<ChannelInstructions> for String {
-    fn from(i: ChannelInstructions) -> Self {
-        i.0
-    }
-}
+bounded_text!(
+    /// Advisory usage text for a channel, at most 2000 characters.
+    ChannelInstructions,
+    MAX_INSTRUCTIONS_CHARS,
+    InstructionsTooLong
+);
 
 /// Per-channel config (§7). Every field overrides the space default when set.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
