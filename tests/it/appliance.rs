@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use futures_util::StreamExt;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-use crate::helper::{Cotald, TIMEOUT, alive, connect, cotald_bin, mint_user, wait_event};
+use crate::helper::{Cotald, Probe, TIMEOUT, alive, cotald_bin, mint_user, wait_event};
 
 async fn round_trip(client: &async_nats::Client, subject: &str) {
     let mut sub = client.subscribe(subject.to_owned()).await.unwrap();
@@ -92,7 +92,10 @@ async fn minted_user_round_trips_over_tls_and_uses_jetstream() {
     let tmp = tempfile::tempdir().unwrap();
     let c = Cotald::up(tmp.path()).await;
     let creds = mint_user(tmp.path(), "main", &tmp.path().join("alice.creds"));
-    let (client, _events) = connect(&c, &creds).await.expect("TLS connect with the CA");
+    let client = Probe::try_connect(&c, &creds)
+        .await
+        .expect("TLS connect with the CA")
+        .client;
     round_trip(&client, "cotal.main.probe").await;
 
     // The space account has JetStream (non-zero storage limits).
@@ -114,7 +117,7 @@ async fn minted_user_round_trips_over_tls_and_uses_jetstream() {
 
     // The machine operator's own credentials work too.
     let own = tmp.path().join("spaces/main/local-operator.creds");
-    let (client, _events) = connect(&c, &own).await.unwrap();
+    let client = Probe::connect(&c, &own).await.client;
     round_trip(&client, "cotal.main.own").await;
     c.stop().await;
 }
@@ -172,7 +175,7 @@ async fn killed_broker_is_restarted_and_clients_reconnect() {
     let tmp = tempfile::tempdir().unwrap();
     let mut c = Cotald::up(tmp.path()).await;
     let creds = mint_user(tmp.path(), "main", &tmp.path().join("u.creds"));
-    let (client, mut events) = connect(&c, &creds).await.unwrap();
+    let Probe { client, mut events } = Probe::connect(&c, &creds).await;
     let mut sub = client.subscribe("cotal.main.after").await.unwrap();
 
     let before = c.state();
@@ -258,7 +261,10 @@ async fn restart_on_the_same_data_dir_keeps_credentials_valid() {
     c.stop().await;
 
     let c = Cotald::up(tmp.path()).await;
-    let (client, _events) = connect(&c, &creds).await.expect("old creds still connect");
+    let client = Probe::try_connect(&c, &creds)
+        .await
+        .expect("old creds still connect")
+        .client;
     round_trip(&client, "cotal.main.again").await;
     let own_after = std::fs::read_to_string(&own).unwrap();
     let id = |text: &str| {

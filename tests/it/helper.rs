@@ -169,34 +169,6 @@ pub fn mint_user(data_dir: &Path, space: &str, out: &Path) -> PathBuf {
     out.to_owned()
 }
 
-/// Connects over TLS, trusting only the appliance's CA; events go to the returned channel.
-pub async fn connect(
-    c: &Cotald,
-    creds: &Path,
-) -> Result<
-    (
-        async_nats::Client,
-        mpsc::UnboundedReceiver<async_nats::Event>,
-    ),
-    async_nats::ConnectError,
-> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let client = async_nats::ConnectOptions::with_credentials_file(creds)
-        .await
-        .unwrap()
-        .add_root_certificates(c.data_dir.join("tls/ca.pem"))
-        .require_tls(true)
-        .event_callback(move |event| {
-            let tx = tx.clone();
-            async move {
-                let _ = tx.send(event);
-            }
-        })
-        .connect(format!("tls://{}", c.state().listen))
-        .await?;
-    Ok((client, rx))
-}
-
 /// Waits for an event matching `pred`.
 pub async fn wait_event(
     events: &mut mpsc::UnboundedReceiver<async_nats::Event>,
