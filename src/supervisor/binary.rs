@@ -13,9 +13,6 @@ use super::SupervisorError;
 pub const BUNDLED_VERSION: &str = env!("COTALD_NATS_SERVER_VERSION");
 /// The sha256 of the nats-server that the build bundled.
 pub const BUNDLED_SHA256: &str = env!("COTALD_NATS_SERVER_SHA256");
-/// Where the build left the bundled nats-server (a build artefact; the product does not
-/// run it from there, it embeds its bytes).
-pub const BUILD_PATH: &str = env!("COTALD_NATS_SERVER_PATH");
 
 /// Where the broker executable comes from.
 #[derive(Debug, Clone)]

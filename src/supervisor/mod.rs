@@ -12,7 +12,7 @@ mod binary;
 mod conf;
 pub mod monitor;
 
-pub use binary::{BUILD_PATH, BUNDLED_SHA256, BUNDLED_VERSION, BrokerBinary};
+pub use binary::{BUNDLED_SHA256, BUNDLED_VERSION, BrokerBinary};
 pub use conf::ServerConf;
 
 use std::collections::VecDeque;
