@@ -7,12 +7,18 @@
 //!   bin/                 the bundled nats-server, written once and verified (0755)
 //!   keys/                operator, SYS and space keys (0600; see provision::KeyStore)
 //!   tls/                 ca.pem (what clients trust), ca.key, server.pem, server.key
-//!   spaces/<space>/      local-operator.creds: the machine operator's own user
+//!   spaces/<space>/      one served space:
+//!     local-operator.creds   the machine operator's own user (unrestricted in the space)
+//!     space.toml             present when the space was added with `cotald space add`
+//!     identities/<id>.json   every identity minted for the space (never its seed)
+//!     creds/                 `.creds` files `cotald mint` wrote
 //!   jwt/                 the broker's account resolver store
 //!   jetstream/           JetStream storage
-//!   run/                 nats-server.conf, ports file, state.json (while running)
+//!   run/                 nats-server.conf, ports file, admin.sock and state.json (while running)
 //!   log/nats-server.log  the broker's output
 //! ```
+//!
+//! Only this module names the parts of the layout; everything else asks [`DataDir`].
 
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
@@ -20,6 +26,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::files::{self, FileError};
 
 /// The data dir layout.
 #[derive(Debug, Clone)]
@@ -38,13 +46,8 @@ pub enum DataDirError {
     )]
     Locked { dir: PathBuf, pid: Option<u32> },
     /// A file could not be read or written.
-    #[error("I/O error at {path} while {action}: {source}")]
-    Io {
-        path: PathBuf,
-        action: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] FileError),
     /// The state file is not valid JSON of the expected shape.
     #[error("cannot parse {path}: {source}")]
     BadState {
@@ -88,6 +91,9 @@ pub struct RuntimeState {
     pub spaces: Vec<String>,
     /// How many times the broker was restarted after dying.
     pub broker_restarts: u32,
+    /// The health of every service of every space.
+    #[serde(default)]
+    pub services: Vec<crate::services::ServiceStatus>,
 }
 
 impl DataDir {
@@ -128,9 +134,29 @@ impl DataDir {
     pub fn ca_cert(&self) -> PathBuf {
         self.tls().join("ca.pem")
     }
+    /// `spaces/`: one directory per space.
+    pub fn spaces(&self) -> PathBuf {
+        self.root.join("spaces")
+    }
     /// `spaces/<space>/`
     pub fn space(&self, space: &str) -> PathBuf {
-        self.root.join("spaces").join(space)
+        self.spaces().join(space)
+    }
+    /// `spaces/<space>/local-operator.creds`: the machine operator's own credentials.
+    pub fn operator_creds(&self, space: &str) -> PathBuf {
+        self.space(space).join("local-operator.creds")
+    }
+    /// `spaces/<space>/space.toml`: the record of a space added at runtime.
+    pub fn runtime_space(&self, space: &str) -> PathBuf {
+        self.space(space).join("space.toml")
+    }
+    /// `spaces/<space>/identities/`: the identities minted for a space.
+    pub fn identities(&self, space: &str) -> PathBuf {
+        self.space(space).join("identities")
+    }
+    /// `spaces/<space>/creds/`: where `cotald mint` writes `.creds` files by default.
+    pub fn creds(&self, space: &str) -> PathBuf {
+        self.space(space).join("creds")
     }
     /// `jwt/`
     pub fn resolver(&self) -> PathBuf {
@@ -144,9 +170,21 @@ impl DataDir {
     pub fn run(&self) -> PathBuf {
         self.root.join("run")
     }
+    /// `run/nats-server.conf`: the broker config rendered at each start.
+    pub fn broker_conf(&self) -> PathBuf {
+        self.run().join("nats-server.conf")
+    }
+    /// `run/admin.sock`: the owner-only socket local commands use.
+    pub fn admin_socket(&self) -> PathBuf {
+        self.run().join("admin.sock")
+    }
     /// `log/`
     pub fn log(&self) -> PathBuf {
         self.root.join("log")
+    }
+    /// `log/nats-server.log`: the broker's output.
+    pub fn broker_log(&self) -> PathBuf {
+        self.log().join("nats-server.log")
     }
     fn lock_path(&self) -> PathBuf {
         self.root.join("cotald.lock")
@@ -159,12 +197,12 @@ impl DataDir {
     /// other users may write to is refused: they could replace the broker binary or the socket.
     pub fn lock(&self) -> Result<DataDirLock, DataDirError> {
         for dir in [self.root.clone(), self.run(), self.log(), self.bin()] {
-            create_private_dir(&dir)?;
+            files::private_dir(&dir)?;
         }
         {
             use std::os::unix::fs::PermissionsExt;
             let meta = fs::metadata(&self.root)
-                .map_err(|source| io(&self.root, "reading metadata of", source))?;
+                .map_err(FileError::at(&self.root, "reading metadata of"))?;
             let mode = meta.permissions().mode() & 0o777;
             if mode & 0o022 != 0 {
                 return Err(DataDirError::Writable {
@@ -180,7 +218,7 @@ impl DataDir {
             .create(true)
             .truncate(false)
             .open(&path)
-            .map_err(|source| io(&path, "opening", source))?;
+            .map_err(FileError::at(&path, "opening"))?;
         // `cotald status` probes with a shared lock held for an instant: retry briefly
         // before concluding that another appliance owns the data dir.
         let mut attempt = 0;
@@ -203,12 +241,14 @@ impl DataDir {
                     pid: text.trim().parse().ok(),
                 });
             }
-            Err(TryLockError::Error(source)) => return Err(io(&path, "locking", source)),
+            Err(TryLockError::Error(source)) => {
+                return Err(FileError::new(&path, "locking", source).into());
+            }
         }
         file.set_len(0)
             .and_then(|()| file.rewind())
             .and_then(|()| writeln!(file, "{}", std::process::id()))
-            .map_err(|source| io(&path, "writing the pid into", source))?;
+            .map_err(FileError::at(&path, "writing the pid into"))?;
         Ok(DataDirLock { _file: file })
     }
 
@@ -218,25 +258,25 @@ impl DataDir {
         let file = match File::open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-            Err(source) => return Err(io(&path, "opening", source)),
+            Err(source) => return Err(FileError::new(&path, "opening", source).into()),
         };
         match file.try_lock_shared() {
             Ok(()) => Ok(false),
             Err(TryLockError::WouldBlock) => Ok(true),
-            Err(TryLockError::Error(source)) => Err(io(&path, "probing", source)),
+            Err(TryLockError::Error(source)) => {
+                Err(FileError::new(&path, "probing", source).into())
+            }
         }
     }
 
     /// Records the runtime state (atomically).
     pub fn write_state(&self, state: &RuntimeState) -> Result<(), DataDirError> {
         let path = self.state_path();
-        let tmp = temp_path(&path);
         let json = serde_json::to_vec_pretty(state).map_err(|source| DataDirError::BadState {
             path: path.clone(),
             source,
         })?;
-        fs::write(&tmp, json).map_err(|source| io(&tmp, "writing", source))?;
-        fs::rename(&tmp, &path).map_err(|source| io(&path, "renaming into place", source))
+        Ok(files::write_atomic(&path, &json, 0o600)?)
     }
 
     /// Reads the runtime state, if a running appliance wrote one.
@@ -247,41 +287,13 @@ impl DataDir {
                 .map(Some)
                 .map_err(|source| DataDirError::BadState { path, source }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(io(&path, "reading", source)),
+            Err(source) => Err(FileError::new(&path, "reading", source).into()),
         }
     }
 
     /// Removes the runtime state (clean shutdown).
     pub fn clear_state(&self) {
         let _ = fs::remove_file(self.state_path());
-    }
-}
-
-/// The temporary name a file is written under before it is renamed into place:
-/// `<name>.tmp` beside it (so `ca.pem` and `ca.key` never share one).
-pub fn temp_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".tmp");
-    path.with_file_name(name)
-}
-
-fn create_private_dir(dir: &Path) -> Result<(), DataDirError> {
-    use std::os::unix::fs::DirBuilderExt;
-    if dir.exists() {
-        return Ok(());
-    }
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|source| io(dir, "creating", source))
-}
-
-fn io(path: &Path, action: &'static str, source: std::io::Error) -> DataDirError {
-    DataDirError::Io {
-        path: path.to_owned(),
-        action,
-        source,
     }
 }
 
@@ -332,6 +344,7 @@ mod tests {
             monitor: "127.0.0.1:8222".parse().unwrap(),
             spaces: vec!["main".into()],
             broker_restarts: 0,
+            services: Vec::new(),
         };
         dir.write_state(&state).unwrap();
         assert_eq!(dir.read_state().unwrap(), Some(state));

@@ -13,11 +13,14 @@
 //! | [`binding`] | the NATS binding as data: stream, bucket and durable names and configs, profile ACLs | §8, §9, App. B |
 //! | [`profile`] | the operator's TOML profile: broker settings, spaces | §7 (deployment profile) |
 //! | [`datadir`] | the data dir layout, its lock, the runtime state file | |
+//! | [`files`] | atomic, owner-only file writes | |
+//! | [`ops`] | every operation the appliance serves, and the two transports that carry them | §5, §7 |
 //! | [`provision`] | keys and trust chain (operator, SYS, account per space, users), `.creds`, TLS | §2, §9 |
 //! | [`space`] | a served space: provisioner connection, bootstrap, minted identities | §7, §8, App. B |
 //! | [`supervisor`] | the child nats-server: install, config, spawn, readiness, restart, stop | §8 |
 //! | [`client`] | the conformant endpoint: connect, presence, join/replay/dedup, DM, anycast, control | §2, §4–§8, §10, §12 |
-//! | [`daemon`] | the appliance: startup phases, account push, teardown | §9 |
+//! | [`services`] | the in-process services and the one way they run: manager, trusted backstop reader, mentions, membership feed | §4, §7, §8, §9 |
+//! | [`daemon`] | the appliance: startup phases, account push, the admin socket, teardown | §9 |
 //! | [`cli`] | the `cotald` subcommands | |
 //!
 //! The `cotald` executable (`src/main.rs`) is the only artefact that embeds the bundled
@@ -28,8 +31,11 @@ pub mod cli;
 pub mod client;
 pub mod daemon;
 pub mod datadir;
+pub mod files;
+pub mod ops;
 pub mod profile;
 pub mod protocol;
 pub mod provision;
+pub mod services;
 pub mod space;
 pub mod supervisor;

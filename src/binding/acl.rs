@@ -10,8 +10,8 @@
 //!   provisioning connection is.
 
 use crate::protocol::{ChannelPattern, InstanceId};
-use crate::provision::{Permission, UserPermissions};
 
+use super::credential::{Permission, UserPermissions};
 use super::names::{MANAGER_SERVICE, SpaceNames, chat_history_consumer, dm_durable, svc_durable};
 
 /// What an agent may do (§9: its channel scope is three lists).

@@ -1,9 +1,12 @@
 //! The NATS + JetStream binding (§8, §9, Appendix B) as pure functions: the names of a space's
 //! streams, buckets and durables, their exact configurations, and the permission sets of each
-//! credential profile. Nothing here talks to a server; `space` applies these to one.
+//! credential profile, and a minted credential read back as data. Nothing here talks to a
+//! server; `space` applies these to one.
 
 pub mod acl;
+pub mod credential;
 mod names;
 pub mod streams;
 
+pub use credential::{Creds, CredsError, Permission, UserClaims, UserPermissions};
 pub use names::{MANAGER_SERVICE, SpaceNames, chat_history_consumer, dm_durable, svc_durable};

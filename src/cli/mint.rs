@@ -1,20 +1,16 @@
 //! `cotald mint`: a credential for an agent, observer or admin of one space.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::Args;
 
 use super::DataDirArg;
-use crate::daemon::admin::{self, AdminRequest};
-use crate::daemon::{MintReply, join_link};
-use crate::datadir::DataDir;
-use crate::provision::KeyStore;
-use crate::space::store;
-use crate::space::{CredentialProfile, MintRequest, identity};
+use crate::daemon::admin;
+use crate::daemon::{DaemonError, execute_offline};
+use crate::datadir::DataDirError;
+use crate::ops::{CredentialProfile, MintReply, MintRequest, Request};
 
 /// Options of `cotald mint`.
 #[derive(Debug, Args)]
@@ -64,7 +60,7 @@ pub(super) async fn run(args: MintArgs) -> anyhow::Result<ExitCode> {
             out.display()
         );
     }
-    let req = MintRequest {
+    let req = Request::Mint(MintRequest {
         name: args.name.clone(),
         space: args.space.clone(),
         profile: Some(args.profile),
@@ -73,21 +69,32 @@ pub(super) async fn run(args: MintArgs) -> anyhow::Result<ExitCode> {
         allow_publish: args.allow_publish.clone(),
         role: args.role.clone(),
         expires: args.expires.clone(),
+    });
+    let value = match admin::call(&dir, &req).await? {
+        Some(value) => value,
+        None => execute_offline(&dir, &req).map_err(|e| match e {
+            DaemonError::DataDir(DataDirError::Locked { .. }) => anyhow::anyhow!(
+                "cotald is starting on {} (its admin socket is not open yet); retry in a moment",
+                dir.root().display()
+            ),
+            other => other.into(),
+        })?,
     };
-    let reply = match admin::call(&dir, &AdminRequest::Mint(req.clone())).await? {
-        Some(value) => {
-            serde_json::from_value::<MintReply>(value).context("malformed mint reply")?
-        }
-        None => offline(&dir, &req)?,
-    };
+    let reply: MintReply = serde_json::from_value(value).context("malformed mint reply")?;
     let out = args.out.clone().unwrap_or_else(|| {
-        dir.space(&req.space).join("creds").join(format!(
+        dir.creds(&reply.record.space).join(format!(
             "{}-{}.creds",
             reply.record.name,
             &reply.record.id[..8]
         ))
     });
-    write_new_secret(&out, &reply.creds)?;
+    if reply.replaced && out.exists() {
+        // A re-mint of the same identity on the default path: the old file holds a revoked
+        // credential, so it is replaced.
+        crate::files::write_atomic(&out, reply.creds.as_bytes(), 0o600)?;
+    } else {
+        crate::files::write_new(&out, reply.creds.as_bytes(), 0o600)?;
+    }
     let ca = dir.ca_cert();
     if args.json {
         let doc = serde_json::json!({
@@ -97,11 +104,17 @@ pub(super) async fn run(args: MintArgs) -> anyhow::Result<ExitCode> {
             "creds": out,
             "link": reply.link,
             "ca": ca,
+            "replaced": reply.replaced,
         });
         println!("{doc}");
     } else {
         println!(
-            "minted {} {} in space {}",
+            "{} {} {} in space {}",
+            if reply.replaced {
+                "re-minted"
+            } else {
+                "minted"
+            },
             format!("{:?}", reply.record.profile).to_lowercase(),
             reply.record.name,
             reply.record.space
@@ -110,6 +123,12 @@ pub(super) async fn run(args: MintArgs) -> anyhow::Result<ExitCode> {
         println!("  creds  {}", out.display());
         println!("  link   {}", reply.link);
         println!("  ca     {}", ca.display());
+        if reply.replaced {
+            println!(
+                "the previous credential of {} is revoked",
+                reply.record.name
+            );
+        }
         if !reply.provisioned {
             println!(
                 "cotald is not running on {}: the identity's durables are created at its next start",
@@ -118,55 +137,4 @@ pub(super) async fn run(args: MintArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Mints from the data dir when no appliance runs: the key store signs, the identity is
-/// remembered, and the next `cotald up` pre-creates its durables.
-fn offline(dir: &DataDir, req: &MintRequest) -> anyhow::Result<MintReply> {
-    // Holding the lock proves no appliance is starting: one that is would read the identities
-    // before this one is recorded, and create its durables only at the start after.
-    let _lock = dir.lock().map_err(|e| match e {
-        crate::datadir::DataDirError::Locked { .. } => anyhow::anyhow!(
-            "cotald is starting on {} (its admin socket is not open yet); retry in a moment",
-            dir.root().display()
-        ),
-        other => other.into(),
-    })?;
-    let keys = KeyStore::open(&dir.keys())?;
-    let space = keys.space(&req.space).map_err(|_| {
-        anyhow::anyhow!(
-            "unknown space `{}` in data dir {}",
-            req.space,
-            dir.root().display()
-        )
-    })?;
-    let minted = identity::mint(&space, req)?;
-    store::save_identity(dir, &minted.record)?;
-    let listen = crate::profile::Profile::embedded()?.broker.listen;
-    Ok(MintReply {
-        link: join_link(&listen.to_string(), &req.space, &minted.record.subscribe)?,
-        creds: minted.creds.render(),
-        record: minted.record,
-        provisioned: false,
-    })
-}
-
-fn write_new_secret(path: &Path, text: &str) -> anyhow::Result<()> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(parent)
-            .with_context(|| format!("cannot create {}", parent.display()))?;
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
-    f.write_all(text.as_bytes())
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
 }

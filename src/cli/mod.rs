@@ -2,6 +2,7 @@
 
 mod endpoint;
 mod mint;
+mod revoke;
 mod space;
 mod status;
 mod up;
@@ -47,6 +48,9 @@ pub enum Command {
     /// are created at the next `cotald up`. Channel lists are strict: `foo/bar`, `a.>.b` or an
     /// empty segment are refused, never rewritten.
     Mint(mint::MintArgs),
+    /// Revoke an identity: the broker refuses its credentials from now on and closes its
+    /// connections; its durables, durable memberships and backlog are deleted.
+    Revoke(revoke::RevokeArgs),
     /// Add or list the spaces of a running appliance.
     Space(space::SpaceArgs),
     /// Send one message as the credential's identity (multicast, unicast or anycast).
@@ -94,6 +98,7 @@ pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
             Command::Up(args) => up::run(args, embedded).await,
             Command::Status(args) => status::run(args).await,
             Command::Mint(args) => mint::run(args).await,
+            Command::Revoke(args) => revoke::run(args).await,
             Command::Space(args) => space::run(args).await,
             Command::Send(args) => endpoint::send(args).await,
             Command::Tail(args) => endpoint::tail(args).await,

@@ -6,8 +6,8 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 
 use super::DataDirArg;
-use crate::daemon::SpaceInfo;
-use crate::daemon::admin::{self, AdminRequest};
+use crate::daemon::admin;
+use crate::ops::{Request, SpaceAdd, SpaceInfo};
 use crate::profile::DeploymentProfile;
 
 /// Options of `cotald space`.
@@ -42,13 +42,13 @@ pub(super) async fn run(args: SpaceArgs) -> anyhow::Result<ExitCode> {
     let dir = args.data_dir.resolve()?;
     let (req, json) = match &args.command {
         SpaceCommand::Add { name, profile } => (
-            AdminRequest::SpaceAdd {
+            Request::SpaceAdd(SpaceAdd {
                 name: name.clone(),
                 profile: *profile,
-            },
+            }),
             false,
         ),
-        SpaceCommand::List { json } => (AdminRequest::SpaceList, *json),
+        SpaceCommand::List { json } => (Request::SpaceList, *json),
     };
     let Some(data) = admin::call(&dir, &req).await? else {
         bail!(

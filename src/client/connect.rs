@@ -4,23 +4,20 @@
 //! the given CA, and reconnects with backoff; subscriptions, presence and consumers are
 //! re-established after a reconnect.
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use tokio::sync::{broadcast, watch};
 
 use super::deliver::{self, Deliveries};
 use super::presence::{self, Roster};
 use super::{Client, ClientError, ConnectionState, Inner, Violation};
-use crate::binding::{SpaceNames, dm_durable, svc_durable};
+use crate::binding::{Creds, SpaceNames, dm_durable, svc_durable};
 use crate::protocol::{
     AgentCard, EndpointKind, InstanceId, JoinLink, SpaceSubjects, WIRE_PROTOCOL_VERSION,
-    subject_matches,
 };
-use crate::provision::Creds;
 
 /// How to reach a space.
 #[derive(Debug, Clone)]
@@ -73,84 +70,91 @@ pub struct Connection {
     pub deliveries: Deliveries,
 }
 
-/// The claims of our own user JWT that the client needs.
-struct OwnClaims {
-    subject: String,
-    name: String,
-    sub_allow: Vec<String>,
-    sub_deny: Vec<String>,
-    pub_allow: Vec<String>,
+/// Why dialing the broker failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    /// The `.creds` text was refused by the NATS library.
+    #[error("the credential cannot be loaded")]
+    Credentials(#[source] std::io::Error),
+    /// The connection failed (unreachable, TLS, authorization).
+    #[error(transparent)]
+    Connect(#[from] async_nats::ConnectError),
 }
 
-fn own_claims(jwt: &str) -> Result<OwnClaims, ClientError> {
-    let bad = |m: &str| ClientError::Config(format!("the credential's JWT is malformed: {m}"));
-    let payload = jwt.split('.').nth(1).ok_or_else(|| bad("no payload"))?;
-    let bytes = URL_SAFE_NO_PAD
-        .decode(payload.trim_end_matches('='))
-        .map_err(|e| bad(&e.to_string()))?;
-    let claims: serde_json::Value =
-        serde_json::from_slice(&bytes).map_err(|e| bad(&e.to_string()))?;
-    let list = |dir: &str, key: &str| -> Vec<String> {
-        claims["nats"][dir][key]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|s| s.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    Ok(OwnClaims {
-        subject: claims["sub"].as_str().unwrap_or_default().to_owned(),
-        name: claims["name"].as_str().unwrap_or_default().to_owned(),
-        sub_allow: list("sub", "allow"),
-        sub_deny: list("sub", "deny"),
-        pub_allow: list("pub", "allow"),
-    })
+/// The one connect sequence of cotald, for its own connections and for every client: the
+/// credential, TLS verified against `ca`, a bounded connect timeout.
+pub fn nats_options(
+    creds: &Creds,
+    name: impl Into<String>,
+    ca: Option<&Path>,
+    require_tls: bool,
+) -> Result<async_nats::ConnectOptions, DialError> {
+    let mut options = async_nats::ConnectOptions::with_credentials(&creds.render())
+        .map_err(DialError::Credentials)?
+        .name(name.into())
+        .connection_timeout(Duration::from_secs(10))
+        .require_tls(require_tls);
+    if let Some(ca) = ca {
+        options = options.add_root_certificates(ca.to_owned());
+    }
+    Ok(options)
+}
+
+/// Dials the appliance's own broker at `addr` (TLS, trusting `ca`) as `creds`.
+pub async fn dial(
+    creds: &Creds,
+    name: impl Into<String>,
+    ca: &Path,
+    addr: SocketAddr,
+) -> Result<async_nats::Client, DialError> {
+    Ok(nats_options(creds, name, Some(ca), true)?
+        .connect(format!("tls://{addr}"))
+        .await?)
 }
 
 /// Connects, binds the identity's durables, starts presence.
 pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
-    let creds = Creds::parse(&opts.creds).map_err(|e| ClientError::Config(e.to_string()))?;
-    let public = creds
-        .public_key()
-        .map_err(|e| ClientError::Config(e.to_string()))?;
-    let claims = own_claims(&creds.jwt)?;
+    let creds = Creds::parse(&opts.creds)?;
+    let public = creds.public_key()?;
+    let claims = creds.claims()?;
     if claims.subject != public {
-        return Err(ClientError::Config(format!(
-            "the credential's seed ({public}) does not belong to its JWT ({}): spliced credentials",
-            claims.subject
-        )));
+        return Err(ClientError::Spliced {
+            seed: public,
+            jwt: claims.subject,
+        });
     }
-    let id = InstanceId::from_user_nkey(&public).map_err(|e| ClientError::Config(e.to_string()))?;
+    let id = InstanceId::from_user_nkey(&public)?;
     if let Some(expected) = &opts.expect_id
         && expected != id.as_str()
     {
-        return Err(ClientError::Config(format!(
-            "id {expected} was requested but the credential is bound to {id} (§2)",
-            id = id.as_str()
-        )));
+        return Err(ClientError::IdMismatch {
+            expected: expected.clone(),
+            actual: id.as_str().to_owned(),
+        });
     }
     if opts.link.auth().is_some() {
-        return Err(ClientError::Config(
-            "the join link carries a token or user:password, which cannot be combined with a \
-             credential (§10)"
-                .into(),
-        ));
+        return Err(ClientError::LinkAuth);
     }
-    let subjects =
-        SpaceSubjects::new(opts.link.space()).map_err(|e| ClientError::Config(e.to_string()))?;
+    let subjects = SpaceSubjects::new(opts.link.space())?;
     let names = SpaceNames::new(subjects.space().as_str());
 
     let (state_tx, state) = watch::channel(ConnectionState::Connected);
     let (violations, _) = broadcast::channel::<Violation>(256);
     let events_tx = violations.clone();
-    let mut options = async_nats::ConnectOptions::with_credentials(&opts.creds)
-        .map_err(|e| ClientError::Config(e.to_string()))?
-        .custom_inbox_prefix(id.inbox_prefix())
-        .name(format!("cotal:{}", opts.name.as_deref().unwrap_or(&claims.name)))
-        .connection_timeout(Duration::from_secs(10))
-        .event_callback(move |event| {
+    let server = opts.link.server_url();
+    let connect_failed = |e: DialError| ClientError::Connect {
+        server: server.clone(),
+        source: e,
+    };
+    let options = nats_options(
+        &creds,
+        format!("cotal:{}", opts.name.as_deref().unwrap_or(&claims.name)),
+        opts.ca.as_deref(),
+        opts.link.tls_required(),
+    )
+    .map_err(connect_failed)?
+    .custom_inbox_prefix(id.inbox_prefix())
+    .event_callback(move |event| {
             let state_tx = state_tx.clone();
             let events_tx = events_tx.clone();
             async move {
@@ -174,20 +178,10 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
                 }
             }
         });
-    if opts.link.tls_required() {
-        options = options.require_tls(true);
-    }
-    if let Some(ca) = &opts.ca {
-        options = options.add_root_certificates(ca.clone());
-    }
-    let server = opts.link.server_url();
     let nats = options
         .connect(&server)
         .await
-        .map_err(|e| ClientError::Connect {
-            server: server.clone(),
-            reason: e.to_string(),
-        })?;
+        .map_err(|e| connect_failed(e.into()))?;
     let js = async_nats::jetstream::new(nats.clone());
 
     let mut card = AgentCard::new(
@@ -199,30 +193,23 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
     card.protocol_version = Some(WIRE_PROTOCOL_VERSION.to_owned());
     let max_payload = nats.server_info().max_payload;
     let (sink, deliveries) = deliver::channel(max_payload, id.as_str().to_owned());
-    let barrier = "_INBOX.cotal-barrier.probe";
-    let barrier_refused = claims.sub_deny.iter().any(|p| subject_matches(p, barrier))
-        || (!claims.sub_allow.is_empty()
-            && !claims.sub_allow.iter().any(|p| subject_matches(p, barrier)));
-    let unrestricted = claims.pub_allow.is_empty();
-    let may_publish = |subject: &str| {
-        unrestricted || claims.pub_allow.iter().any(|p| subject_matches(p, subject))
-    };
+    let grants = &claims.permissions;
+    let barrier_refused = !grants.may_subscribe("_INBOX.cotal-barrier.probe");
     // Observers and admins hold no presence write (Appendix B): they watch, never announce.
-    let announce =
-        opts.presence && may_publish(&format!("$KV.{}.{}", names.presence_bucket(), id.as_str()));
-    let grants = |consumer: &str| {
-        claims.pub_allow.iter().any(|s| {
-            s.starts_with("$JS.API.CONSUMER.MSG.NEXT.") && s.ends_with(&format!(".{consumer}"))
-        })
+    let announce = opts.presence
+        && grants.may_publish(&format!("$KV.{}.{}", names.presence_bucket(), id.as_str()));
+    let may_read = |stream: &str, durable: &str| {
+        grants.may_publish(&format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"))
     };
     let dm = dm_durable(id.as_str());
-    let bind_dm = opts.receive_dms && (unrestricted || grants(&dm));
+    let bind_dm = opts.receive_dms && may_read(&names.dm_stream(), &dm);
     if let Some(role) = &opts.role {
         let svc = svc_durable(role);
-        if !unrestricted && !grants(&svc) {
-            return Err(ClientError::Config(format!(
-                "role `{role}`: this credential may not read {svc} (mint it with --role {role})"
-            )));
+        if !may_read(&names.task_stream(), &svc) {
+            return Err(ClientError::RoleNotGranted {
+                role: role.clone(),
+                durable: svc,
+            });
         }
     }
     let inner = Arc::new(Inner {

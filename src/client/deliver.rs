@@ -61,10 +61,7 @@ impl Delivery {
     /// and backfill copies.
     pub async fn ack(self) -> Result<(), ClientError> {
         match self.ack {
-            Some(m) => m
-                .double_ack()
-                .await
-                .map_err(|e| nats_err("ack")(e.to_string())),
+            Some(m) => m.double_ack().await.map_err(nats_err("ack")),
             None => Ok(()),
         }
     }
@@ -75,7 +72,7 @@ impl Delivery {
             Some(m) => m
                 .ack_with(AckKind::Nak(None))
                 .await
-                .map_err(|e| nats_err("nak")(e.to_string())),
+                .map_err(nats_err("nak")),
             None => Ok(()),
         }
     }
@@ -306,11 +303,10 @@ pub(crate) async fn bind(client: &Client, stream: &str, durable: &str) -> Result
         .js
         .get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(durable, stream)
         .await
-        .map_err(|e| {
-            ClientError::Config(format!(
-                "cannot bind {durable} on {stream}: {e} (it is created when the credential is minted \
-                 on a running appliance)"
-            ))
+        .map_err(|e| ClientError::Bind {
+            durable: durable.to_owned(),
+            stream: stream.to_owned(),
+            source: e.into(),
         })?;
     let inner = client.inner.clone();
     let (stream, durable) = (stream.to_owned(), durable.to_owned());

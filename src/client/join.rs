@@ -22,6 +22,7 @@ use tokio::sync::broadcast;
 
 use super::{Client, ClientError, nats_err};
 use crate::binding::chat_history_consumer;
+use crate::ops;
 use crate::protocol::{
     CHANNEL_DEFAULTS_KEY, ChannelConfig, ChannelDefaults, ChannelPattern, DeliveryClass,
     EffectiveChannelConfig, resolve,
@@ -78,8 +79,17 @@ impl JoinReport {
 #[derive(Debug, thiserror::Error)]
 pub enum JoinError {
     /// The channel name is not a valid pattern.
-    #[error("invalid channel {channel:?}: {reason}")]
-    Invalid { channel: String, reason: String },
+    #[error("invalid channel {channel:?}")]
+    Invalid {
+        /// The name given.
+        channel: String,
+        /// Why it is not a channel.
+        #[source]
+        source: crate::protocol::ChannelError,
+    },
+    /// Already joined, or a join of it is under way.
+    #[error("already joined (or joining) {0}")]
+    AlreadyJoined(String),
     /// The broker refused the subscribe: outside this credential's read ACL.
     #[error("join {channel}: refused by the broker (not within this credential's allowSubscribe)")]
     Refused { channel: String },
@@ -153,18 +163,15 @@ impl Client {
     /// Joins a channel (or a wildcard pattern within the read ACL). History is surfaced while
     /// this runs: drain [`super::Deliveries`] concurrently.
     pub async fn join(&self, channel: &str, replay: Replay) -> Result<JoinReport, JoinError> {
-        let pattern = ChannelPattern::new(channel).map_err(|e| JoinError::Invalid {
+        let pattern = ChannelPattern::new(channel).map_err(|source| JoinError::Invalid {
             channel: channel.to_owned(),
-            reason: e.to_string(),
+            source,
         })?;
         let key = pattern.as_str().to_owned();
         {
             let mut joined = self.inner.joined.lock().await;
             if joined.contains_key(&key) {
-                return Err(JoinError::Invalid {
-                    channel: key,
-                    reason: "already joined (or joining)".into(),
-                });
+                return Err(JoinError::AlreadyJoined(key));
             }
             joined.insert(
                 key.clone(),
@@ -188,7 +195,7 @@ impl Client {
             .nats
             .subscribe(subject.clone())
             .await
-            .map_err(|e| nats_err("subscribe")(e.to_string()))?;
+            .map_err(nats_err("subscribe"))?;
         match self.confirm(&subject, &mut violations).await {
             Ok(true) => {}
             Ok(false) => {
@@ -284,18 +291,11 @@ impl Client {
             .collect()
     }
 
-    async fn durable_leave(&self, channel: &str) -> Result<(), ClientError> {
-        let mut args = serde_json::Map::new();
-        args.insert("channel".into(), channel.into());
-        let reply = self.manager("durable-leave", args).await?;
-        if reply.ok {
-            Ok(())
-        } else {
-            Err(ClientError::Nats {
-                action: format!("durable leave of {channel} (the live subscription is gone)"),
-                reason: reply.error.unwrap_or_default(),
-            })
-        }
+    async fn durable_leave(&self, channel: &str) -> Result<ops::Membership, ClientError> {
+        self.manager(&ops::Request::DurableLeave(ops::DurableLeave {
+            channel: channel.to_owned(),
+        }))
+        .await
     }
 
     /// Waits for the broker's verdict on the subscribe to `subject`.
@@ -311,7 +311,7 @@ impl Client {
                 .js
                 .query_account()
                 .await
-                .map_err(|e| nats_err("confirm subscribe")(e.to_string()))?;
+                .map_err(nats_err("confirm subscribe"))?;
             return Ok(true);
         }
         let barrier = format!("_INBOX.cotal-barrier.{}", crate::protocol::new_message_id());
@@ -320,7 +320,7 @@ impl Client {
             .nats
             .subscribe(barrier.clone())
             .await
-            .map_err(|e| nats_err("subscribe")(e.to_string()))?;
+            .map_err(nats_err("subscribe"))?;
         let verdict = tokio::time::timeout(CONFIRM_TIMEOUT, async {
             loop {
                 match violations.recv().await {
@@ -330,12 +330,11 @@ impl Client {
                     Err(broadcast::error::RecvError::Lagged(_)) => {
                         return Err(nats_err("confirm subscribe")(
                             "permission events were dropped; the broker's verdict is unknown, \
-                             retry the join"
-                                .into(),
+                             retry the join",
                         ));
                     }
                     Err(broadcast::error::RecvError::Closed) => {
-                        return Err(nats_err("confirm subscribe")("connection closed".into()));
+                        return Err(nats_err("confirm subscribe")("connection closed"));
                     }
                 }
             }
@@ -393,11 +392,11 @@ impl Client {
             .js
             .get_stream(self.inner.names.chat_stream())
             .await
-            .map_err(|e| nats_err("read the CHAT frontier")(e.to_string()))?;
+            .map_err(nats_err("read the CHAT frontier"))?;
         let info = stream
             .info()
             .await
-            .map_err(|e| nats_err("read the CHAT frontier")(e.to_string()))?;
+            .map_err(nats_err("read the CHAT frontier"))?;
         Ok(info.state.last_sequence)
     }
 
@@ -408,32 +407,28 @@ impl Client {
         pattern: &ChannelPattern,
     ) -> Result<EffectiveChannelConfig, ClientError> {
         // An unreadable registry is an error, never a guess (§12 item 11).
-        let unreadable = |e: String| nats_err("read the channel registry")(e);
+        fn unreadable<E: Into<super::BoxError>>(key: &str) -> impl FnOnce(E) -> ClientError {
+            nats_err(format!("read {key} in the channel registry"))
+        }
         let kv = self
             .inner
             .js
             .get_key_value(self.inner.names.channels_bucket())
             .await
-            .map_err(|e| unreadable(e.to_string()))?;
-        let read = async |key: &str| {
-            kv.get(key)
-                .await
-                .map_err(|e| unreadable(format!("{key}: {e}")))
-        };
+            .map_err(nats_err("open the channel registry"))?;
+        let read = async |key: &str| kv.get(key).await.map_err(unreadable(key));
         let defaults = match read(CHANNEL_DEFAULTS_KEY).await? {
-            Some(b) => Some(
-                ChannelDefaults::from_json(&b)
-                    .map_err(|e| unreadable(format!("{CHANNEL_DEFAULTS_KEY}: {e}")))?,
-            ),
+            Some(b) => {
+                Some(ChannelDefaults::from_json(&b).map_err(unreadable(CHANNEL_DEFAULTS_KEY))?)
+            }
             None => None,
         };
         // A wildcard has no registry key of its own: the space defaults apply to it.
         let channel = match pattern.is_concrete() {
             true => match read(pattern.as_str()).await? {
-                Some(b) => Some(
-                    ChannelConfig::from_json(&b)
-                        .map_err(|e| unreadable(format!("{}: {e}", pattern.as_str())))?,
-                ),
+                Some(b) => {
+                    Some(ChannelConfig::from_json(&b).map_err(unreadable(pattern.as_str()))?)
+                }
                 None => None,
             },
             false => None,
@@ -449,13 +444,15 @@ impl Client {
         watermark: u64,
         effective: &EffectiveChannelConfig,
     ) -> Result<usize, ClientError> {
-        let fail = |e: String| nats_err(format!("history of {subject}"))(e);
+        fn fail<E: Into<super::BoxError>>(subject: &str) -> impl FnOnce(E) -> ClientError {
+            nats_err(format!("history of {subject}"))
+        }
         let stream = self
             .inner
             .js
             .get_stream(self.inner.names.chat_stream())
             .await
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(fail(subject))?;
         let name = chat_history_consumer(self.inner.id.as_str());
         // A consumer left behind by an interrupted read would refuse the new filter.
         let _ = stream.delete_consumer(&name).await;
@@ -476,7 +473,7 @@ impl Client {
                 ..Default::default()
             })
             .await
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(fail(subject))?;
         // Read to the watermark, then once more to the frontier as it is then: a message routed
         // just before our SUB became active may be stored just after the watermark was read.
         // Later messages reach the live subscription; dedup by `id` absorbs any overlap.
@@ -496,11 +493,7 @@ impl Client {
                     break;
                 }
                 target = now;
-                pending = consumer
-                    .info()
-                    .await
-                    .map_err(|e| fail(e.to_string()))?
-                    .num_pending;
+                pending = consumer.info().await.map_err(fail(subject))?.num_pending;
                 if pending == 0 {
                     break;
                 }
@@ -511,10 +504,10 @@ impl Client {
                 .expires(Duration::from_secs(2))
                 .messages()
                 .await
-                .map_err(|e| fail(e.to_string()))?;
+                .map_err(fail(subject))?;
             let mut got = 0;
             while let Some(msg) = batch.next().await {
-                let msg = msg.map_err(|e| fail(e.to_string()))?;
+                let msg = msg.map_err(fail(subject))?;
                 got += 1;
                 let Ok(info) = msg.info() else { continue };
                 let (seq, left) = (info.stream_sequence, info.pending);
@@ -548,17 +541,14 @@ impl Client {
 
     /// Asks the provisioner for durable membership with the join cursor (§7).
     async fn durable_join(&self, channel: &str, cursor: u64) -> DurableState {
-        let mut args = serde_json::Map::new();
-        args.insert("channel".into(), channel.into());
-        args.insert("cursor".into(), cursor.into());
-        match self.manager("durable-join", args).await {
-            Ok(reply) if reply.ok => DurableState::Established,
-            Ok(reply) => DurableState::Unavailable(
-                reply
-                    .error
-                    .unwrap_or_else(|| "the provisioner refused".into()),
-            ),
-            Err(e) => DurableState::Unavailable(e.to_string()),
+        let request = ops::Request::DurableJoin(ops::DurableJoin {
+            channel: channel.to_owned(),
+            cursor,
+        });
+        match self.manager::<ops::Membership>(&request).await {
+            Ok(_) => DurableState::Established,
+            Err(ClientError::Refused { error, .. }) => DurableState::Unavailable(error),
+            Err(e) => DurableState::Unavailable(crate::ops::error_text(&e)),
         }
     }
 }

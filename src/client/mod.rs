@@ -28,12 +28,13 @@ use async_nats::jetstream;
 use tokio::sync::{broadcast, watch};
 
 use crate::binding::{MANAGER_SERVICE, SpaceNames};
+use crate::ops;
 use crate::protocol::{
     AgentCard, ControlReply, ControlRequest, CotalMessage, EndpointRef, InstanceId, Part, Routing,
     SpaceSubjects,
 };
 
-pub use connect::{ConnectOptions, Connection};
+pub use connect::{ConnectOptions, Connection, DialError, dial, nats_options};
 pub use deliver::{Anomaly, Deliveries, Delivery, Notice};
 pub use join::{DurableState, JoinError, JoinReport, Replay};
 pub use presence::{Peer, Roster};
@@ -49,35 +50,141 @@ pub enum ConnectionState {
     Disconnected,
 }
 
-/// Why a client operation failed.
+/// Any error a NATS or JetStream operation can return, kept as the source.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a client operation failed. Each variant keeps what caused it as its `source`.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// Connect options are invalid (link, credentials, id).
-    #[error("{0}")]
-    Config(String),
+    /// The `.creds` text cannot be used.
+    #[error("cannot use the credential")]
+    Credential(#[from] crate::binding::CredsError),
+    /// The seed and the JWT of the credential belong to different users.
+    #[error(
+        "the credential's seed ({seed}) does not belong to its JWT ({jwt}): spliced credentials"
+    )]
+    Spliced {
+        /// The seed's public key.
+        seed: String,
+        /// The JWT's subject.
+        jwt: String,
+    },
+    /// An id was requested that the credential is not bound to (§2).
+    #[error("id {expected} was requested but the credential is bound to {actual} (§2)")]
+    IdMismatch {
+        /// The requested id.
+        expected: String,
+        /// The credential's id.
+        actual: String,
+    },
+    /// The credential's key is not a user nkey.
+    #[error("the credential's key is not a user id")]
+    Id(#[from] crate::protocol::IdError),
+    /// The join link carries auth besides the credential.
+    #[error(
+        "the join link carries a token or user:password, which cannot be combined with a \
+         credential (§10)"
+    )]
+    LinkAuth,
+    /// The credential does not grant a role's anycast durable.
+    #[error("role `{role}`: this credential may not read {durable} (mint it with --role {role})")]
+    RoleNotGranted {
+        /// The role.
+        role: String,
+        /// Its durable.
+        durable: String,
+    },
+    /// A pre-created durable could not be bound.
+    #[error(
+        "cannot bind {durable} on {stream} (it is created when the credential is minted on a \
+         running appliance)"
+    )]
+    Bind {
+        /// The durable.
+        durable: String,
+        /// Its stream.
+        stream: String,
+        /// What the broker said.
+        #[source]
+        source: BoxError,
+    },
     /// The broker could not be reached or refused the connection.
-    #[error("cannot connect to {server}: {reason}")]
-    Connect { server: String, reason: String },
+    #[error("cannot connect to {server}")]
+    Connect {
+        /// The server URL.
+        server: String,
+        /// Why.
+        #[source]
+        source: DialError,
+    },
     /// The broker refused a publish (permission violation).
     #[error("the broker refused to publish on {subject}: not within this credential's permissions")]
-    PublishRefused { subject: String },
+    PublishRefused {
+        /// The refused subject.
+        subject: String,
+    },
     /// A request got no answer in time.
     #[error("{what}: no answer within {timeout:?}")]
-    Timeout { what: String, timeout: Duration },
+    Timeout {
+        /// What was waited for.
+        what: String,
+        /// How long.
+        timeout: Duration,
+    },
     /// No service listens on a control subject.
     #[error("no `{service}` service answers in space `{space}`")]
-    NoResponders { service: String, space: String },
+    NoResponders {
+        /// The service.
+        service: String,
+        /// The space.
+        space: String,
+    },
+    /// A control request was answered `{ok: false}`.
+    #[error("{op} refused: {error}")]
+    Refused {
+        /// The op.
+        op: String,
+        /// The reply's error.
+        error: String,
+    },
     /// A JetStream or NATS operation failed.
-    #[error("{action}: {reason}")]
-    Nats { action: String, reason: String },
-    /// A message could not be built.
-    #[error("invalid message: {0}")]
-    Message(String),
+    #[error("{action} failed")]
+    Nats {
+        /// What was being done.
+        action: String,
+        /// What the library or broker said.
+        #[source]
+        source: BoxError,
+    },
+    /// A subject could not be built (an invalid space, role or target).
+    #[error("invalid address")]
+    Subject(#[from] crate::protocol::SubjectError),
+    /// A channel name is invalid.
+    #[error("invalid channel")]
+    Channel(#[from] crate::protocol::ChannelError),
+    /// A presence record could not be built.
+    #[error("invalid presence")]
+    Presence(#[from] crate::protocol::PresenceError),
+    /// A message or request could not be encoded or a reply decoded.
+    #[error("{what}: invalid JSON")]
+    Json {
+        /// What.
+        what: &'static str,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
 }
 
-pub(crate) fn nats_err(action: impl Into<String>) -> impl FnOnce(String) -> ClientError {
+/// `.map_err(nats_err("read the CHAT frontier"))`: a failed NATS operation, its error kept.
+pub(crate) fn nats_err<E: Into<BoxError>>(
+    action: impl Into<String>,
+) -> impl FnOnce(E) -> ClientError {
     let action = action.into();
-    move |reason| ClientError::Nats { action, reason }
+    move |e| ClientError::Nats {
+        action,
+        source: e.into(),
+    }
 }
 
 /// A permission violation the broker reported on this connection.
@@ -178,30 +285,19 @@ impl Client {
     ) -> Result<(CotalMessage, u64), ClientError> {
         let me = self.inner.id.as_str();
         let subject = match &routing {
-            Routing::Channel(channel) => crate::protocol::Channel::new(channel)
-                .map_err(|e| ClientError::Message(e.to_string()))
-                .and_then(|c| {
-                    self.inner
-                        .subjects
-                        .chat(me, &c)
-                        .map_err(|e| ClientError::Message(e.to_string()))
-                }),
-            Routing::To(target) => self
-                .inner
-                .subjects
-                .inst(target, me)
-                .map_err(|e| ClientError::Message(e.to_string())),
-            Routing::ToService(role) => self
-                .inner
-                .subjects
-                .svc(role, me)
-                .map_err(|e| ClientError::Message(e.to_string())),
-        }?;
+            Routing::Channel(channel) => {
+                let channel = crate::protocol::Channel::new(channel)?;
+                self.inner.subjects.chat(me, &channel)?
+            }
+            Routing::To(target) => self.inner.subjects.inst(target, me)?,
+            Routing::ToService(role) => self.inner.subjects.svc(role, me)?,
+        };
         let message = CotalMessage::new(self.space(), self.endpoint(), routing, parts)
             .with_mentions(mentions);
-        let payload = message
-            .to_json()
-            .map_err(|e| ClientError::Message(e.to_string()))?;
+        let payload = message.to_json().map_err(|source| ClientError::Json {
+            what: "message",
+            source,
+        })?;
         let mut violations = self.inner.violations.subscribe();
         let publish = async {
             let ack = self
@@ -214,9 +310,8 @@ impl Client {
                         .payload(payload.into()),
                 )
                 .await
-                .map_err(|e| nats_err(format!("publish on {subject}"))(e.to_string()))?;
-            ack.await
-                .map_err(|e| nats_err(format!("publish on {subject}"))(e.to_string()))
+                .map_err(nats_err(format!("publish on {subject}")))?;
+            ack.await.map_err(nats_err(format!("publish on {subject}")))
         };
         let refused = refused_publish(&mut violations, &subject);
         tokio::select! {
@@ -235,20 +330,19 @@ impl Client {
     }
 
     /// A control request to `service` (§5): `ControlRequest` on `ctl.<service>.<id>`, the reply
-    /// on the per-identity inbox.
+    /// on the per-identity inbox. A refused publish is [`ClientError::PublishRefused`], a
+    /// subject nobody serves [`ClientError::NoResponders`].
     pub async fn control(
         &self,
         service: &str,
-        op: &str,
-        args: serde_json::Map<String, serde_json::Value>,
+        request: &ControlRequest,
     ) -> Result<ControlReply, ClientError> {
-        let subject = self
-            .inner
-            .subjects
-            .ctl(service, self.inner.id.as_str())
-            .map_err(|e| ClientError::Message(e.to_string()))?;
-        let request = ControlRequest::new(op, self.endpoint()).with_args(args);
-        let body = serde_json::to_vec(&request).map_err(|e| ClientError::Message(e.to_string()))?;
+        let op = request.op.as_str();
+        let subject = self.inner.subjects.ctl(service, self.inner.id.as_str())?;
+        let body = serde_json::to_vec(request).map_err(|source| ClientError::Json {
+            what: "control request",
+            source,
+        })?;
         let timeout = self.inner.request_timeout;
         let mut violations = self.inner.violations.subscribe();
         let request = tokio::time::timeout(
@@ -270,19 +364,33 @@ impl Client {
                     service: service.to_owned(),
                     space: self.space().to_owned(),
                 },
-                _ => nats_err(format!("control {op}"))(e.to_string()),
+                _ => nats_err(format!("control {op}"))(e),
             })?;
-        serde_json::from_slice(&reply.payload)
-            .map_err(|e| nats_err(format!("control {op} reply"))(e.to_string()))
+        serde_json::from_slice(&reply.payload).map_err(|source| ClientError::Json {
+            what: "control reply",
+            source,
+        })
     }
 
-    /// A control request to the privileged provisioner (`ctl.manager`, §7).
-    pub async fn manager(
+    /// An operation of the appliance's manager (`ctl.manager`, §7; the ops are listed in
+    /// [`crate::ops`]): its reply's `data` as `T`, or [`ClientError::Refused`].
+    pub async fn manager<T: serde::de::DeserializeOwned>(
         &self,
-        op: &str,
-        args: serde_json::Map<String, serde_json::Value>,
-    ) -> Result<ControlReply, ClientError> {
-        self.control(MANAGER_SERVICE, op, args).await
+        request: &ops::Request,
+    ) -> Result<T, ClientError> {
+        let reply = self
+            .control(MANAGER_SERVICE, &request.to_control(self.endpoint()))
+            .await?;
+        if !reply.ok {
+            return Err(ClientError::Refused {
+                op: request.op().to_owned(),
+                error: reply.error.unwrap_or_default(),
+            });
+        }
+        serde_json::from_value(reply.data.unwrap_or_default()).map_err(|source| ClientError::Json {
+            what: "control reply data",
+            source,
+        })
     }
 
     /// Publishes the final `offline` presence (§6), leaves nothing durable behind (a

@@ -132,9 +132,7 @@ impl Client {
         activity: Option<String>,
     ) -> Result<(), ClientError> {
         if status == PresenceStatus::Offline {
-            return Err(ClientError::Message(
-                "a live client does not heartbeat as offline (§6)".into(),
-            ));
+            return Err(crate::protocol::PresenceError::OfflineHeartbeat.into());
         }
         self.declare(|d| {
             d.status = status;
@@ -187,8 +185,7 @@ fn snapshot<T: Clone>(m: &Mutex<T>) -> T {
 async fn heartbeat(client: &Client) -> Result<(), ClientError> {
     let card = snapshot(&client.inner.card);
     let declared = snapshot(&client.inner.declared);
-    let mut record = Presence::heartbeat(card, declared.status, EpochMillis::now())
-        .map_err(|e| ClientError::Message(e.to_string()))?;
+    let mut record = Presence::heartbeat(card, declared.status, EpochMillis::now())?;
     record.activity = declared.activity;
     record.attention = declared.attention;
     record.channel_modes = declared.channel_modes;
@@ -201,15 +198,17 @@ async fn put(client: &Client, record: &Presence) -> Result<(), ClientError> {
         client.inner.names.presence_bucket(),
         record.key()
     );
-    let body = serde_json::to_vec(record).map_err(|e| ClientError::Message(e.to_string()))?;
+    let body = serde_json::to_vec(record).map_err(|source| ClientError::Json {
+        what: "presence",
+        source,
+    })?;
     let ack = client
         .inner
         .js
         .publish(subject, body.into())
         .await
-        .map_err(|e| nats_err("presence heartbeat")(e.to_string()))?;
-    ack.await
-        .map_err(|e| nats_err("presence heartbeat")(e.to_string()))?;
+        .map_err(nats_err("presence heartbeat"))?;
+    ack.await.map_err(nats_err("presence heartbeat"))?;
     Ok(())
 }
 

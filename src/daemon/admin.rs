@@ -1,105 +1,98 @@
-//! The admin socket (`run/admin.sock`): how local commands (`cotald space add|list`,
-//! `cotald mint`) reach the running appliance. A Unix socket with mode 0600 in a 0700 data
-//! dir: only the appliance's owner can talk to it, and that owner holds every key anyway.
-//! One JSON request per connection, one JSON reply line back.
+//! The admin socket (`run/admin.sock`): how local commands (`cotald space`, `mint`, `revoke`,
+//! …) reach the running appliance. One of the two transports of [`crate::ops`]: a Unix
+//! socket with mode 0600 in a 0700 data dir, so only the appliance's owner can talk to it, and
+//! that owner holds every key anyway. One JSON request line per connection (`{op, args}`), one
+//! [`ControlReply`] line back.
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
-use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::{Core, DaemonError};
 use crate::datadir::DataDir;
-use crate::profile::DeploymentProfile;
-use crate::space::MintRequest;
-
-/// A request to the running appliance.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
-pub enum AdminRequest {
-    /// Add and serve a space.
-    SpaceAdd {
-        /// The space name.
-        name: String,
-        /// Its deployment profile.
-        profile: DeploymentProfile,
-    },
-    /// List the served spaces.
-    SpaceList,
-    /// Mint a credential.
-    Mint(MintRequest),
-}
-
-/// The reply: `data` on success, `error` otherwise.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct AdminReply {
-    /// Whether the request succeeded.
-    pub ok: bool,
-    /// The result.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data: Option<serde_json::Value>,
-    /// Why it failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-/// The admin socket path of a data dir.
-pub fn socket_path(dir: &DataDir) -> PathBuf {
-    dir.run().join("admin.sock")
-}
-
-/// The listening side, owned by the appliance.
-pub(crate) struct AdminServer {
-    cancel: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
-    path: PathBuf,
-}
-
-impl AdminServer {
-    pub(crate) fn start(core: Arc<Core>) -> Result<Self, DaemonError> {
-        let path = socket_path(&core.dir);
-        let fail = |reason: String| DaemonError::Admin {
-            path: path.clone(),
-            reason,
-        };
-        // A stale socket from a crashed run: we hold the data dir lock, so it is ours to remove.
-        let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).map_err(|e| fail(e.to_string()))?;
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-                .map_err(|e| fail(e.to_string()))?;
-        }
-        let cancel = CancellationToken::new();
-        let token = cancel.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    () = token.cancelled() => break,
-                    accepted = listener.accept() => match accepted {
-                        Ok((stream, _)) => {
-                            tokio::spawn(serve(core.clone(), stream));
-                        }
-                        Err(e) => tracing::warn!(error = %e, "admin socket accept failed"),
-                    },
-                }
-            }
-        });
-        Ok(AdminServer { cancel, task, path })
-    }
-
-    pub(crate) async fn stop(self) {
-        self.cancel.cancel();
-        let _ = self.task.await;
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
+use crate::ops::{OpError, Request, Transport};
+use crate::protocol::ControlReply;
+use crate::services::{Context, Health, Service, ServiceError};
 
 /// The largest request accepted (a mint request with long channel lists fits easily).
 const MAX_REQUEST: u64 = 64 * 1024;
+/// How long a connection may take to send its request.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The listening side, a service of the appliance.
+pub(super) struct AdminSocket {
+    core: Arc<Core>,
+    listener: std::sync::Mutex<Option<UnixListener>>,
+    path: PathBuf,
+}
+
+impl AdminSocket {
+    /// Binds the socket (owner-only). A stale socket of a crashed run is removed first: the
+    /// caller holds the data dir lock, so it is ours.
+    pub(super) fn bind(core: Arc<Core>) -> Result<Self, DaemonError> {
+        let path = core.dir.admin_socket();
+        let fail = |source| DaemonError::Admin {
+            path: path.clone(),
+            source,
+        };
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).map_err(fail)?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                .map_err(fail)?;
+        }
+        Ok(AdminSocket {
+            core,
+            listener: std::sync::Mutex::new(Some(listener)),
+            path,
+        })
+    }
+}
+
+impl Service for AdminSocket {
+    fn name(&self) -> &'static str {
+        "admin-socket"
+    }
+
+    async fn run(&self, ctx: Context) -> Result<(), ServiceError> {
+        let listener = match self.listener.lock().ok().and_then(|mut l| l.take()) {
+            Some(l) => l,
+            // A restart after a failure: bind again.
+            None => UnixListener::bind(&self.path)
+                .map_err(ServiceError::at("binding the admin socket"))?,
+        };
+        ctx.report(Health::Running);
+        let connections = TaskTracker::new();
+        let outcome = loop {
+            tokio::select! {
+                () = ctx.cancelled() => break Ok(()),
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => {
+                        let core = self.core.clone();
+                        let token = ctx.token().clone();
+                        connections.spawn(async move {
+                            tokio::select! {
+                                () = serve(core, stream) => {}
+                                () = token.cancelled() => {}
+                            }
+                        });
+                    }
+                    Err(e) => break Err(ServiceError::new("accepting on the admin socket", e)),
+                },
+            }
+        };
+        connections.close();
+        connections.wait().await;
+        drop(listener);
+        let _ = std::fs::remove_file(&self.path);
+        outcome
+    }
+}
 
 async fn serve(core: Arc<Core>, stream: UnixStream) {
     // The socket's mode already confines it; the peer's uid is checked as well.
@@ -115,55 +108,44 @@ async fn serve(core: Arc<Core>, stream: UnixStream) {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     let read = tokio::time::timeout(
-        std::time::Duration::from_secs(5),
+        READ_TIMEOUT,
         BufReader::new(read.take(MAX_REQUEST)).read_line(&mut line),
     )
     .await;
     if !matches!(read, Ok(Ok(_))) {
         return;
     }
-    let reply = match serde_json::from_str::<AdminRequest>(&line) {
-        Err(e) => failure(format!("malformed admin request: {e}")),
-        Ok(req) => match handle(&core, req).await {
-            Ok(data) => AdminReply {
-                ok: true,
-                data: Some(data),
-                error: None,
-            },
-            Err(e) => failure(e.to_string()),
-        },
+    let reply = match Request::from_json(&line) {
+        Err(e) => crate::ops::reply::<(), _>(Err(e)),
+        Ok(req) if !req.served_on(Transport::AdminSocket) => {
+            crate::ops::reply::<(), _>(Err(OpError::WrongTransport {
+                op: req.op(),
+                transport: "the admin socket (it is an identity's op on ctl.manager)",
+            }))
+        }
+        Ok(req) => {
+            let op = req.op();
+            let result = core.execute(req).await;
+            if let Err(e) = &result {
+                tracing::info!(op, error = %crate::ops::error_text(e), "admin request refused");
+            }
+            crate::ops::reply(result)
+        }
     };
     let mut text = serde_json::to_string(&reply).unwrap_or_default();
     text.push('\n');
     let _ = write.write_all(text.as_bytes()).await;
 }
 
-fn failure(error: String) -> AdminReply {
-    AdminReply {
-        ok: false,
-        data: None,
-        error: Some(error),
-    }
-}
-
-async fn handle(core: &Core, req: AdminRequest) -> Result<serde_json::Value, DaemonError> {
-    let value = match req {
-        AdminRequest::SpaceAdd { name, profile } => {
-            serde_json::to_value(core.add_space(&name, profile).await?)
-        }
-        AdminRequest::SpaceList => serde_json::to_value(core.list_spaces().await?),
-        AdminRequest::Mint(req) => serde_json::to_value(core.mint(&req).await?),
-    };
-    value.map_err(|e| DaemonError::Invalid(e.to_string()))
-}
-
 /// Why a call to the admin socket failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AdminCallError {
     /// The socket is there but the exchange failed.
-    #[error("admin socket {path}: {source}")]
+    #[error("admin socket {path}")]
     Io {
+        /// The socket.
         path: PathBuf,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
@@ -171,16 +153,17 @@ pub enum AdminCallError {
     #[error("{0}")]
     Refused(String),
     /// The reply is not what the protocol says.
-    #[error("malformed reply from the appliance: {0}")]
-    Malformed(String),
+    #[error("malformed reply from the appliance")]
+    Malformed(#[source] serde_json::Error),
 }
 
-/// Sends one request to the appliance of `dir`. `Ok(None)` when no appliance listens there.
+/// Sends one request to the appliance of `dir`: the reply's `data`, or `Ok(None)` when no
+/// appliance listens there.
 pub async fn call(
     dir: &DataDir,
-    req: &AdminRequest,
+    req: &Request,
 ) -> Result<Option<serde_json::Value>, AdminCallError> {
-    let path = socket_path(dir);
+    let path = dir.admin_socket();
     let stream = match UnixStream::connect(&path).await {
         Ok(s) => s,
         Err(e)
@@ -198,8 +181,7 @@ pub async fn call(
         source,
     };
     let (read, mut write) = stream.into_split();
-    let mut text =
-        serde_json::to_string(req).map_err(|e| AdminCallError::Malformed(e.to_string()))?;
+    let mut text = serde_json::to_string(req).map_err(AdminCallError::Malformed)?;
     text.push('\n');
     write.write_all(text.as_bytes()).await.map_err(io)?;
     let mut line = String::new();
@@ -207,8 +189,7 @@ pub async fn call(
         .read_line(&mut line)
         .await
         .map_err(io)?;
-    let reply: AdminReply =
-        serde_json::from_str(&line).map_err(|e| AdminCallError::Malformed(e.to_string()))?;
+    let reply: ControlReply = serde_json::from_str(&line).map_err(AdminCallError::Malformed)?;
     if reply.ok {
         Ok(Some(reply.data.unwrap_or_default()))
     } else {

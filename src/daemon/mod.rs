@@ -8,29 +8,43 @@
 //! 5. connect as the appliance's SYS user and push each space's account JWT to the resolver
 //!    (`$SYS.REQ.CLAIMS.UPDATE`: works without a restart, unlike a memory resolver);
 //! 6. per space: connect its provisioner, bootstrap streams and buckets (§8), pre-create the
-//!    durables of every identity minted so far;
-//! 7. record the runtime state for `cotald status`, open the admin socket; ready.
+//!    durables of every identity minted so far, start the space's services
+//!    ([`crate::services`]);
+//! 7. start the appliance's own services: the runtime state for `cotald status`, the admin
+//!    socket; ready.
 //!
-//! Spaces come from the profile and from `cotald space add` (remembered in the data dir); the
-//! admin socket (`run/admin.sock`, owner-only) serves `space add`, `space list` and `mint`.
+//! Every background task belongs to a [`ServiceSet`] under one root cancellation token: the
+//! appliance's set, and one per space. Shutdown cancels the root, waits for each set up to its
+//! deadline, closes the spaces' connections, then stops the broker.
+//!
+//! Spaces come from the profile and from `cotald space add` (remembered in the data dir once
+//! they are served); the operations the admin socket serves are listed in [`crate::ops`].
 
 pub mod admin;
+mod ops;
+mod state;
+
+pub use ops::execute_offline;
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
 
+use crate::client::DialError;
 use crate::datadir::{DataDir, DataDirError, DataDirLock, RuntimeState};
+use crate::files::FileError;
+use crate::ops::{OpError, SpaceInfo};
 use crate::profile::{Profile, SpaceConfig};
 use crate::protocol::{Host, JoinLink};
-use crate::provision::{JetStreamLimits, KeyStore, ProvisionError, TlsFiles};
+use crate::provision::{JetStreamLimits, KeyStore, ProvisionError, SpaceKeys, TlsFiles};
+use crate::services::{ServiceSet, ServiceStatus};
 use crate::space::store::{self, StoreError};
-use crate::space::{self, IdentityRecord, MintError, MintRequest, Space, SpaceError};
+use crate::space::{Identities, MintError, Space, SpaceError};
 use crate::supervisor::{BrokerBinary, BrokerSpec, ServerConf, Supervisor, SupervisorError};
 
 /// What `cotald up` needs.
@@ -66,15 +80,41 @@ pub enum DaemonError {
     /// The space store in the data dir.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A file.
+    #[error(transparent)]
+    File(#[from] FileError),
     /// A mint request.
     #[error(transparent)]
     Mint(#[from] MintError),
+    /// A request that cannot be executed as it is.
+    #[error(transparent)]
+    Op(#[from] OpError),
+    /// A service of a space could not start.
+    #[error("space `{space}`: {source}")]
+    Service {
+        /// The space.
+        space: String,
+        /// What failed.
+        #[source]
+        source: crate::services::ServiceError,
+    },
     /// The appliance's own connection to the broker failed.
-    #[error("cannot connect to the broker at {addr} as the system user: {reason}")]
-    Connect { addr: SocketAddr, reason: String },
+    #[error("cannot connect to the broker at {addr} as the system user")]
+    Connect {
+        /// Where.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: DialError,
+    },
     /// The broker refused a space's account JWT.
     #[error("the broker refused the account of space `{space}`: {reason}")]
-    ClaimsUpdate { space: String, reason: String },
+    ClaimsUpdate {
+        /// The space.
+        space: String,
+        /// What it said.
+        reason: String,
+    },
     /// The request names a space this appliance does not serve.
     #[error("unknown space `{0}` (see `cotald space list`)")]
     UnknownSpace(String),
@@ -85,23 +125,14 @@ pub enum DaemonError {
     #[error("{0}")]
     Invalid(String),
     /// The admin socket.
-    #[error("admin socket {path}: {reason}")]
-    Admin { path: PathBuf, reason: String },
-}
-
-/// One served space, as announced.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SpaceInfo {
-    /// The space name.
-    pub name: String,
-    /// The account public key.
-    pub account: String,
-    /// The deployment profile.
-    pub profile: crate::profile::DeploymentProfile,
-    /// The join link (§10).
-    pub link: String,
-    /// The machine operator's credentials for this space.
-    pub operator_creds: PathBuf,
+    #[error("admin socket {path}")]
+    Admin {
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// What the running appliance announces.
@@ -123,33 +154,18 @@ pub struct ReadyInfo {
     pub broker_version: String,
 }
 
-/// A minted credential, as the admin socket returns it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct MintReply {
-    /// The identity.
-    pub record: IdentityRecord,
-    /// The `.creds` text (secret; the caller writes it).
-    pub creds: String,
-    /// A join link naming the identity's boot channels.
-    pub link: String,
-    /// Whether its durables were created (false when minted without a running appliance).
-    pub provisioned: bool,
-}
-
 /// A running appliance.
 pub struct Appliance {
     core: Arc<Core>,
     _lock: DataDirLock,
     supervisor: Supervisor,
-    state_task: tokio::task::JoinHandle<()>,
-    admin: admin::AdminServer,
+    services: ServiceSet,
     info: ReadyInfo,
 }
 
 /// What the phases before the broker produced, for the phases after it.
 struct Prepared {
     dir: DataDir,
-    lock: DataDirLock,
     spaces: BTreeMap<String, SpaceConfig>,
     hostnames: Vec<String>,
     ca_cert: PathBuf,
@@ -157,22 +173,33 @@ struct Prepared {
     broker_version: String,
 }
 
+/// One served space: its provisioner connection, its identities, its services.
+pub(crate) struct Served {
+    pub(crate) space: Arc<Space>,
+    pub(crate) identities: Arc<Identities>,
+    pub(crate) services: ServiceSet,
+}
+
 /// What the running appliance's operations share.
 pub(crate) struct Core {
-    dir: DataDir,
-    keys: KeyStore,
+    pub(crate) dir: DataDir,
+    pub(crate) keys: KeyStore,
     ca_cert: PathBuf,
     /// Where the appliance itself dials the broker.
     local: SocketAddr,
     /// The host:port join links name.
     link_host: String,
     system: async_nats::Client,
-    spaces: tokio::sync::Mutex<BTreeMap<String, Space>>,
+    pub(crate) spaces: tokio::sync::Mutex<BTreeMap<String, Served>>,
     state: std::sync::Mutex<RuntimeState>,
+    /// Cancels every service of the appliance.
+    root: CancellationToken,
 }
 
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a set of services may take to stop.
+const SERVICES_DEADLINE: Duration = Duration::from_secs(5);
 
 impl Appliance {
     /// Runs the startup phases; returns once the broker is ready and every space is served.
@@ -220,50 +247,74 @@ impl Appliance {
                 tls_cert: tls.server_cert.clone(),
                 tls_key: tls.server_key.clone(),
             },
-            conf_path: dir.run().join("nats-server.conf"),
-            log_path: dir.log().join("nats-server.log"),
+            conf_path: dir.broker_conf(),
+            log_path: dir.broker_log(),
             ready_timeout: READY_TIMEOUT,
             stop_deadline: STOP_DEADLINE,
         };
         let supervisor = Supervisor::start(spec).await?;
         let prepared = Prepared {
             dir,
-            lock,
             spaces,
             hostnames,
             ca_cert: tls.ca_cert,
             keys,
             broker_version,
         };
-        match Self::serve(prepared, &supervisor).await {
-            Ok((core, lock, admin, info)) => {
-                let state_task = tokio::spawn(track_state(core.clone(), supervisor.status()));
-                tracing::info!("phase: ready");
-                Ok(Appliance {
-                    core,
-                    _lock: lock,
-                    supervisor,
-                    state_task,
-                    admin,
-                    info,
-                })
-            }
+        let core = match Self::serve(prepared, &supervisor).await {
+            Ok(core) => core,
             Err(e) => {
                 // Leave nothing running behind a failed start.
                 supervisor.stop().await;
-                Err(e)
+                return Err(e);
             }
+        };
+        let services = ServiceSet::new("appliance", &core.root);
+        let started = async {
+            services
+                .start(Arc::new(state::StateTracker::new(
+                    core.clone(),
+                    supervisor.status(),
+                )))
+                .await
+                .map_err(|source| DaemonError::Service {
+                    space: "appliance".into(),
+                    source,
+                })?;
+            let socket = admin::AdminSocket::bind(core.clone())?;
+            services
+                .start(Arc::new(socket))
+                .await
+                .map_err(|source| DaemonError::Service {
+                    space: "appliance".into(),
+                    source,
+                })
+        };
+        if let Err(e) = started.await {
+            let appliance = Appliance {
+                info: core.ready_info(&supervisor).await,
+                core,
+                _lock: lock,
+                supervisor,
+                services,
+            };
+            appliance.stop().await;
+            return Err(e);
         }
+        tracing::info!("phase: ready");
+        Ok(Appliance {
+            info: core.ready_info(&supervisor).await,
+            core,
+            _lock: lock,
+            supervisor,
+            services,
+        })
     }
 
-    /// The phases after the broker is ready: system connection, spaces, state, admin socket.
-    async fn serve(
-        prepared: Prepared,
-        supervisor: &Supervisor,
-    ) -> Result<(Arc<Core>, DataDirLock, admin::AdminServer, ReadyInfo), DaemonError> {
+    /// The phases after the broker is ready: system connection, then each space.
+    async fn serve(prepared: Prepared, supervisor: &Supervisor) -> Result<Arc<Core>, DaemonError> {
         let Prepared {
             dir,
-            lock,
             spaces,
             hostnames,
             ca_cert,
@@ -274,11 +325,17 @@ impl Appliance {
         tracing::info!(pid = status.pid, client = %status.client, "phase: broker ready");
 
         let local = local_addr(status.client);
-        let system = connect_system(&keys, &ca_cert, local).await?;
+        let system =
+            crate::client::dial(&keys.system_user_creds()?, "cotald-system", &ca_cert, local)
+                .await
+                .map_err(|source| DaemonError::Connect {
+                    addr: local,
+                    source,
+                })?;
         let core = Arc::new(Core {
             dir: dir.clone(),
             keys,
-            ca_cert: ca_cert.clone(),
+            ca_cert,
             local,
             link_host: link_host(status.client, &hostnames),
             system,
@@ -286,31 +343,26 @@ impl Appliance {
             state: std::sync::Mutex::new(RuntimeState {
                 pid: std::process::id(),
                 broker_pid: status.pid,
-                broker_version: broker_version.clone(),
+                broker_version,
                 listen: status.client,
                 monitor: status.monitor,
                 spaces: Vec::new(),
                 broker_restarts: 0,
+                services: Vec::new(),
             }),
+            root: CancellationToken::new(),
         });
-        let mut infos = Vec::new();
         for (name, config) in spaces {
-            infos.push(core.serve_space(&name, config).await?);
+            if let Err(e) = core.serve_space(&name, config).await {
+                core.close_spaces().await;
+                return Err(e);
+            }
         }
-        tracing::info!(spaces = infos.len(), "phase: spaces served");
-
-        core.write_state()?;
-        let admin = admin::AdminServer::start(core.clone())?;
-        let info = ReadyInfo {
-            data_dir: dir.root().to_owned(),
-            listen: status.client,
-            monitor: status.monitor,
-            ca_cert,
-            spaces: infos,
-            broker_pid: status.pid,
-            broker_version,
-        };
-        Ok((core, lock, admin, info))
+        tracing::info!(
+            spaces = core.spaces.lock().await.len(),
+            "phase: spaces served"
+        );
+        Ok(core)
     }
 
     /// What the appliance announces.
@@ -322,50 +374,77 @@ impl Appliance {
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) {
         shutdown.await;
         tracing::info!("phase: shutting down");
-        self.admin.stop().await;
-        self.state_task.abort();
-        let spaces = std::mem::take(&mut *self.core.spaces.lock().await);
-        for (_, space) in spaces {
-            space.close().await;
-        }
+        self.stop().await;
+        tracing::info!("phase: stopped");
+    }
+
+    async fn stop(self) {
+        self.services.shutdown(SERVICES_DEADLINE).await;
+        self.core.close_spaces().await;
+        self.core.root.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(2), self.core.system.drain()).await;
         self.supervisor.stop().await;
         self.core.dir.clear_state();
-        tracing::info!("phase: stopped");
     }
 }
 
 impl Core {
-    /// Pushes a space's account, connects its provisioner, bootstraps it and provisions its
-    /// minted identities; then serves it.
-    async fn serve_space(&self, name: &str, config: SpaceConfig) -> Result<SpaceInfo, DaemonError> {
-        let keys = self.keys.ensure_space(name)?;
+    /// Signs and pushes a space's account JWT: its JetStream limits and the revocations of its
+    /// identities (a revoked credential is refused from then on).
+    async fn push_account(
+        &self,
+        keys: &SpaceKeys,
+        config: &SpaceConfig,
+        identities: &Identities,
+    ) -> Result<(), DaemonError> {
         let jwt = self.keys.space_account_jwt(
-            &keys,
+            keys,
             JetStreamLimits {
                 mem_storage: config.jetstream.max_memory_store,
                 disk_storage: config.jetstream.max_file_store,
                 streams: -1,
                 consumer: -1,
             },
+            &identities.revocations(),
         )?;
-        push_account(&self.system, name, jwt).await?;
-        let creds_path = self.dir.space(name).join("local-operator.creds");
-        keys.own_user_creds("local-operator")?.write(&creds_path)?;
-        let profile = config.profile;
-        let space = Space::connect(&keys, config, self.local, &self.ca_cert).await?;
-        space.bootstrap().await?;
-        for record in store::identities(&self.dir, name)? {
-            space.provision(&record).await?;
-        }
-        let info = SpaceInfo {
-            name: name.to_owned(),
-            account: space.account().to_owned(),
-            profile,
-            link: self.link(name, &[])?,
-            operator_creds: creds_path,
+        push_account(&self.system, keys.name(), jwt).await
+    }
+
+    /// Pushes a space's account, connects its provisioner, bootstraps it, provisions its
+    /// minted identities and starts its services; then serves it.
+    async fn serve_space(&self, name: &str, config: SpaceConfig) -> Result<SpaceInfo, DaemonError> {
+        let keys = self.keys.ensure_space(name)?;
+        let identities = Arc::new(Identities::load(&self.dir, name));
+        self.push_account(&keys, &config, &identities).await?;
+        crate::files::private_dir(&self.dir.space(name))?;
+        let creds = keys.own_user_creds("local-operator")?;
+        crate::files::write_atomic(
+            &self.dir.operator_creds(name),
+            creds.render().as_bytes(),
+            0o600,
+        )?;
+        let space = Arc::new(Space::connect(&keys, config, self.local, &self.ca_cert).await?);
+        let served = async {
+            space.bootstrap().await?;
+            for record in identities.active() {
+                space.provision(&record).await?;
+            }
+            Ok::<_, DaemonError>(())
         };
-        self.spaces.lock().await.insert(name.to_owned(), space);
+        if let Err(e) = served.await {
+            space.close().await;
+            return Err(e);
+        }
+        let services = ServiceSet::new(name, &self.root);
+        let info = self.space_info(&space)?;
+        self.spaces.lock().await.insert(
+            name.to_owned(),
+            Served {
+                space,
+                identities,
+                services,
+            },
+        );
         if let Ok(mut state) = self.state.lock()
             && !state.spaces.iter().any(|s| s == name)
         {
@@ -375,58 +454,55 @@ impl Core {
         Ok(info)
     }
 
-    /// `cotald space add`: a new space, served at once and remembered for later starts.
-    pub(crate) async fn add_space(
-        &self,
-        name: &str,
-        profile: crate::profile::DeploymentProfile,
-    ) -> Result<SpaceInfo, DaemonError> {
-        crate::profile::validate_space_name(name).map_err(DaemonError::Invalid)?;
-        if self.spaces.lock().await.contains_key(name) {
-            return Err(DaemonError::SpaceExists(name.to_owned()));
-        }
-        store::add_runtime_space(&self.dir, name, profile)?;
-        let info = self
-            .serve_space(name, SpaceConfig::with_profile(profile))
-            .await?;
-        self.write_state()?;
-        tracing::info!(space = name, ?profile, "space added");
-        Ok(info)
-    }
-
-    /// `cotald space list`.
-    pub(crate) async fn list_spaces(&self) -> Result<Vec<SpaceInfo>, DaemonError> {
-        let spaces = self.spaces.lock().await;
-        let mut out = Vec::new();
-        for (name, space) in spaces.iter() {
-            out.push(SpaceInfo {
-                name: name.clone(),
-                account: space.account().to_owned(),
-                profile: space.config().profile,
-                link: self.link(name, &[])?,
-                operator_creds: self.dir.space(name).join("local-operator.creds"),
-            });
-        }
-        Ok(out)
-    }
-
-    /// `cotald mint`: sign, remember, and pre-create the identity's durables.
-    pub(crate) async fn mint(&self, req: &MintRequest) -> Result<MintReply, DaemonError> {
-        let spaces = self.spaces.lock().await;
-        let space = spaces
-            .get(&req.space)
-            .ok_or_else(|| DaemonError::UnknownSpace(req.space.clone()))?;
-        let minted = space::identity::mint(&self.keys.space(&req.space)?, req)?;
-        space.provision(&minted.record).await?;
-        store::save_identity(&self.dir, &minted.record)?;
-        tracing::info!(space = %req.space, id = %minted.record.id, name = %minted.record.name,
-            profile = ?minted.record.profile, "minted");
-        Ok(MintReply {
-            link: self.link(&req.space, &minted.record.subscribe)?,
-            creds: minted.creds.render(),
-            record: minted.record,
-            provisioned: true,
+    fn space_info(&self, space: &Space) -> Result<SpaceInfo, DaemonError> {
+        Ok(SpaceInfo {
+            name: space.name().to_owned(),
+            account: space.account().to_owned(),
+            profile: space.config().profile,
+            link: self.link(space.name(), &[])?,
+            operator_creds: self.dir.operator_creds(space.name()),
         })
+    }
+
+    /// Stops every space's services, then closes its connection.
+    async fn close_spaces(&self) {
+        let spaces = std::mem::take(&mut *self.spaces.lock().await);
+        for (_, served) in spaces {
+            served.services.shutdown(SERVICES_DEADLINE).await;
+            served.space.close().await;
+        }
+    }
+
+    /// The served spaces' and the appliance's services.
+    pub(crate) async fn services(&self) -> Vec<ServiceStatus> {
+        self.spaces
+            .lock()
+            .await
+            .values()
+            .flat_map(|s| s.services.status())
+            .collect()
+    }
+
+    async fn ready_info(&self, supervisor: &Supervisor) -> ReadyInfo {
+        let status = supervisor.status().borrow().clone();
+        let spaces = self.spaces.lock().await;
+        let version = self
+            .state
+            .lock()
+            .map(|s| s.broker_version.clone())
+            .unwrap_or_default();
+        ReadyInfo {
+            data_dir: self.dir.root().to_owned(),
+            listen: status.client,
+            monitor: status.monitor,
+            ca_cert: self.ca_cert.clone(),
+            spaces: spaces
+                .values()
+                .filter_map(|s| self.space_info(&s.space).ok())
+                .collect(),
+            broker_pid: status.pid,
+            broker_version: version,
+        }
     }
 
     fn link(&self, space: &str, channels: &[String]) -> Result<String, DaemonError> {
@@ -459,42 +535,6 @@ pub fn join_link(host_port: &str, space: &str, channels: &[String]) -> Result<St
     Ok(link.to_string())
 }
 
-async fn connect_system(
-    keys: &KeyStore,
-    ca: &Path,
-    local: SocketAddr,
-) -> Result<async_nats::Client, DaemonError> {
-    let fail = |reason: String| DaemonError::Connect {
-        addr: local,
-        reason,
-    };
-    async_nats::ConnectOptions::with_credentials(&keys.system_user_creds()?.render())
-        .map_err(|e| fail(e.to_string()))?
-        .name("cotald-system")
-        .add_root_certificates(ca.to_owned())
-        .require_tls(true)
-        .connect(format!("tls://{local}"))
-        .await
-        .map_err(|e| fail(e.to_string()))
-}
-
-/// Keeps `run/state.json` in step with the broker (its pid changes on a restart).
-async fn track_state(
-    core: Arc<Core>,
-    mut status: tokio::sync::watch::Receiver<crate::supervisor::BrokerStatus>,
-) {
-    while status.changed().await.is_ok() {
-        let now = status.borrow_and_update().clone();
-        if let Ok(mut state) = core.state.lock() {
-            state.broker_pid = now.pid;
-            state.broker_restarts = now.restarts;
-        }
-        if let Err(e) = core.write_state() {
-            tracing::warn!(error = %e, "cannot update the runtime state");
-        }
-    }
-}
-
 async fn push_account(
     system: &async_nats::Client,
     space: &str,
@@ -510,7 +550,7 @@ async fn push_account(
     )
     .await
     .map_err(|_| refused("no answer within 10s".into()))?
-    .map_err(|e| refused(e.to_string()))?;
+    .map_err(|e| refused(crate::ops::error_text(&e)))?;
     let body: serde_json::Value =
         serde_json::from_slice(&reply.payload).map_err(|e| refused(e.to_string()))?;
     if let Some(err) = body.get("error") {

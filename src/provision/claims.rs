@@ -7,6 +7,8 @@
 //! base64url without padding, `jti` = base32 (no padding) of SHA-512/256 over the claims with
 //! an empty `jti`, signature = Ed25519 over `header.payload` by the issuer's nkey.
 
+use std::collections::BTreeMap;
+
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use nkeys::KeyPair;
@@ -14,6 +16,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha512_256};
 
 use super::ProvisionError;
+use crate::binding::{Permission, UserPermissions};
 
 const HEADER: &str = r#"{"typ":"JWT","alg":"ed25519-nkey"}"#;
 
@@ -41,6 +44,9 @@ struct OperatorClaims<'a> {
 struct AccountClaims<'a> {
     limits: &'a AccountLimits,
     signing_keys: Vec<String>,
+    /// User key → Unix seconds: the broker refuses that user's JWTs issued at or before it.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    revocations: &'a BTreeMap<String, i64>,
     #[serde(rename = "type")]
     kind: &'static str,
     version: u8,
@@ -116,29 +122,6 @@ impl AccountLimits {
     }
 }
 
-/// One direction (publish or subscribe) of a user's permissions. Empty lists impose nothing.
-#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
-pub struct Permission {
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub allow: Vec<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub deny: Vec<String>,
-}
-
-/// What a user may publish and subscribe to.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct UserPermissions {
-    pub publish: Permission,
-    pub subscribe: Permission,
-}
-
-impl UserPermissions {
-    /// No restriction beyond the account boundary.
-    pub fn unrestricted() -> Self {
-        Self::default()
-    }
-}
-
 pub(crate) fn operator_jwt(
     operator: &KeyPair,
     system_account: &str,
@@ -147,6 +130,7 @@ pub(crate) fn operator_jwt(
         operator,
         operator.public_key(),
         "cotald",
+        now_secs(),
         None,
         OperatorClaims {
             system_account,
@@ -162,19 +146,32 @@ pub(crate) fn account_jwt(
     name: &str,
     signing_key: Option<&KeyPair>,
     limits: &AccountLimits,
+    revocations: &BTreeMap<String, i64>,
 ) -> Result<String, ProvisionError> {
     encode(
         operator,
         account.public_key(),
         name,
+        now_secs(),
         None,
         AccountClaims {
             limits,
             signing_keys: signing_key.map(KeyPair::public_key).into_iter().collect(),
+            revocations,
             kind: "account",
             version: 2,
         },
     )
+}
+
+/// What a user JWT says besides its permissions.
+pub(crate) struct UserJwt<'a> {
+    pub(crate) user_public: String,
+    pub(crate) name: &'a str,
+    /// `iat`, Unix seconds: a re-minted credential is issued after its predecessor, so that a
+    /// revocation at the predecessor's time spares it.
+    pub(crate) issued_at: i64,
+    pub(crate) expires: Option<i64>,
 }
 
 /// Signs a user JWT. `signer` is the account's signing key (or the account key itself for
@@ -182,16 +179,15 @@ pub(crate) fn account_jwt(
 pub(crate) fn user_jwt(
     signer: &KeyPair,
     account_public: &str,
-    user_public: String,
-    name: &str,
+    user: UserJwt<'_>,
     permissions: &UserPermissions,
-    expires: Option<i64>,
 ) -> Result<String, ProvisionError> {
     encode(
         signer,
-        user_public,
-        name,
-        expires,
+        user.user_public,
+        user.name,
+        user.issued_at,
+        user.expires,
         UserClaims {
             publish: &permissions.publish,
             subscribe: &permissions.subscribe,
@@ -209,12 +205,13 @@ fn encode<N: Serialize>(
     issuer: &KeyPair,
     subject: String,
     name: &str,
+    iat: i64,
     exp: Option<i64>,
     nats: N,
 ) -> Result<String, ProvisionError> {
     let mut claims = Claims {
         jti: String::new(),
-        iat: now_secs(),
+        iat,
         iss: issuer.public_key(),
         name,
         sub: subject,
@@ -238,7 +235,8 @@ fn encode<N: Serialize>(
     ))
 }
 
-fn now_secs() -> i64 {
+/// Now, in Unix seconds (the unit of JWT times).
+pub fn now_secs() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
@@ -261,10 +259,13 @@ mod tests {
         let jwt = user_jwt(
             &signing,
             &account.public_key(),
-            user.public_key(),
-            "alice",
+            UserJwt {
+                user_public: user.public_key(),
+                name: "alice",
+                issued_at: 42,
+                expires: None,
+            },
             &UserPermissions::unrestricted(),
-            None,
         )
         .unwrap();
         let parts: Vec<&str> = jwt.split('.').collect();
@@ -281,6 +282,7 @@ mod tests {
         assert_eq!(claims["nats"]["type"], "user");
         assert!(claims["nats"].get("bearer_token").is_none());
         assert_eq!(claims["jti"].as_str().unwrap().len(), 52);
+        assert_eq!(claims["iat"], 42);
     }
 
     #[test]
@@ -294,8 +296,13 @@ mod tests {
             streams: -1,
             consumer: -1,
         });
-        let jwt = account_jwt(&operator, &account, "main", Some(&signing), &limits).unwrap();
+        let none = BTreeMap::new();
+        let jwt = account_jwt(&operator, &account, "main", Some(&signing), &limits, &none).unwrap();
         let claims = decode_payload(&jwt);
+        assert!(claims["nats"].get("revocations").is_none());
+        let revoked = BTreeMap::from([("UABC".to_owned(), 7)]);
+        let jwt = account_jwt(&operator, &account, "main", None, &limits, &revoked).unwrap();
+        assert_eq!(decode_payload(&jwt)["nats"]["revocations"]["UABC"], 7);
         assert_eq!(claims["iss"], operator.public_key());
         assert_eq!(claims["nats"]["signing_keys"][0], signing.public_key());
         assert_eq!(claims["nats"]["limits"]["disallow_bearer"], true);

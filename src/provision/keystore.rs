@@ -8,19 +8,23 @@
 //! keys/spaces/<space>/signing.nk         the account signing key (signs user JWTs)
 //! keys/spaces/<space>/local-operator.nk  the machine operator's own user in that space
 //! keys/spaces/<space>/manager.nk         the appliance's provisioner in that space
+//! keys/spaces/<space>/users/<id>.nk      each minted identity's seed, so that a re-mint keeps
+//!                                        its id (and with it its durable state)
 //! ```
 //!
 //! All files are 0600, their directories 0700.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use nkeys::KeyPair;
 
 use super::ProvisionError;
-use super::claims::{self, AccountLimits, JetStreamLimits, UserPermissions};
-use super::creds::Creds;
-use super::files::{io, private_dir, read_private, write_atomic};
+use super::claims::{self, AccountLimits, JetStreamLimits, UserJwt, now_secs};
+use super::files::read_private;
+use crate::binding::{Creds, UserPermissions};
+use crate::files::{FileError, private_dir, write_atomic};
 
 /// The operator and SYS keys, loaded from (or created in) a data dir.
 pub struct KeyStore {
@@ -119,6 +123,7 @@ impl KeyStore {
             "SYS",
             None,
             &AccountLimits::with_jetstream(JetStreamLimits::DISABLED),
+            &BTreeMap::new(),
         )
     }
 
@@ -127,10 +132,13 @@ impl KeyStore {
         let jwt = claims::user_jwt(
             &self.system,
             &self.system.public_key(),
-            self.system_user.public_key(),
-            "cotald-system",
+            UserJwt {
+                user_public: self.system_user.public_key(),
+                name: "cotald-system",
+                issued_at: now_secs(),
+                expires: None,
+            },
             &UserPermissions::unrestricted(),
-            None,
         )?;
         seed_creds(jwt, &self.system_user)
     }
@@ -145,11 +153,13 @@ impl KeyStore {
         self.load_space(space, false)
     }
 
-    /// Signs the account JWT of a space.
+    /// Signs the account JWT of a space. `revocations` maps a user key to the Unix second up
+    /// to which that user's JWTs are refused.
     pub fn space_account_jwt(
         &self,
         space: &SpaceKeys,
         jetstream: JetStreamLimits,
+        revocations: &BTreeMap<String, i64>,
     ) -> Result<String, ProvisionError> {
         claims::account_jwt(
             &self.operator,
@@ -157,6 +167,7 @@ impl KeyStore {
             &space.name,
             Some(&space.signing),
             &AccountLimits::with_jetstream(jetstream),
+            revocations,
         )
     }
 
@@ -190,33 +201,77 @@ impl SpaceKeys {
         self.account.public_key()
     }
 
-    /// Mints a user credential for `user` in this space, signed by the signing key.
+    /// Mints a user credential for `user` in this space, signed by the signing key, issued now
+    /// and never expiring.
     pub fn mint(
         &self,
         name: &str,
         user: &KeyPair,
         permissions: &UserPermissions,
     ) -> Result<Creds, ProvisionError> {
-        self.mint_until(name, user, permissions, None)
+        self.mint_at(name, user, permissions, now_secs(), None)
     }
 
-    /// Like [`SpaceKeys::mint`], with an expiry (Unix seconds) the broker enforces.
-    pub fn mint_until(
+    /// Like [`SpaceKeys::mint`], issued at `issued_at` with an expiry (Unix seconds) the broker
+    /// enforces.
+    pub fn mint_at(
         &self,
         name: &str,
         user: &KeyPair,
         permissions: &UserPermissions,
+        issued_at: i64,
         expires: Option<i64>,
     ) -> Result<Creds, ProvisionError> {
         let jwt = claims::user_jwt(
             &self.signing,
             &self.account.public_key(),
-            user.public_key(),
-            name,
+            UserJwt {
+                user_public: user.public_key(),
+                name,
+                issued_at,
+                expires,
+            },
             permissions,
-            expires,
         )?;
         seed_creds(jwt, user)
+    }
+
+    /// The stored key of a minted identity, if this data dir holds it.
+    pub fn user_key(&self, id: &str) -> Result<Option<KeyPair>, ProvisionError> {
+        let path = self.user_key_path(id);
+        if !path.exists() {
+            return Ok(None);
+        }
+        load_seed(&path, Kind::User).map(Some)
+    }
+
+    /// A new identity's key, stored before anything is signed with it.
+    pub fn create_user_key(&self) -> Result<KeyPair, ProvisionError> {
+        let user = KeyPair::new_user();
+        let path = self.user_key_path(&user.public_key());
+        private_dir(&self.dir.join("users"))?;
+        let seed = user
+            .seed()
+            .map_err(|e| ProvisionError::Sign(e.to_string()))?;
+        write_atomic(&path, format!("{seed}\n").as_bytes(), 0o600)?;
+        Ok(user)
+    }
+
+    /// Forgets a revoked identity's key.
+    pub fn delete_user_key(&self, id: &str) -> Result<(), ProvisionError> {
+        let path = self.user_key_path(id);
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(FileError::new(&path, "removing", e).into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// `users/<id>.nk`; an id is base32 (an nkey), so it never names a path outside `users/`.
+    fn user_key_path(&self, id: &str) -> PathBuf {
+        let safe: String = id.chars().filter(char::is_ascii_alphanumeric).collect();
+        self.dir.join("users").join(format!("{safe}.nk"))
     }
 
     /// A user of the appliance itself in this space (`local-operator`, `manager`): one stable
@@ -274,12 +329,12 @@ fn load_group<const N: usize>(
         out.push(load_seed(path, *kind)?);
     }
     out.try_into()
-        .map_err(|_| io(dir, "loading keys", std::io::Error::other("key count")))
+        .map_err(|_| FileError::new(dir, "loading keys", std::io::Error::other("key count")).into())
 }
 
 fn load_seed(path: &Path, kind: Kind) -> Result<KeyPair, ProvisionError> {
     if let Some(parent) = path.parent() {
-        let meta = fs::metadata(parent).map_err(|e| io(parent, "reading metadata of", e))?;
+        let meta = fs::metadata(parent).map_err(FileError::at(parent, "reading metadata of"))?;
         let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777;
         if mode & 0o022 != 0 {
             return Err(ProvisionError::TooOpen {

@@ -1,5 +1,6 @@
 //! Keys and trust chain (§2, §9): the operator, the SYS account, one account per space with
-//! a signing key, user JWTs, `.creds` files, and the TLS CA and server certificate.
+//! a signing key, user JWTs and their `.creds` ([`crate::binding::Creds`]), and the TLS CA and
+//! server certificate.
 //!
 //! Everything secret lives under `<data-dir>/keys` and `<data-dir>/tls` with mode 0600, is
 //! created once and reused on every restart, so credentials already handed out stay valid. A
@@ -8,13 +9,11 @@
 //! every credential minted so far.
 
 mod claims;
-mod creds;
 mod files;
 mod keystore;
 mod tls;
 
-pub use claims::{AccountLimits, JetStreamLimits, Permission, UserPermissions};
-pub use creds::{Creds, CredsError};
+pub use claims::{AccountLimits, JetStreamLimits, now_secs};
 pub use keystore::{KeyStore, SpaceKeys};
 pub use tls::TlsFiles;
 
@@ -24,13 +23,8 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum ProvisionError {
     /// A file or directory could not be read or written.
-    #[error("I/O error at {path} while {action}: {source}")]
-    Io {
-        path: PathBuf,
-        action: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
     /// Some key files exist and others do not.
     #[error(
         "the key store is incomplete: {present} exists but {missing} does not. Restore the \

@@ -12,7 +12,8 @@ use rcgen::{
 use time::{Duration, OffsetDateTime};
 
 use super::ProvisionError;
-use super::files::{private_dir, read_private, write_atomic, write_regenerable};
+use super::files::read_private;
+use crate::files::{private_dir, write_atomic};
 
 const CA_NAME: &str = "cotald local CA";
 
@@ -75,8 +76,8 @@ impl TlsFiles {
 
         let server_cert = dir.join("server.pem");
         let server_key = dir.join("server.key");
-        write_regenerable(&server_key, key.serialize_pem().as_bytes(), 0o600)?;
-        write_regenerable(&server_cert, cert.pem().as_bytes(), 0o644)?;
+        write_atomic(&server_key, key.serialize_pem().as_bytes(), 0o600)?;
+        write_atomic(&server_cert, cert.pem().as_bytes(), 0o644)?;
         Ok(TlsFiles {
             ca_cert,
             server_cert,

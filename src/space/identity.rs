@@ -5,75 +5,19 @@
 //! Validation refuses rather than rewrites: a channel pattern that sanitization would change
 //! (`foo/bar`), a misplaced `>` (`a.>.b`), an empty segment, or a `subscribe` entry that
 //! `allowSubscribe` does not cover are errors, and nothing is written.
+//!
+//! A name is an identity's handle in its space: re-minting it keeps the identity's key (so its
+//! id, durable memberships and backlog stay) and issues the new credential one second after the
+//! old one, so that revoking everything issued up to the old one's time spares the new one.
 
-use serde::{Deserialize, Serialize};
-
-use crate::binding::SpaceNames;
 use crate::binding::acl::{self, AgentScope};
+use crate::binding::{Creds, SpaceNames};
+use crate::ops::{CredentialProfile, IdentityRecord, MintRequest};
 use crate::profile::validate_token;
 use crate::protocol::{ChannelPattern, InstanceId, ReplayWindow};
-use crate::provision::{Creds, SpaceKeys};
+use crate::provision::{SpaceKeys, now_secs};
 
-/// The credential profiles `cotald mint` issues (Appendix B).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum CredentialProfile {
-    /// An agent: reads within `allowSubscribe`, posts within `allowPublish`, DMs and anycast.
-    Agent,
-    /// Reads chat, CHAT history, presence and the channel registry; publishes nothing.
-    Observer,
-    /// The observer's reads, the whole space's live traffic and DM history; publishes nothing.
-    Admin,
-}
-
-/// What to mint.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct MintRequest {
-    /// Display name (the JWT's name).
-    pub name: String,
-    /// The space.
-    pub space: String,
-    /// The profile; `None` means agent.
-    pub profile: Option<CredentialProfile>,
-    /// Channels joined at boot (⊆ `allow_subscribe`).
-    #[serde(default)]
-    pub subscribe: Vec<String>,
-    /// The read ACL; defaults to `subscribe`.
-    #[serde(default)]
-    pub allow_subscribe: Vec<String>,
-    /// The post ACL; default none.
-    #[serde(default)]
-    pub allow_publish: Vec<String>,
-    /// Anycast role.
-    pub role: Option<String>,
-    /// Lifetime of the credential (`90s`, `12h`, `30d`); the broker refuses it afterwards.
-    #[serde(default)]
-    pub expires: Option<String>,
-}
-
-/// What the data dir remembers of a minted identity (never its seed).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IdentityRecord {
-    /// The instance id (user public key).
-    pub id: String,
-    /// Display name.
-    pub name: String,
-    /// The space.
-    pub space: String,
-    /// The profile.
-    pub profile: CredentialProfile,
-    /// Anycast role.
-    pub role: Option<String>,
-    /// Boot channels.
-    pub subscribe: Vec<String>,
-    /// Read ACL.
-    pub allow_subscribe: Vec<String>,
-    /// Post ACL.
-    pub allow_publish: Vec<String>,
-    /// When the credential expires (Unix seconds), if it does.
-    #[serde(default)]
-    pub expires_at: Option<i64>,
-}
+use super::identities::Identities;
 
 /// A minted credential and what it was minted for.
 pub struct Minted {
@@ -81,6 +25,8 @@ pub struct Minted {
     pub record: IdentityRecord,
     /// The credential (secret).
     pub creds: Creds,
+    /// The identity of that name it replaced, if any (as recorded before the re-mint).
+    pub replaced: Option<IdentityRecord>,
 }
 
 /// Why a mint request was refused.
@@ -92,6 +38,9 @@ pub enum MintError {
     /// Signing failed.
     #[error(transparent)]
     Provision(#[from] crate::provision::ProvisionError),
+    /// The record could not be stored.
+    #[error(transparent)]
+    Store(#[from] super::store::StoreError),
 }
 
 fn patterns(flag: &str, raw: &[String]) -> Result<Vec<ChannelPattern>, MintError> {
@@ -106,16 +55,39 @@ fn patterns(flag: &str, raw: &[String]) -> Result<Vec<ChannelPattern>, MintError
 /// The channels joined at boot when a request names no channel at all.
 pub const DEFAULT_SUBSCRIBE: &str = "general";
 
-/// Validates `req` and signs its credential with `keys` (the space named in the request).
-pub fn mint(keys: &SpaceKeys, req: &MintRequest) -> Result<Minted, MintError> {
-    let invalid = |m: String| Err(MintError::Invalid(m));
-    let name = req.name.trim();
-    if name.is_empty() || name != req.name || name.contains(['/', '\n', '\r']) {
-        return invalid(format!(
-            "name {:?}: use a non-empty display name without slashes or surrounding spaces",
-            req.name
-        ));
+/// The longest identity name.
+pub const MAX_NAME: usize = 64;
+
+/// Refuses a name that could not serve as a handle, a file name and a terminal string alike:
+/// 1 to 64 characters from `[A-Za-z0-9_.-]`, not starting with `.`.
+pub fn validate_name(name: &str) -> Result<(), MintError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(MintError::Invalid(format!(
+            "name {:?}: use 1 to {MAX_NAME} characters from [A-Za-z0-9_.-], not starting with `.`",
+            name.escape_debug().to_string()
+        )))
     }
+}
+
+/// Validates `req` and signs its credential with `keys` (the space named in the request).
+/// `previous` is the identity of that name minted before, if any: its key is reused when the
+/// data dir holds it, so the identity keeps its id. A new key is stored before it signs.
+pub fn mint(
+    keys: &SpaceKeys,
+    req: &MintRequest,
+    previous: Option<&IdentityRecord>,
+) -> Result<Minted, MintError> {
+    let invalid = |m: String| Err(MintError::Invalid(m));
+    let name = req.name.as_str();
+    validate_name(name)?;
     let profile = req.profile.unwrap_or(CredentialProfile::Agent);
     if profile != CredentialProfile::Agent
         && (req.role.is_some()
@@ -171,7 +143,15 @@ pub fn mint(keys: &SpaceKeys, req: &MintRequest) -> Result<Minted, MintError> {
             Some((now + lifetime).as_secs() as i64)
         }
     };
-    let user = nkeys::KeyPair::new_user();
+    let kept = match previous {
+        Some(p) => keys.user_key(&p.id)?.map(|key| (key, p.issued_at)),
+        None => None,
+    };
+    let kept_id = kept.is_some();
+    let (user, issued_at) = match kept {
+        Some((key, before)) => (key, now_secs().max(before + 1)),
+        None => (keys.create_user_key()?, now_secs()),
+    };
     let id = InstanceId::from_user_nkey(&user.public_key())
         .map_err(|e| MintError::Invalid(e.to_string()))?;
     let names = SpaceNames::new(keys.name());
@@ -188,7 +168,7 @@ pub fn mint(keys: &SpaceKeys, req: &MintRequest) -> Result<Minted, MintError> {
         CredentialProfile::Observer => acl::observer(&names, &id),
         CredentialProfile::Admin => acl::admin(&names, &id),
     };
-    let creds = keys.mint_until(name, &user, &permissions, expires_at)?;
+    let creds = keys.mint_at(name, &user, &permissions, issued_at, expires_at)?;
     let strings = |v: &[ChannelPattern]| v.iter().map(|c| c.as_str().to_owned()).collect();
     Ok(Minted {
         record: IdentityRecord {
@@ -201,9 +181,37 @@ pub fn mint(keys: &SpaceKeys, req: &MintRequest) -> Result<Minted, MintError> {
             allow_subscribe: strings(&allow_subscribe),
             allow_publish: strings(&allow_publish),
             expires_at,
+            issued_at,
+            revokes_before: kept_id.then_some(issued_at - 1),
+            revoked_at: None,
         },
         creds,
+        replaced: previous.cloned(),
     })
+}
+
+/// The `mint` operation on a space's identities, the same with the appliance running or not:
+/// the credential is signed and its record stored. Re-minting a name replaces its credential;
+/// when the data dir no longer holds the old key, the old identity is revoked whole.
+pub fn mint_identity(
+    keys: &SpaceKeys,
+    identities: &Identities,
+    req: &MintRequest,
+) -> Result<Minted, MintError> {
+    let previous = identities.by_name(&req.name);
+    let minted = mint(keys, req, previous.as_ref())?;
+    if let Some(old) = &minted.replaced
+        && old.id != minted.record.id
+    {
+        let now = now_secs();
+        identities.save(IdentityRecord {
+            revoked_at: Some(now),
+            revokes_before: Some(now),
+            ..old.clone()
+        })?;
+    }
+    identities.save(minted.record.clone())?;
+    Ok(minted)
 }
 
 #[cfg(test)]
@@ -258,9 +266,30 @@ mod tests {
                 },
                 "name",
             ),
+            (
+                MintRequest {
+                    name: "a\u{1b}]0;x".into(),
+                    ..req(&[], &[])
+                },
+                "name",
+            ),
+            (
+                MintRequest {
+                    name: "..".into(),
+                    ..req(&[], &[])
+                },
+                "name",
+            ),
+            (
+                MintRequest {
+                    name: "x".repeat(65),
+                    ..req(&[], &[])
+                },
+                "name",
+            ),
         ];
         for (r, expect) in cases {
-            let err = mint(&keys, r).err().expect("refused").to_string();
+            let err = mint(&keys, r, None).err().expect("refused").to_string();
             assert!(err.contains(expect), "{r:?}: {err}");
         }
     }
@@ -274,6 +303,7 @@ mod tests {
                 expires: Some("12h".into()),
                 ..req(&[], &[])
             },
+            None,
         )
         .unwrap();
         let exp = m.record.expires_at.unwrap();
@@ -292,7 +322,7 @@ mod tests {
             ..req(&[], &[])
         };
         assert!(
-            mint(&keys, &bad)
+            mint(&keys, &bad, None)
                 .err()
                 .unwrap()
                 .to_string()
@@ -301,14 +331,42 @@ mod tests {
     }
 
     #[test]
+    fn a_re_mint_keeps_the_id_and_is_issued_later() {
+        let (_tmp, keys) = keys();
+        let first = mint(&keys, &req(&[], &[]), None).unwrap();
+        let again = mint(&keys, &req(&["ops"], &[]), Some(&first.record)).unwrap();
+        assert_eq!(again.record.id, first.record.id);
+        assert!(again.record.issued_at > first.record.issued_at);
+        assert_eq!(first.record.revokes_before, None);
+        assert_eq!(
+            again.record.revokes_before,
+            Some(again.record.issued_at - 1)
+        );
+        assert_eq!(again.record.allow_subscribe, ["ops"]);
+        assert_eq!(
+            again.creds.claims().unwrap().issued_at,
+            again.record.issued_at
+        );
+        // A refused request stores no key.
+        let users = || {
+            std::fs::read_dir(_tmp.path().join("spaces/main/users"))
+                .unwrap()
+                .count()
+        };
+        let before = users();
+        assert!(mint(&keys, &req(&["a..b"], &[]), None).is_err());
+        assert_eq!(users(), before);
+    }
+
+    #[test]
     fn defaults_and_coverage() {
         let (_tmp, keys) = keys();
-        let m = mint(&keys, &req(&[], &[])).unwrap();
+        let m = mint(&keys, &req(&[], &[]), None).unwrap();
         assert_eq!(m.record.subscribe, ["general"]);
         assert_eq!(m.record.allow_subscribe, ["general"]);
         assert!(m.record.allow_publish.is_empty());
         assert_eq!(m.creds.public_key().unwrap(), m.record.id);
-        let m = mint(&keys, &req(&["team.backend"], &["team.>", "general"])).unwrap();
+        let m = mint(&keys, &req(&["team.backend"], &["team.>", "general"]), None).unwrap();
         assert_eq!(m.record.subscribe, ["team.backend"]);
         assert_eq!(m.record.allow_subscribe, ["team.>", "general"]);
     }

@@ -6,6 +6,7 @@
 //! Appendix B has it in v0); agents never hold its credentials.
 
 pub mod bootstrap;
+pub mod identities;
 pub mod identity;
 pub mod store;
 
@@ -20,17 +21,22 @@ use crate::profile::SpaceConfig;
 use crate::provision::SpaceKeys;
 
 pub use bootstrap::{BootstrapError, BootstrapReport, bootstrap};
-pub use identity::{CredentialProfile, IdentityRecord, MintError, MintRequest, Minted};
+pub use identities::Identities;
+pub use identity::{MintError, Minted};
+
+use crate::ops::{CredentialProfile, IdentityRecord};
+use crate::protocol::{ChannelConfig, ChannelPattern};
 
 /// Why a space could not be served.
 #[derive(Debug, thiserror::Error)]
 pub enum SpaceError {
     /// The provisioner could not connect.
-    #[error("space `{space}`: the provisioner cannot connect to {addr}: {reason}")]
+    #[error("space `{space}`: the provisioner cannot connect to {addr}")]
     Connect {
         space: String,
         addr: SocketAddr,
-        reason: String,
+        #[source]
+        source: crate::client::DialError,
     },
     /// Bootstrap failed.
     #[error(transparent)]
@@ -38,6 +44,16 @@ pub enum SpaceError {
     /// Keys.
     #[error(transparent)]
     Provision(#[from] crate::provision::ProvisionError),
+    /// A request argument is invalid.
+    #[error("{0}")]
+    Invalid(String),
+    /// The channel registry could not be written.
+    #[error("space `{space}`: cannot write {key} in the channel registry: {reason}")]
+    Registry {
+        space: String,
+        key: String,
+        reason: String,
+    },
     /// A durable could not be created.
     #[error("space `{space}`: cannot create durable {durable}: {reason}")]
     Durable {
@@ -65,21 +81,14 @@ impl Space {
         ca: &Path,
     ) -> Result<Self, SpaceError> {
         let space = keys.name().to_owned();
-        let fail = |reason: String| SpaceError::Connect {
-            space: space.clone(),
-            addr,
-            reason,
-        };
         let creds = keys.own_user_creds("manager")?;
-        let client = async_nats::ConnectOptions::with_credentials(&creds.render())
-            .map_err(|e| fail(e.to_string()))?
-            .name(format!("cotald-manager-{space}"))
-            .add_root_certificates(ca.to_owned())
-            .require_tls(true)
-            .connection_timeout(Duration::from_secs(10))
-            .connect(format!("tls://{addr}"))
+        let client = crate::client::dial(&creds, format!("cotald-manager-{space}"), ca, addr)
             .await
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|source| SpaceError::Connect {
+                space: space.clone(),
+                addr,
+                source,
+            })?;
         let js = jetstream::new(client.clone());
         Ok(Space {
             names: SpaceNames::new(&space),
@@ -108,6 +117,16 @@ impl Space {
     /// The account public key.
     pub fn account(&self) -> &str {
         &self.account
+    }
+
+    /// The provisioner's connection (the manager user: allow-all within the account).
+    pub fn nats(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    /// JetStream over the provisioner's connection.
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.js
     }
 
     /// Creates what is missing, reports drift (§8).
@@ -193,8 +212,73 @@ impl Space {
         Ok(())
     }
 
-    /// Closes the provisioner connection.
-    pub async fn close(self) {
+    /// Undoes [`Space::provision`] for a revoked identity: its `dm_<id>` durable and the DMs
+    /// still addressed to it are deleted (a role's `svc_<role>` is shared, and stays).
+    pub async fn deprovision(&self, record: &IdentityRecord) -> Result<(), SpaceError> {
+        let durable = crate::binding::dm_durable(&record.id);
+        let fail = |reason: String| SpaceError::Durable {
+            space: self.name().to_owned(),
+            durable: durable.clone(),
+            reason,
+        };
+        let stream = self
+            .js
+            .get_stream(self.names.dm_stream())
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        if let Err(e) = stream.delete_consumer(&durable).await
+            && !e.to_string().contains("not found")
+        {
+            return Err(fail(e.to_string()));
+        }
+        stream
+            .purge()
+            .filter(format!("{}.inst.{}.*", self.names.prefix(), record.id))
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Writes the config of one concrete channel in the registry (§7), replacing what is
+    /// stored; returns what was stored.
+    pub async fn set_channel(
+        &self,
+        channel: &str,
+        config: &ChannelConfig,
+    ) -> Result<ChannelConfig, SpaceError> {
+        let pattern = ChannelPattern::from_policy(channel)
+            .ok()
+            .filter(ChannelPattern::is_concrete)
+            .ok_or_else(|| {
+                SpaceError::Invalid(format!(
+                    "channel {channel:?}: name one concrete channel, segments from [A-Za-z0-9_-]"
+                ))
+            })?;
+        let bucket = self.names.channels_bucket();
+        let fail = |reason: String| SpaceError::Registry {
+            space: self.name().to_owned(),
+            key: pattern.as_str().to_owned(),
+            reason,
+        };
+        let kv = self
+            .js
+            .get_key_value(&bucket)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let bytes = serde_json::to_vec(config).map_err(|e| fail(e.to_string()))?;
+        kv.put(pattern.as_str(), bytes.into())
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        tracing::info!(
+            space = self.name(),
+            channel = pattern.as_str(),
+            "channel config written"
+        );
+        Ok(config.clone())
+    }
+
+    /// Closes the provisioner connection (after the space's services stopped).
+    pub async fn close(&self) {
         let _ = tokio::time::timeout(Duration::from_secs(2), self.client.drain()).await;
     }
 }

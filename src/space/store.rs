@@ -5,37 +5,24 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::identity::IdentityRecord;
 use crate::datadir::DataDir;
+use crate::files::{self, FileError};
+use crate::ops::IdentityRecord;
 use crate::profile::{DeploymentProfile, SpaceConfig};
 
 /// Why the space store could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// I/O.
-    #[error("I/O error at {path} while {action}: {source}")]
-    Io {
-        path: PathBuf,
-        action: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] FileError),
     /// A stored file is malformed.
     #[error("{path} is malformed: {reason}")]
     Malformed { path: PathBuf, reason: String },
-}
-
-fn io(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
-    let path = path.to_owned();
-    move |source| StoreError::Io {
-        path,
-        action,
-        source,
-    }
 }
 
 /// A space added at runtime: only its deployment profile is chosen; the rest is default.
@@ -45,36 +32,30 @@ struct RuntimeSpace {
     profile: DeploymentProfile,
 }
 
-fn runtime_file(dir: &DataDir, space: &str) -> PathBuf {
-    dir.space(space).join("space.toml")
-}
-
 /// Records a space added at runtime.
 pub fn add_runtime_space(
     dir: &DataDir,
     space: &str,
     profile: DeploymentProfile,
 ) -> Result<(), StoreError> {
-    let path = runtime_file(dir, space);
-    let parent = dir.space(space);
-    private_dir(&parent)?;
+    files::private_dir(&dir.space(space))?;
     let text = toml::to_string(&RuntimeSpace { profile }).unwrap_or_default();
-    write_atomic(
-        &path,
+    Ok(files::write_atomic(
+        &dir.runtime_space(space),
         format!("# Added with `cotald space add`.\n{text}").as_bytes(),
-    )
+        0o600,
+    )?)
 }
 
 /// The spaces added at runtime, by name.
 pub fn runtime_spaces(dir: &DataDir) -> Result<BTreeMap<String, SpaceConfig>, StoreError> {
     let mut out = BTreeMap::new();
-    let root = dir.root().join("spaces");
-    let Ok(entries) = fs::read_dir(&root) else {
+    let Ok(entries) = fs::read_dir(dir.spaces()) else {
         return Ok(out);
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let path = runtime_file(dir, &name);
+        let path = dir.runtime_space(&name);
         let Ok(text) = fs::read_to_string(&path) else {
             continue;
         };
@@ -91,38 +72,24 @@ pub fn runtime_spaces(dir: &DataDir) -> Result<BTreeMap<String, SpaceConfig>, St
     Ok(out)
 }
 
-/// Creates `dir` (and its parents) owner-only, like everything else in the data dir.
-fn private_dir(dir: &Path) -> Result<(), StoreError> {
-    use std::os::unix::fs::DirBuilderExt;
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(io(dir, "creating"))
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-    let tmp = crate::datadir::temp_path(path);
-    fs::write(&tmp, bytes).map_err(io(&tmp, "writing"))?;
-    fs::rename(&tmp, path).map_err(io(path, "renaming into place"))
-}
-
 /// Records a minted identity.
 pub fn save_identity(dir: &DataDir, record: &IdentityRecord) -> Result<(), StoreError> {
-    let parent = dir.space(&record.space).join("identities");
-    private_dir(&parent)?;
+    let parent = dir.identities(&record.space);
+    files::private_dir(&parent)?;
     let path = parent.join(format!("{}.json", record.id));
-    write_atomic(
+    Ok(files::write_atomic(
         &path,
         &serde_json::to_vec_pretty(record).unwrap_or_default(),
-    )
+        0o600,
+    )?)
 }
 
-/// Every identity minted for `space`.
-pub fn identities(dir: &DataDir, space: &str) -> Result<Vec<IdentityRecord>, StoreError> {
-    let parent = dir.space(space).join("identities");
+/// Every identity minted for `space`. A record that cannot be read is skipped and reported in
+/// the log: one damaged file must not keep the space (or the appliance) from starting.
+pub fn identities(dir: &DataDir, space: &str) -> Vec<IdentityRecord> {
+    let parent = dir.identities(space);
     let Ok(entries) = fs::read_dir(&parent) else {
-        return Ok(Vec::new());
+        return Vec::new();
     };
     let mut out = Vec::new();
     for entry in entries.flatten() {
@@ -130,14 +97,18 @@ pub fn identities(dir: &DataDir, space: &str) -> Result<Vec<IdentityRecord>, Sto
         if path.extension().is_none_or(|e| e != "json") {
             continue;
         }
-        let bytes = fs::read(&path).map_err(io(&path, "reading"))?;
-        out.push(
-            serde_json::from_slice(&bytes).map_err(|e| StoreError::Malformed {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?,
-        );
+        let read = fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice::<IdentityRecord>(&b).map_err(|e| e.to_string()));
+        match read {
+            Ok(record) if record.space == space => out.push(record),
+            Ok(record) => tracing::error!(path = %path.display(), space = record.space,
+                "identity record of another space; skipped"),
+            Err(reason) => {
+                tracing::error!(path = %path.display(), reason, "unreadable identity record; skipped")
+            }
+        }
     }
-    out.sort_by(|a: &IdentityRecord, b| a.id.cmp(&b.id));
-    Ok(out)
+    out.sort_by(|a, b| a.id.cmp(&b.id));
+    out
 }

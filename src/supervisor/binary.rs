@@ -2,9 +2,8 @@
 //! data dir (verified against the embedded bytes, mode 0755) and run from there, or an external one
 //! given with `--nats-server PATH`.
 
-use std::fs::{self, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use super::SupervisorError;
@@ -68,21 +67,11 @@ impl BrokerBinary {
                 if fs::read(&path).is_ok_and(|b| b == *bytes) {
                     return Ok(path);
                 }
-                let tmp = crate::datadir::temp_path(&path);
-                let _ = fs::remove_file(&tmp);
-                let write = || -> std::io::Result<()> {
-                    let mut f = OpenOptions::new()
-                        .write(true)
-                        .create_new(true)
-                        .mode(0o755)
-                        .open(&tmp)?;
-                    f.write_all(bytes)?;
-                    f.sync_all()?;
-                    fs::rename(&tmp, &path)
-                };
-                write().map_err(|e| SupervisorError::Binary {
-                    path: path.clone(),
-                    reason: format!("cannot install the bundled nats-server: {e}"),
+                crate::files::write_atomic(&path, bytes, 0o755).map_err(|e| {
+                    SupervisorError::Binary {
+                        path: path.clone(),
+                        reason: format!("cannot install the bundled nats-server: {e}"),
+                    }
                 })?;
                 tracing::info!(path = %path.display(), version, "installed the bundled nats-server");
                 Ok(path)

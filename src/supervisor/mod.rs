@@ -28,6 +28,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::files::FileError;
+use crate::services::Backoff;
+
 /// Why the broker could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum SupervisorError {
@@ -61,14 +64,9 @@ pub enum SupervisorError {
         log: PathBuf,
         tail: String,
     },
-    /// A file could not be read or written.
-    #[error("I/O error at {path} while {action}: {source}")]
-    Io {
-        path: PathBuf,
-        action: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
+    /// A file could not be read or written, or the child could not be waited for.
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
 }
 
 /// How to run the broker.
@@ -108,10 +106,6 @@ pub struct Supervisor {
     task: JoinHandle<()>,
 }
 
-const BACKOFF_START: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(10);
-/// A child that ran this long resets the backoff: its death is not a crash loop.
-const STABLE_AFTER: Duration = Duration::from_secs(30);
 const TAIL_LINES: usize = 30;
 const POLL: Duration = Duration::from_millis(2);
 
@@ -171,7 +165,7 @@ async fn supervise(
     cancel: CancellationToken,
 ) {
     let mut restarts = 0;
-    let mut backoff = BACKOFF_START;
+    let mut backoff = Backoff::default();
     loop {
         let started = Instant::now();
         let exit = tokio::select! {
@@ -183,15 +177,13 @@ async fn supervise(
         };
         let exit = exit.map_or_else(|e| e.to_string(), describe);
         tracing::warn!(pid = child.pid, status = %exit, "nats-server exited unexpectedly");
-        if started.elapsed() >= STABLE_AFTER {
-            backoff = BACKOFF_START;
-        }
+        backoff.ran_for(started.elapsed());
         child = loop {
+            let delay = backoff.next_delay();
             tokio::select! {
                 () = cancel.cancelled() => return,
-                () = tokio::time::sleep(backoff) => {}
+                () = tokio::time::sleep(delay) => {}
             }
-            backoff = (backoff * 2).min(BACKOFF_MAX);
             let attempt = tokio::select! {
                 () = cancel.cancelled() => return,
                 attempt = Running::spawn(&spec) => attempt,
@@ -199,7 +191,7 @@ async fn supervise(
             match attempt {
                 Ok(next) => break next,
                 Err(e) => {
-                    tracing::error!(error = %e, retry_in = ?backoff, "nats-server restart failed")
+                    tracing::error!(error = %e, "nats-server restart failed; retrying")
                 }
             }
         };
@@ -219,16 +211,7 @@ struct Running {
 
 impl Running {
     async fn spawn(spec: &BrokerSpec) -> Result<Self, SupervisorError> {
-        let io = |path: &Path, action| {
-            let path = path.to_owned();
-            move |source| SupervisorError::Io {
-                path,
-                action,
-                source,
-            }
-        };
-        write_private(&spec.conf_path, spec.conf.render().as_bytes())
-            .map_err(io(&spec.conf_path, "writing the broker config"))?;
+        crate::files::write_atomic(&spec.conf_path, spec.conf.render().as_bytes(), 0o600)?;
         // A crashed child leaves its ports file behind, and pids repeat (containers): only the
         // file this child writes may count.
         remove_ports_files(&spec.conf.ports_file_dir);
@@ -274,7 +257,7 @@ impl Running {
         loop {
             if let Some(status) = process
                 .try_wait()
-                .map_err(io(&spec.executable, "waiting for"))?
+                .map_err(FileError::at(&spec.executable, "waiting for"))?
             {
                 // The pumps end at EOF: wait for them so the tail holds the child's last words.
                 for pump in pumps {
@@ -409,20 +392,6 @@ async fn pump(
             t.push_back(line);
         }
     }
-}
-
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = crate::datadir::temp_path(path);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(bytes)?;
-    std::fs::rename(&tmp, path)
 }
 
 fn describe(status: ExitStatus) -> String {

@@ -523,8 +523,8 @@ async fn forged_expired_and_spliced_credentials_are_refused() {
     let c = Cotald::up(tmp.path()).await;
     let keys = cotald::provision::KeyStore::open(&tmp.path().join("keys")).unwrap();
     let space = keys.space("main").unwrap();
-    let perms = cotald::provision::UserPermissions::unrestricted();
-    let write = |name: &str, creds: &cotald::provision::Creds| {
+    let perms = cotald::binding::UserPermissions::unrestricted();
+    let write = |name: &str, creds: &cotald::binding::Creds| {
         let path = tmp.path().join(name);
         std::fs::write(&path, creds.render()).unwrap();
         path
@@ -551,13 +551,13 @@ async fn forged_expired_and_spliced_credentials_are_refused() {
         .unwrap()
         .as_secs() as i64;
     let expired = space
-        .mint_until("expired", &user, &perms, Some(now - 3600))
+        .mint_at("expired", &user, &perms, now - 7200, Some(now - 3600))
         .unwrap();
     refused(&c, &write("expired.creds", &expired)).await;
 
     // A seed that does not match the JWT.
     let other = nkeys::KeyPair::new_user();
-    let spliced = cotald::provision::Creds {
+    let spliced = cotald::binding::Creds {
         jwt: good.jwt.clone(),
         seed: other.seed().unwrap(),
     };

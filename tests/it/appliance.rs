@@ -268,7 +268,7 @@ async fn restart_on_the_same_data_dir_keeps_credentials_valid() {
     round_trip(&client, "cotal.main.again").await;
     let own_after = std::fs::read_to_string(&own).unwrap();
     let id = |text: &str| {
-        cotald::provision::Creds::parse(text)
+        cotald::binding::Creds::parse(text)
             .unwrap()
             .public_key()
             .unwrap()

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use cotald::client::{DurableState, JoinError, Notice, Replay};
+use cotald::client::{ClientError, DurableState, JoinError, Notice, Replay};
 use cotald::protocol::{Channel, InstanceId, PresenceStatus, RejectReason, Routing};
 use serde_json::json;
 
@@ -380,8 +380,7 @@ async fn refusals_are_clear_errors() {
         .await
         .unwrap_err();
     assert!(
-        err.to_string()
-            .contains("refused to publish on cotal.main.chat."),
+        matches!(&err, ClientError::PublishRefused { subject } if subject.starts_with("cotal.main.chat.")),
         "{err}"
     );
 
@@ -395,7 +394,7 @@ async fn refusals_are_clear_errors() {
         .await
         .err()
         .expect("refused");
-    assert!(err.to_string().contains("bound to"), "{err}");
+    assert!(matches!(err, ClientError::IdMismatch { .. }), "{err}");
     // A role the credential was not minted for.
     let link = cotald::protocol::JoinLink::parse(&alice.link).unwrap();
     let mut opts =
@@ -406,7 +405,10 @@ async fn refusals_are_clear_errors() {
         .await
         .err()
         .expect("refused");
-    assert!(err.to_string().contains("--role reviewer"), "{err}");
+    assert!(
+        matches!(&err, ClientError::RoleNotGranted { role, .. } if role == "reviewer"),
+        "{err}"
+    );
     let _ = a.deliveries.try_notice();
     c.stop().await;
 }
@@ -658,7 +660,10 @@ async fn endpoint_semantics() {
     // Control requests: a typed error when nobody serves the service.
     let err = a
         .client
-        .manager("ping", Default::default())
+        .control(
+            "manager",
+            &cotald::protocol::ControlRequest::new("ping", a.client.endpoint()),
+        )
         .await
         .unwrap_err();
     assert!(
@@ -668,7 +673,10 @@ async fn endpoint_semantics() {
     // A control subject outside the credential: refused, named, not a timeout.
     let err = a
         .client
-        .control("admin", "ping", Default::default())
+        .control(
+            "admin",
+            &cotald::protocol::ControlRequest::new("ping", a.client.endpoint()),
+        )
         .await
         .unwrap_err();
     assert!(

@@ -4,8 +4,9 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
+use cotald::binding::UserPermissions;
 use cotald::datadir::{DataDir, RuntimeState};
-use cotald::provision::{KeyStore, UserPermissions};
+use cotald::provision::KeyStore;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
@@ -248,7 +249,7 @@ impl Probe {
     /// Like [`Probe::connect`], returning the connect error.
     pub async fn try_connect(c: &Cotald, creds: &Path) -> Result<Probe, async_nats::ConnectError> {
         let text = std::fs::read_to_string(creds).unwrap();
-        let id = cotald::provision::Creds::parse(&text)
+        let id = cotald::binding::Creds::parse(&text)
             .ok()
             .and_then(|c| c.public_key().ok())
             .unwrap_or_default();

@@ -1,0 +1,43 @@
+//! `cotald revoke`: end an identity of a space.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::Args;
+
+use super::DataDirArg;
+use crate::daemon::admin;
+use crate::ops::{IdentityRecord, Request, Revoke};
+
+/// Options of `cotald revoke`.
+#[derive(Debug, Args)]
+pub struct RevokeArgs {
+    /// The identity's name (or its id).
+    name: String,
+    /// The space it belongs to.
+    #[arg(long)]
+    space: String,
+    #[command(flatten)]
+    data_dir: DataDirArg,
+}
+
+pub(super) async fn run(args: RevokeArgs) -> anyhow::Result<ExitCode> {
+    let dir = args.data_dir.resolve()?;
+    let req = Request::Revoke(Revoke {
+        space: args.space.clone(),
+        name: args.name.clone(),
+    });
+    let Some(data) = admin::call(&dir, &req).await? else {
+        bail!(
+            "no cotald is running on data dir {}; start it with `cotald up` (a revocation must \
+             reach the broker)",
+            dir.root().display()
+        );
+    };
+    let record: IdentityRecord = serde_json::from_value(data).context("malformed reply")?;
+    println!(
+        "revoked {} ({}) in space {}: its connections are closed, its durables and backlog deleted",
+        record.name, record.id, record.space
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,169 @@
+//! The operations the admin socket serves (the table is in [`crate::ops`]), executed against
+//! the running appliance; and `mint` against the data dir alone when no appliance runs — the
+//! same operation on the same identities, whose durables the next `cotald up` creates.
+
+use serde_json::Value;
+
+use super::{Core, DaemonError, join_link};
+use crate::datadir::DataDir;
+use crate::ops::{
+    ChannelsSet, IdentityRecord, MintReply, MintRequest, OpError, Request, Revoke, SpaceAdd,
+    SpaceInfo,
+};
+use crate::profile::SpaceConfig;
+use crate::provision::{KeyStore, now_secs};
+use crate::space::{Identities, identity, store};
+
+fn json<T: serde::Serialize>(value: T) -> Result<Value, DaemonError> {
+    serde_json::to_value(value).map_err(|e| DaemonError::Invalid(e.to_string()))
+}
+
+impl Core {
+    /// Executes a request of the machine operator.
+    pub(crate) async fn execute(&self, req: Request) -> Result<Value, DaemonError> {
+        match req {
+            Request::SpaceAdd(add) => json(self.add_space(add).await?),
+            Request::SpaceList => json(self.list_spaces().await?),
+            Request::Mint(req) => json(self.mint(&req).await?),
+            Request::Revoke(req) => json(self.revoke(&req).await?),
+            Request::ChannelsSet(req) => json(self.channels_set(req).await?),
+            other => Err(OpError::WrongTransport {
+                op: other.op(),
+                transport: "the admin socket",
+            }
+            .into()),
+        }
+    }
+
+    /// `space-add`: serve a new space at once; it is remembered (and served at every later
+    /// start) only once it is served.
+    async fn add_space(&self, add: SpaceAdd) -> Result<SpaceInfo, DaemonError> {
+        let name = add.name.as_str();
+        crate::profile::validate_space_name(name).map_err(DaemonError::Invalid)?;
+        if self
+            .spaces
+            .lock()
+            .await
+            .keys()
+            .any(|s| s.eq_ignore_ascii_case(name))
+        {
+            return Err(DaemonError::SpaceExists(name.to_owned()));
+        }
+        let info = self
+            .serve_space(name, SpaceConfig::with_profile(add.profile))
+            .await?;
+        store::add_runtime_space(&self.dir, name, add.profile)?;
+        self.write_state()?;
+        tracing::info!(space = name, profile = ?add.profile, "space added");
+        Ok(info)
+    }
+
+    /// `space-list`.
+    async fn list_spaces(&self) -> Result<Vec<SpaceInfo>, DaemonError> {
+        let spaces = self.spaces.lock().await;
+        spaces.values().map(|s| self.space_info(&s.space)).collect()
+    }
+
+    /// `mint`: sign, remember, pre-create the identity's durables; a re-mint's revocation of
+    /// the replaced credential is pushed to the broker at once.
+    async fn mint(&self, req: &MintRequest) -> Result<MintReply, DaemonError> {
+        let spaces = self.spaces.lock().await;
+        let served = spaces
+            .get(&req.space)
+            .ok_or_else(|| DaemonError::UnknownSpace(req.space.clone()))?;
+        let keys = self.keys.space(&req.space)?;
+        let minted = identity::mint_identity(&keys, &served.identities, req)?;
+        served.space.provision(&minted.record).await?;
+        if let Some(old) = &minted.replaced {
+            self.push_account(&keys, served.space.config(), &served.identities)
+                .await?;
+            if old.id != minted.record.id {
+                served.space.deprovision(old).await?;
+            }
+        }
+        tracing::info!(space = %req.space, id = %minted.record.id, name = %minted.record.name,
+            profile = ?minted.record.profile, replaced = minted.replaced.is_some(), "minted");
+        Ok(MintReply {
+            link: self.link(&req.space, &minted.record.subscribe)?,
+            creds: minted.creds.render(),
+            record: minted.record,
+            provisioned: true,
+            replaced: minted.replaced.is_some(),
+        })
+    }
+
+    /// `revoke`: the identity's credentials are refused from now on (its connections are
+    /// closed), its key forgotten, its durables and DM backlog deleted.
+    async fn revoke(&self, req: &Revoke) -> Result<IdentityRecord, DaemonError> {
+        let spaces = self.spaces.lock().await;
+        let served = spaces
+            .get(&req.space)
+            .ok_or_else(|| DaemonError::UnknownSpace(req.space.clone()))?;
+        let record = served.identities.find(&req.name).ok_or_else(|| {
+            DaemonError::Invalid(format!(
+                "no identity `{}` in space `{}`",
+                req.name, req.space
+            ))
+        })?;
+        let now = now_secs();
+        let revoked = IdentityRecord {
+            revoked_at: Some(now),
+            revokes_before: Some(now),
+            ..record
+        };
+        served.identities.save(revoked.clone())?;
+        let keys = self.keys.space(&req.space)?;
+        self.push_account(&keys, served.space.config(), &served.identities)
+            .await?;
+        keys.delete_user_key(&revoked.id)?;
+        served.space.deprovision(&revoked).await?;
+        tracing::info!(space = %req.space, id = %revoked.id, name = %revoked.name, "revoked");
+        Ok(revoked)
+    }
+
+    /// `channels-set` from the machine operator.
+    async fn channels_set(&self, req: ChannelsSet) -> Result<Value, DaemonError> {
+        let space = req
+            .space
+            .clone()
+            .ok_or_else(|| DaemonError::Invalid("channels-set needs a space".into()))?;
+        let spaces = self.spaces.lock().await;
+        let served = spaces
+            .get(&space)
+            .ok_or_else(|| DaemonError::UnknownSpace(space.clone()))?;
+        json(served.space.set_channel(&req.channel, &req.config).await?)
+    }
+}
+
+/// Executes a request with no appliance running: only `mint` can be, on the data dir alone
+/// (holding its lock proves no appliance is starting meanwhile).
+pub fn execute_offline(dir: &DataDir, req: &Request) -> Result<Value, DaemonError> {
+    let Request::Mint(req) = req else {
+        return Err(OpError::NotAllowed {
+            op: req.op(),
+            reason: format!(
+                "no cotald is running on {}; start it with `cotald up`",
+                dir.root().display()
+            ),
+        }
+        .into());
+    };
+    let _lock = dir.lock()?;
+    let keys = KeyStore::open(&dir.keys())?;
+    let space = keys
+        .space(&req.space)
+        .map_err(|_| DaemonError::UnknownSpace(req.space.clone()))?;
+    let identities = Identities::load(dir, &req.space);
+    let minted = identity::mint_identity(&space, &identities, req)?;
+    let listen = crate::profile::Profile::embedded()
+        .map_err(|e| DaemonError::Invalid(e.to_string()))?
+        .broker
+        .listen;
+    json(MintReply {
+        link: join_link(&listen.to_string(), &req.space, &minted.record.subscribe)?,
+        creds: minted.creds.render(),
+        replaced: minted.replaced.is_some(),
+        record: minted.record,
+        provisioned: false,
+    })
+}

@@ -1,0 +1,534 @@
+//! Every operation the appliance serves, in one place: the requests, their arguments, what
+//! each replies, and which transport may carry it.
+//!
+//! Two transports carry the same [`Request`] and both answer with the spec's
+//! [`ControlReply`] (§5: `{ok, data?, error?}`):
+//! - the **admin socket** (`run/admin.sock`, owner-only): the machine operator, who holds every
+//!   key of the data dir anyway ([`Transport::AdminSocket`], served by `daemon::admin`);
+//! - **`cotal.<space>.ctl.manager.<sender>`** (§5, §7): an identity of that space, whose
+//!   `from.id` must equal the subject sender and whose reply must ride its own
+//!   `_INBOX_<sender>.…` ([`Transport::Control`], served by `services::manager`).
+//!
+//! | op | args | admin socket | `ctl.manager` | reply `data` |
+//! | --- | --- | --- | --- | --- |
+//! | `space-add` | [`SpaceAdd`] | ✓ | | [`SpaceInfo`] |
+//! | `space-list` | — | ✓ | | `[SpaceInfo]` |
+//! | `mint` | [`MintRequest`] | ✓ (also with no appliance running) | | [`MintReply`] |
+//! | `revoke` | [`Revoke`] | ✓ | | [`IdentityRecord`] |
+//! | `channels-set` | [`ChannelsSet`] | ✓ | admin identities | the stored [`ChannelConfig`] |
+//! | `durable-join` | [`DurableJoin`] | | agents | [`Membership`] |
+//! | `durable-leave` | [`DurableLeave`] | | agents | [`Membership`] |
+//! | `memberships` | — | | agents | `[Membership]` |
+//! | `resume` | [`Resume`] | | agents | [`Resumed`] |
+//! | `backstop-ack` | [`BackstopAck`] | | agents | none (acks are published without a reply) |
+//!
+//! An op a transport does not serve, an unknown op, or arguments of the wrong shape are
+//! refused with `{ok: false, error}` naming the op.
+//!
+//! **Durable copies** (§8 trusted reader) reach a member on `_INBOX_<id>.backstop`
+//! ([`backstop_inbox`]) with the original payload unchanged, the original chat subject in
+//! the [`COPY_SUBJECT`] header and the token to acknowledge in [`COPY_TOKEN`]; the member
+//! acks with `backstop-ack` once it has handled the message.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::profile::DeploymentProfile;
+use crate::protocol::{ChannelConfig, ControlReply, ControlRequest, EndpointRef};
+
+/// Which transport a request arrived on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// `run/admin.sock`: the machine operator.
+    AdminSocket,
+    /// `cotal.<space>.ctl.manager.<sender>`: an identity of the space.
+    Control,
+}
+
+/// A request to the appliance. On the wire: `{"op": "<kebab-case name>", "args": {…}}`, the
+/// `op`/`args` pair of a `ControlRequest` (§5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", content = "args", rename_all = "kebab-case")]
+pub enum Request {
+    /// Add and serve a space (no restart); it is remembered for later starts.
+    SpaceAdd(SpaceAdd),
+    /// The served spaces.
+    SpaceList,
+    /// Mint a credential; re-minting an existing name replaces (and revokes) its credential.
+    Mint(MintRequest),
+    /// End an identity: its credential is revoked, its connections closed, its durables and
+    /// backlog deleted.
+    Revoke(Revoke),
+    /// Write a channel's config in the registry (§7).
+    ChannelsSet(ChannelsSet),
+    /// Establish durable membership of a concrete channel from the caller's join cursor (§7).
+    DurableJoin(DurableJoin),
+    /// Close a durable membership at the current frontier (the leave cursor, §7).
+    DurableLeave(DurableLeave),
+    /// The caller's durable memberships.
+    Memberships,
+    /// Start (or restart) delivering the caller's backlog to its backstop inbox.
+    Resume(Resume),
+    /// Acknowledge durable copies the caller has handled.
+    BackstopAck(BackstopAck),
+}
+
+impl Request {
+    /// Every op name, as on the wire.
+    pub const OPS: &'static [&'static str] = &[
+        "space-add",
+        "space-list",
+        "mint",
+        "revoke",
+        "channels-set",
+        "durable-join",
+        "durable-leave",
+        "memberships",
+        "resume",
+        "backstop-ack",
+    ];
+
+    /// The op name.
+    pub fn op(&self) -> &'static str {
+        match self {
+            Request::SpaceAdd(_) => "space-add",
+            Request::SpaceList => "space-list",
+            Request::Mint(_) => "mint",
+            Request::Revoke(_) => "revoke",
+            Request::ChannelsSet(_) => "channels-set",
+            Request::DurableJoin(_) => "durable-join",
+            Request::DurableLeave(_) => "durable-leave",
+            Request::Memberships => "memberships",
+            Request::Resume(_) => "resume",
+            Request::BackstopAck(_) => "backstop-ack",
+        }
+    }
+
+    /// Whether `transport` carries this op (the table in the module doc).
+    pub fn served_on(&self, transport: Transport) -> bool {
+        match self {
+            Request::SpaceAdd(_) | Request::SpaceList | Request::Mint(_) | Request::Revoke(_) => {
+                transport == Transport::AdminSocket
+            }
+            Request::ChannelsSet(_) => true,
+            Request::DurableJoin(_)
+            | Request::DurableLeave(_)
+            | Request::Memberships
+            | Request::Resume(_)
+            | Request::BackstopAck(_) => transport == Transport::Control,
+        }
+    }
+
+    /// Parses an op name and its arguments (a `ControlRequest`'s `op` and `args`).
+    pub fn from_parts(op: &str, args: Option<Map<String, Value>>) -> Result<Self, OpError> {
+        if !Self::OPS.contains(&op) {
+            return Err(OpError::UnknownOp(op.to_owned()));
+        }
+        let mut object = Map::new();
+        object.insert("op".into(), Value::String(op.to_owned()));
+        if let Some(args) = args {
+            object.insert("args".into(), Value::Object(args));
+        }
+        serde_json::from_value(Value::Object(object)).map_err(|source| OpError::BadArgs {
+            op: op.to_owned(),
+            source,
+        })
+    }
+
+    /// This request as a `ControlRequest` from `from` (§5).
+    pub fn to_control(&self, from: EndpointRef) -> ControlRequest {
+        let mut request = ControlRequest::new(self.op(), from);
+        if let Ok(Value::Object(mut object)) = serde_json::to_value(self)
+            && let Some(Value::Object(args)) = object.remove("args")
+        {
+            request = request.with_args(args);
+        }
+        request
+    }
+
+    /// Parses a JSON request line (the admin socket).
+    pub fn from_json(text: &str) -> Result<Self, OpError> {
+        #[derive(Deserialize)]
+        struct Parts {
+            op: String,
+            #[serde(default)]
+            args: Option<Map<String, Value>>,
+        }
+        let parts: Parts = serde_json::from_str(text).map_err(OpError::Malformed)?;
+        Self::from_parts(&parts.op, parts.args)
+    }
+}
+
+/// Why a request was refused before it was executed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    /// The request is not JSON of the `{op, args}` shape.
+    #[error("malformed request")]
+    Malformed(#[source] serde_json::Error),
+    /// No such op.
+    #[error("unknown op `{0}` (known: {ops})", ops = Request::OPS.join(", "))]
+    UnknownOp(String),
+    /// The arguments do not have the op's shape.
+    #[error("op `{op}`: invalid arguments")]
+    BadArgs {
+        /// The op.
+        op: String,
+        /// What is wrong with them.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The op exists but this transport does not carry it.
+    #[error("op `{op}` is not served on {transport}")]
+    WrongTransport {
+        /// The op.
+        op: &'static str,
+        /// The transport it arrived on.
+        transport: &'static str,
+    },
+    /// The caller may not perform the op.
+    #[error("op `{op}` refused: {reason}")]
+    NotAllowed {
+        /// The op.
+        op: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The text of an error and all its sources, `a: b: c` (what a `ControlReply.error` carries).
+pub fn error_text(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        let next = e.to_string();
+        if !text.ends_with(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = e.source();
+    }
+    text
+}
+
+/// The reply of an executed request: `data` on success, the error's text otherwise.
+pub fn reply<T: Serialize, E: std::error::Error>(result: Result<T, E>) -> ControlReply {
+    match result {
+        Ok(data) => match serde_json::to_value(data) {
+            Ok(Value::Null) => ControlReply::success(None),
+            Ok(value) => ControlReply::success(Some(value)),
+            Err(e) => ControlReply::failure(error_text(&e)),
+        },
+        Err(e) => ControlReply::failure(error_text(&e)),
+    }
+}
+
+/// `space-add`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpaceAdd {
+    /// The space name: 1 to 64 characters from `[A-Za-z0-9_-]`.
+    pub name: String,
+    /// Its deployment profile.
+    pub profile: DeploymentProfile,
+}
+
+/// One served space.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SpaceInfo {
+    /// The space name.
+    pub name: String,
+    /// The account public key.
+    pub account: String,
+    /// The deployment profile.
+    pub profile: DeploymentProfile,
+    /// The join link (§10).
+    pub link: String,
+    /// The machine operator's credentials for this space.
+    pub operator_creds: std::path::PathBuf,
+}
+
+/// The credential profiles `cotald mint` issues (Appendix B).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum CredentialProfile {
+    /// An agent: reads within `allowSubscribe`, posts within `allowPublish`, DMs and anycast.
+    Agent,
+    /// Reads chat, CHAT history, presence and the channel registry; publishes nothing.
+    Observer,
+    /// The observer's reads, the whole space's live traffic and DM history; publishes nothing.
+    Admin,
+}
+
+/// `mint`: what to mint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MintRequest {
+    /// Display name (the JWT's name); unique within the space.
+    pub name: String,
+    /// The space.
+    pub space: String,
+    /// The profile; `None` means agent.
+    #[serde(default)]
+    pub profile: Option<CredentialProfile>,
+    /// Channels joined at boot (⊆ `allow_subscribe`).
+    #[serde(default)]
+    pub subscribe: Vec<String>,
+    /// The read ACL; defaults to `subscribe`.
+    #[serde(default)]
+    pub allow_subscribe: Vec<String>,
+    /// The post ACL; default none.
+    #[serde(default)]
+    pub allow_publish: Vec<String>,
+    /// Anycast role.
+    #[serde(default)]
+    pub role: Option<String>,
+    /// Lifetime of the credential (`90s`, `12h`, `30d`); the broker refuses it afterwards.
+    #[serde(default)]
+    pub expires: Option<String>,
+}
+
+/// What the appliance remembers of a minted identity (never its seed): the grants of its
+/// current credential, which the trusted reader authorizes against (§9 item 6).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdentityRecord {
+    /// The instance id (user public key).
+    pub id: String,
+    /// Display name.
+    pub name: String,
+    /// The space.
+    pub space: String,
+    /// The profile.
+    pub profile: CredentialProfile,
+    /// Anycast role.
+    pub role: Option<String>,
+    /// Boot channels.
+    pub subscribe: Vec<String>,
+    /// Read ACL.
+    pub allow_subscribe: Vec<String>,
+    /// Post ACL.
+    pub allow_publish: Vec<String>,
+    /// When the credential expires (Unix seconds), if it does.
+    #[serde(default)]
+    pub expires_at: Option<i64>,
+    /// When the current credential was issued (Unix seconds).
+    #[serde(default)]
+    pub issued_at: i64,
+    /// Credentials of this id issued at or before this second are refused by the broker (set
+    /// when a re-mint replaced them, or when the identity was revoked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revokes_before: Option<i64>,
+    /// When the identity was revoked (Unix seconds): it has no valid credential left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<i64>,
+}
+
+/// `mint`'s reply.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MintReply {
+    /// The identity.
+    pub record: IdentityRecord,
+    /// The `.creds` text (secret; the caller writes it).
+    pub creds: String,
+    /// A join link naming the identity's boot channels.
+    pub link: String,
+    /// Whether its durables were created (false when minted without a running appliance).
+    pub provisioned: bool,
+    /// Whether this replaced an earlier credential of the same name (which is now revoked).
+    #[serde(default)]
+    pub replaced: bool,
+}
+
+/// `revoke`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Revoke {
+    /// The space.
+    pub space: String,
+    /// The identity's name (or its id).
+    pub name: String,
+}
+
+/// `channels-set`: the config of one concrete channel (§7), replacing what is stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChannelsSet {
+    /// The space: required on the admin socket; on `ctl` it is the subject's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub space: Option<String>,
+    /// The concrete channel.
+    pub channel: String,
+    /// Its config.
+    pub config: ChannelConfig,
+}
+
+/// `durable-join`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DurableJoin {
+    /// A concrete channel within the caller's read ACL.
+    pub channel: String,
+    /// The join cursor: the CHAT frontier the caller captured once its live subscription was
+    /// confirmed (§7). Durable delivery covers sequences above it.
+    pub cursor: u64,
+}
+
+/// `durable-leave`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DurableLeave {
+    /// The channel.
+    pub channel: String,
+}
+
+/// A durable membership (§7): the caller is delivered every message of `channel` with
+/// `join_cursor < seq ≤ leave_cursor` (no upper bound while open).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Membership {
+    /// The member.
+    pub member: String,
+    /// The channel.
+    pub channel: String,
+    /// Increases with every join of this member to this channel.
+    pub generation: u64,
+    /// The CHAT frontier at join.
+    pub join_cursor: u64,
+    /// The CHAT frontier at leave; `None` while the membership is open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leave_cursor: Option<u64>,
+}
+
+/// `resume`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resume {
+    /// Names this delivery session; a new `resume` replaces the previous session, whose
+    /// unacknowledged copies are delivered again.
+    pub session: String,
+}
+
+/// `resume`'s reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resumed {
+    /// The session now delivering.
+    pub session: String,
+    /// The caller's open memberships.
+    pub memberships: Vec<Membership>,
+}
+
+/// `backstop-ack`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackstopAck {
+    /// The [`COPY_TOKEN`] of each handled copy.
+    pub tokens: Vec<String>,
+}
+
+/// The subject durable copies reach a member on: `_INBOX_<id>.backstop`.
+pub fn backstop_inbox(id: &str) -> String {
+    format!("_INBOX_{id}.backstop")
+}
+
+/// Header of a durable copy: the chat subject the message was published on (§3), which the
+/// member validates the copy against like any delivery.
+pub const COPY_SUBJECT: &str = "Cotal-Subject";
+/// Header of a durable copy: what the member acknowledges with `backstop-ack`.
+pub const COPY_TOKEN: &str = "Cotal-Token";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::InstanceId;
+
+    const ALICE: &str = "UAQGWOEVJKMIO4WXSYOTLARXYOZTCXFK67JASEH6AFFFYK6FOPSKQCAD";
+
+    #[test]
+    fn requests_round_trip_through_a_control_request() {
+        let from = EndpointRef::new(&InstanceId::from_user_nkey(ALICE).unwrap(), "alice");
+        for request in [
+            Request::DurableJoin(DurableJoin {
+                channel: "general".into(),
+                cursor: 7,
+            }),
+            Request::Memberships,
+            Request::BackstopAck(BackstopAck {
+                tokens: vec!["c1".into()],
+            }),
+            Request::SpaceList,
+        ] {
+            let control = request.to_control(from.clone());
+            assert_eq!(control.op, request.op());
+            let back = Request::from_parts(&control.op, control.args.clone()).unwrap();
+            assert_eq!(back, request);
+        }
+        let wire = serde_json::to_value(
+            Request::DurableJoin(DurableJoin {
+                channel: "general".into(),
+                cursor: 7,
+            })
+            .to_control(from),
+        )
+        .unwrap();
+        assert_eq!(wire["op"], "durable-join");
+        assert_eq!(wire["args"]["cursor"], 7);
+    }
+
+    #[test]
+    fn refusals_name_the_op() {
+        assert!(matches!(
+            Request::from_parts("frobnicate", None),
+            Err(OpError::UnknownOp(op)) if op == "frobnicate"
+        ));
+        let mut args = Map::new();
+        args.insert("channel".into(), 3.into());
+        assert!(matches!(
+            Request::from_parts("durable-leave", Some(args)),
+            Err(OpError::BadArgs { op, .. }) if op == "durable-leave"
+        ));
+        assert!(matches!(
+            Request::from_parts("durable-join", None),
+            Err(OpError::BadArgs { .. })
+        ));
+        assert!(matches!(
+            Request::from_json("not json"),
+            Err(OpError::Malformed(_))
+        ));
+        assert_eq!(
+            Request::from_json(r#"{"op":"space-list"}"#).unwrap(),
+            Request::SpaceList
+        );
+    }
+
+    #[test]
+    fn each_op_names_its_transport() {
+        assert!(Request::SpaceList.served_on(Transport::AdminSocket));
+        assert!(!Request::SpaceList.served_on(Transport::Control));
+        assert!(Request::Memberships.served_on(Transport::Control));
+        assert!(!Request::Memberships.served_on(Transport::AdminSocket));
+        let set = Request::ChannelsSet(ChannelsSet {
+            space: None,
+            channel: "general".into(),
+            config: ChannelConfig::default(),
+        });
+        assert!(set.served_on(Transport::AdminSocket) && set.served_on(Transport::Control));
+        for op in Request::OPS {
+            assert!(
+                matches!(
+                    Request::from_parts(op, None),
+                    Ok(_) | Err(OpError::BadArgs { .. })
+                ),
+                "{op} is a known op"
+            );
+        }
+    }
+
+    #[test]
+    fn error_text_keeps_every_source() {
+        let inner = serde_json::from_str::<u8>("x").unwrap_err();
+        let e = OpError::BadArgs {
+            op: "mint".into(),
+            source: inner,
+        };
+        let text = error_text(&e);
+        assert!(text.starts_with("op `mint`: invalid arguments: "), "{text}");
+    }
+}

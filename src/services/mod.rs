@@ -1,0 +1,302 @@
+//! The in-process services, and the one way they are run.
+//!
+//! A [`Service`] is a long-running loop with a name: it runs until its [`Context`] is
+//! cancelled, reports its [`Health`] as it goes, and returns an error when it cannot go on. A
+//! [`ServiceSet`] owns services: it starts each on a child of its cancellation token, restarts
+//! one that failed with capped exponential [`Backoff`], and on shutdown cancels them all and
+//! waits for them up to an exit deadline. Nothing else in the appliance spawns a background
+//! task of its own (the pattern of garage's workers and mini-redis's `run(listener,
+//! shutdown)`: the owner decides when work stops, the work only listens).
+//!
+//! The appliance has one set for itself (admin socket, runtime state) and one per space, started
+//! after the space's bootstrap and shut down before its connection closes:
+//!
+//! | service | what it does | spec |
+//! | --- | --- | --- |
+//! | [`manager`] | `ctl.manager`: durable join/leave, memberships, resume, acks, channel configs | §5, §7, App. B |
+//! | [`backstop`] | the trusted reader: re-authorizes and hands durable copies to members | §4, §8, §9 item 5 |
+//! | [`mentions`] | durable copies of `@mentions` on live channels | §4, §5 |
+//! | [`membership`] | the derived membership feed (display only) | §8 |
+
+pub mod backoff;
+
+pub use backoff::Backoff;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Why a service stopped working. The set logs it, shows it in `cotald status`, and restarts
+/// the service after a backoff.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}")]
+pub struct ServiceError {
+    /// What failed.
+    pub what: String,
+    /// Why.
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl ServiceError {
+    /// A failure described by `what`, caused by `source`.
+    pub fn new(
+        what: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        ServiceError {
+            what: what.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// A failure with no underlying error.
+    pub fn msg(what: impl Into<String>) -> Self {
+        ServiceError {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// `.map_err(ServiceError::at("opening the members registry"))`.
+    pub fn at<E: Into<Box<dyn std::error::Error + Send + Sync>>>(
+        what: &str,
+    ) -> impl FnOnce(E) -> Self + '_ {
+        move |e| ServiceError::new(what, e)
+    }
+}
+
+/// A long-running part of the appliance.
+pub trait Service: Send + Sync + 'static {
+    /// A stable name (`manager`, `backstop`, …) shown in logs and `cotald status`.
+    fn name(&self) -> &'static str;
+
+    /// Runs until `ctx.cancelled()` resolves, then returns `Ok`. Report [`Health::Running`]
+    /// once serving; return `Err` when the service cannot go on (it is restarted).
+    fn run(&self, ctx: Context) -> impl Future<Output = Result<(), ServiceError>> + Send;
+}
+
+/// How a service is doing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", content = "reason", rename_all = "lowercase")]
+pub enum Health {
+    /// Started, not serving yet.
+    Starting,
+    /// Serving.
+    Running,
+    /// Serving in part, or waiting to be restarted; the reason says what is missing.
+    Degraded(String),
+    /// Stopped (shutdown).
+    Stopped,
+}
+
+/// One service's health as `cotald status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceStatus {
+    /// The set it belongs to (`appliance`, or the space's name).
+    pub scope: String,
+    /// The service.
+    pub name: String,
+    /// Its health.
+    #[serde(flatten)]
+    pub health: Health,
+    /// How many times it was restarted after failing.
+    pub restarts: u32,
+}
+
+/// What a running service is handed: its cancellation and its health reporter.
+#[derive(Clone)]
+pub struct Context {
+    token: CancellationToken,
+    health: watch::Sender<Health>,
+}
+
+impl Context {
+    /// Resolves when the service must stop.
+    pub async fn cancelled(&self) {
+        self.token.cancelled().await;
+    }
+
+    /// Whether the service must stop.
+    pub fn is_cancelled(&self) -> bool {
+        self.token.is_cancelled()
+    }
+
+    /// The service's cancellation token (for work it hands to helpers it awaits itself).
+    pub fn token(&self) -> &CancellationToken {
+        &self.token
+    }
+
+    /// Reports the service's health (logged when it changes).
+    pub fn report(&self, health: Health) {
+        self.health.send_if_modified(|h| {
+            let changed = *h != health;
+            *h = health;
+            changed
+        });
+    }
+}
+
+/// A service as its set sees it.
+struct Entry {
+    name: &'static str,
+    health: watch::Receiver<Health>,
+    restarts: Arc<AtomicU32>,
+}
+
+/// The services of one scope (the appliance, or one space).
+pub struct ServiceSet {
+    scope: String,
+    token: CancellationToken,
+    tracker: TaskTracker,
+    entries: Mutex<Vec<Entry>>,
+}
+
+/// How long a service may take to report [`Health::Running`] before `start` gives up on it.
+pub const START_TIMEOUT: Duration = Duration::from_secs(15);
+
+impl ServiceSet {
+    /// An empty set named `scope`, cancelled with `parent`.
+    pub fn new(scope: impl Into<String>, parent: &CancellationToken) -> Self {
+        ServiceSet {
+            scope: scope.into(),
+            token: parent.child_token(),
+            tracker: TaskTracker::new(),
+            entries: Mutex::default(),
+        }
+    }
+
+    /// The scope's name.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// Starts `service` and waits until it reports [`Health::Running`]. A service that fails
+    /// first (or does not report within [`START_TIMEOUT`]) is an error for the caller to
+    /// report; it keeps being restarted with backoff all the same.
+    pub async fn start<S: Service>(&self, service: Arc<S>) -> Result<(), ServiceError> {
+        let name = service.name();
+        let (health, mut watched) = watch::channel(Health::Starting);
+        let restarts = Arc::new(AtomicU32::new(0));
+        if let Ok(mut entries) = self.entries.lock() {
+            entries.push(Entry {
+                name,
+                health: watched.clone(),
+                restarts: restarts.clone(),
+            });
+        }
+        let scope = self.scope.clone();
+        // Health changes are logged as they happen; the log ends with the service.
+        let mut log = watched.clone();
+        let log_scope = scope.clone();
+        self.tracker.spawn(async move {
+            while log.changed().await.is_ok() {
+                match &*log.borrow_and_update() {
+                    Health::Degraded(reason) => {
+                        tracing::warn!(scope = log_scope, service = name, reason, "service degraded")
+                    }
+                    other => tracing::info!(scope = log_scope, service = name, health = ?other, "service"),
+                }
+            }
+        });
+        let (failed_tx, failed) = tokio::sync::oneshot::channel::<String>();
+        let token = self.token.clone();
+        self.tracker.spawn(async move {
+            let mut backoff = Backoff::default();
+            let mut failed_tx = Some(failed_tx);
+            loop {
+                let ctx = Context {
+                    token: token.child_token(),
+                    health: health.clone(),
+                };
+                let started = tokio::time::Instant::now();
+                let outcome = service.run(ctx).await;
+                if token.is_cancelled() {
+                    break;
+                }
+                let reason = match outcome {
+                    Ok(()) => "stopped on its own".to_owned(),
+                    Err(e) => crate::ops::error_text(&e),
+                };
+                tracing::error!(scope, service = name, reason, "service failed; restarting");
+                if let Some(tx) = failed_tx.take() {
+                    let _ = tx.send(reason.clone());
+                }
+                health.send_replace(Health::Degraded(reason));
+                backoff.ran_for(started.elapsed());
+                tokio::select! {
+                    () = tokio::time::sleep(backoff.next_delay()) => {}
+                    () = token.cancelled() => break,
+                }
+                restarts.fetch_add(1, Ordering::Relaxed);
+            }
+            health.send_replace(Health::Stopped);
+        });
+        let running = async {
+            tokio::select! {
+                reason = failed => Err(ServiceError::msg(format!(
+                    "{name} failed to start: {}",
+                    reason.unwrap_or_else(|_| "stopped".into())
+                ))),
+                seen = watched.wait_for(|h| *h == Health::Running) => seen
+                    .map(|_| ())
+                    .map_err(|_| ServiceError::msg(format!("{name} stopped before it was running"))),
+            }
+        };
+        tokio::time::timeout(START_TIMEOUT, running)
+            .await
+            .unwrap_or_else(|_| {
+                Err(ServiceError::msg(format!(
+                    "{name} did not start within {START_TIMEOUT:?}"
+                )))
+            })
+    }
+
+    /// Every service's status.
+    pub fn status(&self) -> Vec<ServiceStatus> {
+        self.entries
+            .lock()
+            .map(|entries| {
+                entries
+                    .iter()
+                    .map(|e| ServiceStatus {
+                        scope: self.scope.clone(),
+                        name: e.name.to_owned(),
+                        health: e.health.borrow().clone(),
+                        restarts: e.restarts.load(Ordering::Relaxed),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Cancels every service and waits for them to return, at most `deadline`; a service still
+    /// running after it is named in the log and abandoned.
+    pub async fn shutdown(self, deadline: Duration) {
+        self.token.cancel();
+        self.tracker.close();
+        if tokio::time::timeout(deadline, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            let running: Vec<String> = self
+                .status()
+                .into_iter()
+                .filter(|s| s.health != Health::Stopped)
+                .map(|s| s.name)
+                .collect();
+            tracing::warn!(
+                scope = self.scope,
+                ?running,
+                ?deadline,
+                "services did not stop in time"
+            );
+        }
+    }
+}
