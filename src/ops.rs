@@ -34,7 +34,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::profile::DeploymentProfile;
-use crate::protocol::{ChannelConfig, ControlReply, ControlRequest, EndpointRef};
+use crate::protocol::{
+    Channel, ChannelConfig, ChannelPattern, ControlReply, ControlRequest, EndpointRef, is_covered,
+};
 
 /// Which transport a request arrived on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -320,6 +322,21 @@ pub struct IdentityRecord {
     /// When the identity was revoked (Unix seconds): it has no valid credential left.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked_at: Option<i64>,
+}
+
+impl IdentityRecord {
+    /// The read ACL as patterns (entries that do not parse grant nothing).
+    pub fn read_acl(&self) -> Vec<ChannelPattern> {
+        self.allow_subscribe
+            .iter()
+            .filter_map(|c| ChannelPattern::from_policy(c).ok())
+            .collect()
+    }
+
+    /// Whether the read ACL covers the concrete `channel` (§9: the current read ACL).
+    pub fn may_read(&self, channel: &str) -> bool {
+        Channel::new(channel).is_ok_and(|c| is_covered(&self.read_acl(), &c))
+    }
 }
 
 /// `mint`'s reply.

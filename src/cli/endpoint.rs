@@ -25,7 +25,7 @@ pub struct EndpointArgs {
 }
 
 impl EndpointArgs {
-    fn options(&self) -> anyhow::Result<ConnectOptions> {
+    pub(super) fn options(&self) -> anyhow::Result<ConnectOptions> {
         let link =
             JoinLink::parse(&self.link).with_context(|| format!("invalid link {}", self.link))?;
         let creds = std::fs::read_to_string(&self.creds)
@@ -69,6 +69,7 @@ pub(super) async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
     let mut opts = args.endpoint.options()?;
     opts.receive_dms = false;
     opts.presence = false;
+    opts.receive_backstop = false;
     let conn = Client::connect(opts).await?;
     let sent = conn
         .client
@@ -104,7 +105,7 @@ pub struct TailArgs {
     /// Exit after this many messages.
     #[arg(long, value_name = "N")]
     count: Option<usize>,
-    /// One JSON object per message: id, kind, historical, channel, from, parts, ts.
+    /// One JSON object per message: id, kind, historical, durable, channel, from, parts, ts.
     #[arg(long)]
     json: bool,
 }
@@ -192,6 +193,7 @@ fn print(d: &Delivery, json: bool) -> anyhow::Result<()> {
             "id": d.message.id,
             "kind": d.kind.as_str(),
             "historical": d.historical,
+            "durable": d.durable,
             "channel": d.channel,
             "from": from,
             "parts": parts,

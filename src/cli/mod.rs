@@ -1,6 +1,7 @@
 //! The `cotald` command line: thin over the library. Errors become `anyhow` here, at the edge.
 
 mod endpoint;
+mod membership;
 mod mint;
 mod revoke;
 mod space;
@@ -60,6 +61,17 @@ pub enum Command {
     /// History is replayed per the channel's config unless --no-history; a message is acked
     /// only after it was printed. Exiting is not leaving: no durable membership is dropped.
     Tail(endpoint::TailArgs),
+    /// Join a channel; on a durable channel, become a durable member from now on.
+    ///
+    /// A durable member's backlog is kept from the moment of the join, and delivered (at least
+    /// once, acked only when handled) whenever it is connected, e.g. by `cotald tail`. Exits 1
+    /// when the channel is durable but the membership could not be established.
+    Join(membership::JoinArgs),
+    /// End a durable membership: nothing published from now on is kept for you.
+    ///
+    /// Works after your credential's read ACL narrowed; messages published before the leave
+    /// are still delivered.
+    Leave(membership::LeaveArgs),
 }
 
 /// The data dir option every local command takes.
@@ -102,6 +114,8 @@ pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
             Command::Space(args) => space::run(args).await,
             Command::Send(args) => endpoint::send(args).await,
             Command::Tail(args) => endpoint::tail(args).await,
+            Command::Join(args) => membership::join(args).await,
+            Command::Leave(args) => membership::leave(args).await,
         }
     });
     match result {

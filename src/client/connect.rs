@@ -42,6 +42,10 @@ pub struct ConnectOptions {
     pub receive_dms: bool,
     /// Heartbeat presence and watch the roster.
     pub presence: bool,
+    /// Receive the durable backstop's copies (§4 `durable`): this identity's backlog on
+    /// durable channels it joined, and `@mention` copies. The trusted reader delivers only
+    /// to members whose presence is live.
+    pub receive_backstop: bool,
 }
 
 impl ConnectOptions {
@@ -58,6 +62,7 @@ impl ConnectOptions {
             request_timeout: Duration::from_secs(5),
             receive_dms: true,
             presence: true,
+            receive_backstop: true,
         }
     }
 }
@@ -248,6 +253,9 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
         }
         if opts.presence {
             presence::start(&client, announce).await?;
+        }
+        if opts.receive_backstop && super::backstop::granted(&client, grants) {
+            super::backstop::start(&client).await?;
         }
         Ok::<(), ClientError>(())
     };

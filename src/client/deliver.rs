@@ -3,10 +3,12 @@
 //! message shape; the delivery kind comes from the subject only. Rejected JetStream copies are
 //! terminated (never redelivered) and reported; the live copy is never acked.
 //!
-//! Channel copies (live, backfill, and later the durable backstop) are one logical delivery:
-//! they are deduplicated by `id`. DM and anycast copies come from their own consumers and are
-//! handed to the application with an explicit ack handle: acked only once handled, nak on a
-//! transient failure.
+//! Channel copies (live, backfill, and the durable backstop's) are one logical delivery: they
+//! are deduplicated by (sender, `id`). The durable copy owns the ack (§4): it is surfaced with
+//! an ack handle, and when its message was already surfaced (live or backfill) it is
+//! acknowledged at once. DM and anycast copies come from their own consumers and are handed to
+//! the application with an explicit ack handle: acked only once handled, nak on a transient
+//! failure.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
@@ -35,8 +37,34 @@ pub struct Delivery {
     pub historical: bool,
     /// The channel, for channel deliveries (the subject's tokens 4+).
     pub channel: Option<String>,
-    /// The JetStream copy to ack, for DM and anycast.
-    ack: Option<jetstream::Message>,
+    /// A durable backstop copy (§4 `durable`, §8 trusted reader): at-least-once, acked.
+    pub durable: bool,
+    /// What acknowledging this copy means.
+    ack: Ack,
+}
+
+/// How a surfaced copy is acknowledged.
+enum Ack {
+    /// Live and backfill copies: nothing to acknowledge.
+    None,
+    /// DM and anycast copies: the JetStream message.
+    Stream(Box<jetstream::Message>),
+    /// Durable copies: the trusted reader's token, acknowledged through `ctl.manager`.
+    Backstop(BackstopToken),
+}
+
+/// A durable copy's token and where acknowledgements are batched.
+pub(crate) struct BackstopToken {
+    pub(crate) token: String,
+    pub(crate) acks: mpsc::UnboundedSender<String>,
+}
+
+impl BackstopToken {
+    fn ack(self) {
+        // The batcher is gone only once the client is closed: the copy is then delivered again
+        // to the next connection, which at-least-once allows.
+        let _ = self.acks.send(self.token);
+    }
 }
 
 impl std::fmt::Debug for Delivery {
@@ -46,7 +74,8 @@ impl std::fmt::Debug for Delivery {
             .field("kind", &self.kind)
             .field("historical", &self.historical)
             .field("channel", &self.channel)
-            .field("acked_copy", &self.ack.is_some())
+            .field("durable", &self.durable)
+            .field("needs_ack", &self.needs_ack())
             .finish()
     }
 }
@@ -54,26 +83,33 @@ impl std::fmt::Debug for Delivery {
 impl Delivery {
     /// Whether this copy is at-least-once and waits for [`Delivery::ack`].
     pub fn needs_ack(&self) -> bool {
-        self.ack.is_some()
+        !matches!(self.ack, Ack::None)
     }
 
-    /// Confirms the message was handled; the broker will not redeliver it. A no-op for live
-    /// and backfill copies.
+    /// Confirms the message was handled; it will not be delivered again. A no-op for live and
+    /// backfill copies. A durable copy's acknowledgement is batched with others and sent to the
+    /// trusted reader without waiting for it.
     pub async fn ack(self) -> Result<(), ClientError> {
         match self.ack {
-            Some(m) => m.double_ack().await.map_err(nats_err("ack")),
-            None => Ok(()),
+            Ack::Stream(m) => m.double_ack().await.map_err(nats_err("ack")),
+            Ack::Backstop(token) => {
+                token.ack();
+                Ok(())
+            }
+            Ack::None => Ok(()),
         }
     }
 
-    /// Asks for redelivery (a transient failure). A no-op for live and backfill copies.
+    /// Asks for redelivery (a transient failure). A no-op for live and backfill copies; a
+    /// durable copy left unacknowledged is handed over again by the trusted reader after its
+    /// handoff timeout, or at the next connection.
     pub async fn nak(self) -> Result<(), ClientError> {
         match self.ack {
-            Some(m) => m
+            Ack::Stream(m) => m
                 .ack_with(AckKind::Nak(None))
                 .await
                 .map_err(nats_err("nak")),
-            None => Ok(()),
+            Ack::Backstop(_) | Ack::None => Ok(()),
         }
     }
 }
@@ -217,16 +253,46 @@ impl Sink {
         }));
     }
 
-    /// A channel copy (live or backfill): validated, own echo dropped, deduplicated by
-    /// (sender, `id`): every copy of one logical message has the same sender, and keying on the
-    /// sender too keeps one peer from suppressing another's messages by reusing their ids.
-    /// Returns whether it was surfaced.
+    /// A channel copy (live or backfill): see [`Sink::channel_delivery`].
     pub(crate) async fn channel_copy(
         &self,
         subject: &str,
         payload: &[u8],
         historical: bool,
     ) -> bool {
+        self.channel_delivery(subject, payload, historical, Ack::None)
+            .await
+    }
+
+    /// A durable copy from the trusted reader (§8): surfaced with its ack handle; acknowledged
+    /// at once when it is not surfaced (an anomaly, the own echo, or a message already
+    /// surfaced live or from history).
+    pub(crate) async fn durable_copy(
+        &self,
+        subject: &str,
+        payload: &[u8],
+        token: BackstopToken,
+    ) -> bool {
+        self.channel_delivery(subject, payload, false, Ack::Backstop(token))
+            .await
+    }
+
+    /// A channel copy: validated, own echo dropped, deduplicated by (sender, `id`): every copy
+    /// of one logical message has the same sender, and keying on the sender too keeps one peer
+    /// from suppressing another's messages by reusing their ids. Returns whether it was
+    /// surfaced; a copy that is not surfaced is acknowledged.
+    async fn channel_delivery(
+        &self,
+        subject: &str,
+        payload: &[u8],
+        historical: bool,
+        ack: Ack,
+    ) -> bool {
+        let settle = |ack: Ack| {
+            if let Ack::Backstop(token) = ack {
+                token.ack();
+            }
+        };
         let accepted = match accept_delivery(subject, payload, self.max_payload) {
             Ok(a) if a.kind == DeliveryKind::Channel => a,
             Ok(a) => {
@@ -235,28 +301,34 @@ impl Sink {
                     RejectReason::MalformedSubject,
                     format!("a {:?} subject on a channel subscription", a.kind),
                 );
+                settle(ack);
                 return false;
             }
             Err(r) => {
                 self.reject(subject, r.reason(), r.to_string());
+                settle(ack);
                 return false;
             }
         };
         if accepted.sender == self.own_id {
+            settle(ack);
             return false;
         }
         let key = format!("{} {}", accepted.sender, accepted.message.id);
         let first = self.seen.lock().map(|mut s| s.first(&key)).unwrap_or(true);
         if !first {
+            settle(ack);
             return false;
         }
+        let durable = matches!(ack, Ack::Backstop(_));
         self.messages
             .send(Delivery {
                 message: accepted.message,
                 kind: DeliveryKind::Channel,
                 historical,
                 channel: Some(accepted.route),
-                ack: None,
+                durable,
+                ack,
             })
             .await
             .is_ok()
@@ -274,7 +346,8 @@ impl Sink {
                         kind: a.kind,
                         historical: false,
                         channel: None,
-                        ack: Some(msg),
+                        durable: false,
+                        ack: Ack::Stream(Box::new(msg)),
                     })
                     .await;
             }

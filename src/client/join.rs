@@ -291,7 +291,9 @@ impl Client {
             .collect()
     }
 
-    async fn durable_leave(&self, channel: &str) -> Result<ops::Membership, ClientError> {
+    /// Ends the durable membership of `channel` (§7), whether or not this client joined it
+    /// live: the leave cursor is the CHAT frontier now; nothing later is kept for this member.
+    pub async fn durable_leave(&self, channel: &str) -> Result<ops::Membership, ClientError> {
         self.manager(&ops::Request::DurableLeave(ops::DurableLeave {
             channel: channel.to_owned(),
         }))

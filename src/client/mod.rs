@@ -12,9 +12,11 @@
 //! | §6 heartbeat, roster | [`presence`] |
 //! | §7 join/leave, watermark, replay, durable membership | [`join`] |
 //! | §4, §5, §8 receive, dedup, ack/term | [`deliver`] |
+//! | §4 `durable`, §8 the trusted reader's copies, acked once handled | `backstop` |
 //! | §5, §8 send through JetStream with `Nats-Msg-Id` | [`Client::send`] |
 //! | §5 control request/reply | [`Client::control`] |
 
+mod backstop;
 mod connect;
 pub mod deliver;
 pub mod join;
@@ -370,6 +372,20 @@ impl Client {
             what: "control reply",
             source,
         })
+    }
+
+    /// A control request that expects no reply (§5: published without a reply subject).
+    pub async fn notify(&self, service: &str, request: &ControlRequest) -> Result<(), ClientError> {
+        let subject = self.inner.subjects.ctl(service, self.inner.id.as_str())?;
+        let body = serde_json::to_vec(request).map_err(|source| ClientError::Json {
+            what: "control request",
+            source,
+        })?;
+        self.inner
+            .nats
+            .publish(subject.clone(), body.into())
+            .await
+            .map_err(nats_err(format!("control {} on {subject}", request.op)))
     }
 
     /// An operation of the appliance's manager (`ctl.manager`, §7; the ops are listed in

@@ -38,10 +38,15 @@ use tokio_util::sync::CancellationToken;
 use crate::client::DialError;
 use crate::datadir::{DataDir, DataDirError, DataDirLock, RuntimeState};
 use crate::files::FileError;
+use crate::ops::{CredentialProfile, IdentityRecord};
 use crate::ops::{OpError, SpaceInfo};
 use crate::profile::{Profile, SpaceConfig};
 use crate::protocol::{Host, JoinLink};
 use crate::provision::{JetStreamLimits, KeyStore, ProvisionError, SpaceKeys, TlsFiles};
+use crate::services::backstop::Backstop;
+use crate::services::manager::Manager;
+use crate::services::members::Members;
+use crate::services::presence::{PresenceView, PresenceWatch};
 use crate::services::{ServiceSet, ServiceStatus};
 use crate::space::store::{self, StoreError};
 use crate::space::{Identities, MintError, Space, SpaceError};
@@ -83,6 +88,9 @@ pub enum DaemonError {
     /// A file.
     #[error(transparent)]
     File(#[from] FileError),
+    /// A credential the appliance made for itself.
+    #[error(transparent)]
+    Creds(#[from] crate::binding::CredsError),
     /// A mint request.
     #[error(transparent)]
     Mint(#[from] MintError),
@@ -177,6 +185,7 @@ struct Prepared {
 pub(crate) struct Served {
     pub(crate) space: Arc<Space>,
     pub(crate) identities: Arc<Identities>,
+    pub(crate) manager: Arc<Manager>,
     pub(crate) services: ServiceSet,
 }
 
@@ -423,25 +432,62 @@ impl Core {
             creds.render().as_bytes(),
             0o600,
         )?;
+        identities.insert_builtin(operator_record(name, creds.public_key()?));
         let space = Arc::new(Space::connect(&keys, config, self.local, &self.ca_cert).await?);
-        let served = async {
+        let services = ServiceSet::new(name, &self.root);
+        let started = async {
             space.bootstrap().await?;
             for record in identities.active() {
                 space.provision(&record).await?;
             }
-            Ok::<_, DaemonError>(())
+            let members = Arc::new(
+                Members::open(space.jetstream(), space.names())
+                    .await
+                    .map_err(|e| service_error(name, e))?,
+            );
+            let presence = Arc::new(PresenceView::default());
+            let backstop = Arc::new(Backstop::new(
+                space.clone(),
+                identities.clone(),
+                members.clone(),
+                presence.clone(),
+            ));
+            let manager = Arc::new(Manager::new(
+                space.clone(),
+                identities.clone(),
+                members,
+                backstop.clone(),
+            ));
+            // The reader needs the roster, the manager needs the reader.
+            services
+                .start(Arc::new(PresenceWatch::new(space.clone(), presence)))
+                .await
+                .map_err(|e| service_error(name, e))?;
+            services
+                .start(backstop)
+                .await
+                .map_err(|e| service_error(name, e))?;
+            services
+                .start(manager.clone())
+                .await
+                .map_err(|e| service_error(name, e))?;
+            Ok::<_, DaemonError>(manager)
         };
-        if let Err(e) = served.await {
-            space.close().await;
-            return Err(e);
-        }
-        let services = ServiceSet::new(name, &self.root);
+        let manager = match started.await {
+            Ok(manager) => manager,
+            Err(e) => {
+                services.shutdown(SERVICES_DEADLINE).await;
+                space.close().await;
+                return Err(e);
+            }
+        };
         let info = self.space_info(&space)?;
         self.spaces.lock().await.insert(
             name.to_owned(),
             Served {
                 space,
                 identities,
+                manager,
                 services,
             },
         );
@@ -515,6 +561,42 @@ impl Core {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         self.dir.write_state(&state)?;
         Ok(())
+    }
+}
+
+/// A service of `space` that could not start.
+fn service_error(
+    space: &str,
+    e: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> DaemonError {
+    let source = e.into();
+    DaemonError::Service {
+        space: space.to_owned(),
+        source: match source.downcast::<crate::services::ServiceError>() {
+            Ok(e) => *e,
+            Err(other) => {
+                crate::services::ServiceError::new("starting the space's services", other)
+            }
+        },
+    }
+}
+
+/// The machine operator's own user in a space, as the manager knows it: unrestricted, like the
+/// credential (it reads and posts everywhere, and may write channel configs).
+fn operator_record(space: &str, id: String) -> IdentityRecord {
+    IdentityRecord {
+        id,
+        name: "local-operator".into(),
+        space: space.to_owned(),
+        profile: CredentialProfile::Admin,
+        role: None,
+        subscribe: Vec::new(),
+        allow_subscribe: vec![">".into()],
+        allow_publish: vec![">".into()],
+        expires_at: None,
+        issued_at: 0,
+        revokes_before: None,
+        revoked_at: None,
     }
 }
 

@@ -93,7 +93,8 @@ impl Core {
     }
 
     /// `revoke`: the identity's credentials are refused from now on (its connections are
-    /// closed), its key forgotten, its durables and DM backlog deleted.
+    /// closed), its key forgotten, its durables, DM backlog, durable memberships and backstop
+    /// backlog deleted.
     async fn revoke(&self, req: &Revoke) -> Result<IdentityRecord, DaemonError> {
         let spaces = self.spaces.lock().await;
         let served = spaces
@@ -117,6 +118,14 @@ impl Core {
             .await?;
         keys.delete_user_key(&revoked.id)?;
         served.space.deprovision(&revoked).await?;
+        served
+            .manager
+            .forget(&revoked.id)
+            .await
+            .map_err(|e| DaemonError::Service {
+                space: req.space.clone(),
+                source: crate::services::ServiceError::new("ending the memberships", e),
+            })?;
         tracing::info!(space = %req.space, id = %revoked.id, name = %revoked.name, "revoked");
         Ok(revoked)
     }

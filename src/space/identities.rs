@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::store::{self, StoreError};
 use crate::datadir::DataDir;
@@ -16,6 +17,9 @@ pub struct Identities {
     dir: DataDir,
     space: String,
     records: RwLock<BTreeMap<String, IdentityRecord>>,
+    /// Ids known but not minted (kept in memory, never found by name, never revoked).
+    builtin: RwLock<Vec<String>>,
+    version: AtomicU64,
 }
 
 impl Identities {
@@ -29,6 +33,8 @@ impl Identities {
             dir: dir.clone(),
             space: space.to_owned(),
             records: RwLock::new(records),
+            builtin: RwLock::default(),
+            version: AtomicU64::new(0),
         }
     }
 
@@ -45,26 +51,30 @@ impl Identities {
             .cloned()
     }
 
-    /// The identity named `name` (not revoked).
+    /// The minted identity named `name` (not revoked).
     pub fn by_name(&self, name: &str) -> Option<IdentityRecord> {
-        self.read()
-            .values()
-            .find(|r| r.revoked_at.is_none() && r.name == name)
-            .cloned()
+        self.minted().find(|r| r.name == name)
     }
 
-    /// The identity named `name` or with id `name` (not revoked).
+    /// The minted identity named `name` or with id `name` (not revoked).
     pub fn find(&self, name_or_id: &str) -> Option<IdentityRecord> {
-        self.get(name_or_id).or_else(|| self.by_name(name_or_id))
+        self.minted()
+            .find(|r| r.id == name_or_id || r.name == name_or_id)
     }
 
-    /// Every identity not revoked.
+    /// Every minted identity not revoked.
     pub fn active(&self) -> Vec<IdentityRecord> {
+        self.minted().collect()
+    }
+
+    fn minted(&self) -> impl Iterator<Item = IdentityRecord> {
+        let builtin = self.builtin.read().map(|b| b.clone()).unwrap_or_default();
         self.read()
             .values()
-            .filter(|r| r.revoked_at.is_none())
+            .filter(|r| r.revoked_at.is_none() && !builtin.contains(&r.id))
             .cloned()
-            .collect()
+            .collect::<Vec<_>>()
+            .into_iter()
     }
 
     /// User key → the Unix second up to which its credentials are refused (the account JWT's
@@ -82,7 +92,25 @@ impl Identities {
         if let Ok(mut records) = self.records.write() {
             records.insert(record.id.clone(), record);
         }
+        self.version.fetch_add(1, Ordering::Release);
         Ok(())
+    }
+
+    /// Grows with every change: a reader caching a record re-reads it when this moved.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// Adds an identity that is not minted but known (the machine operator's own user); it is
+    /// kept in memory only.
+    pub fn insert_builtin(&self, record: IdentityRecord) {
+        if let Ok(mut builtin) = self.builtin.write() {
+            builtin.push(record.id.clone());
+        }
+        if let Ok(mut records) = self.records.write() {
+            records.insert(record.id.clone(), record);
+        }
+        self.version.fetch_add(1, Ordering::Release);
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, IdentityRecord>> {

@@ -25,7 +25,10 @@ pub use identities::Identities;
 pub use identity::{MintError, Minted};
 
 use crate::ops::{CredentialProfile, IdentityRecord};
-use crate::protocol::{ChannelConfig, ChannelPattern};
+use crate::protocol::{
+    CHANNEL_DEFAULTS_KEY, ChannelConfig, ChannelDefaults, ChannelPattern, EffectiveChannelConfig,
+    resolve,
+};
 
 /// Why a space could not be served.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +50,13 @@ pub enum SpaceError {
     /// A request argument is invalid.
     #[error("{0}")]
     Invalid(String),
+    /// Something of the space could not be read.
+    #[error("space `{space}`: cannot read {what}: {reason}")]
+    Read {
+        space: String,
+        what: &'static str,
+        reason: String,
+    },
     /// The channel registry could not be written.
     #[error("space `{space}`: cannot write {key} in the channel registry: {reason}")]
     Registry {
@@ -275,6 +285,53 @@ impl Space {
             "channel config written"
         );
         Ok(config.clone())
+    }
+
+    /// The CHAT frontier: the stream's last sequence (§7 cursors).
+    pub async fn chat_frontier(&self) -> Result<u64, SpaceError> {
+        let fail = |e: String| SpaceError::Read {
+            space: self.name().to_owned(),
+            what: "the CHAT frontier",
+            reason: e,
+        };
+        let mut stream = self
+            .js
+            .get_stream(self.names.chat_stream())
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let info = stream.info().await.map_err(|e| fail(e.to_string()))?;
+        Ok(info.state.last_sequence)
+    }
+
+    /// The effective config of a concrete channel (§7): registry value, then `=defaults`, then
+    /// the built-in rule, through the one [`crate::protocol::resolve`].
+    pub async fn effective_config(
+        &self,
+        channel: &str,
+    ) -> Result<EffectiveChannelConfig, SpaceError> {
+        let fail = |e: String| SpaceError::Read {
+            space: self.name().to_owned(),
+            what: "the channel registry",
+            reason: e,
+        };
+        let kv = self
+            .js
+            .get_key_value(self.names.channels_bucket())
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let defaults = match kv
+            .get(CHANNEL_DEFAULTS_KEY)
+            .await
+            .map_err(|e| fail(e.to_string()))?
+        {
+            Some(b) => Some(ChannelDefaults::from_json(&b).map_err(|e| fail(e.to_string()))?),
+            None => None,
+        };
+        let config = match kv.get(channel).await.map_err(|e| fail(e.to_string()))? {
+            Some(b) => Some(ChannelConfig::from_json(&b).map_err(|e| fail(e.to_string()))?),
+            None => None,
+        };
+        Ok(resolve(config.as_ref(), defaults.as_ref()))
     }
 
     /// Closes the provisioner connection (after the space's services stopped).

@@ -4,5 +4,6 @@
 mod acl;
 mod appliance;
 mod client;
+mod durable;
 mod helper;
 mod space;

@@ -1,0 +1,65 @@
+//! `cotald join` and `cotald leave`: a durable membership (§7) from the command line.
+//!
+//! `join` subscribes to the channel (the live half, broker-confirmed) and asks the manager for
+//! durable membership from that moment (the join cursor); then it exits. Exiting is not
+//! leaving: the backlog of a durable channel is kept for the member from the join cursor on,
+//! and delivered at its next connection (`cotald tail`). `leave` is the only thing that ends a
+//! durable membership, and it works after the credential's read ACL narrowed.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+
+use super::endpoint::EndpointArgs;
+use crate::client::{Client, DurableState, Replay};
+
+/// Options of `cotald join`.
+#[derive(Debug, Args)]
+pub struct JoinArgs {
+    #[command(flatten)]
+    endpoint: EndpointArgs,
+    /// The concrete channel (within the credential's read ACL).
+    channel: String,
+}
+
+/// Options of `cotald leave`.
+#[derive(Debug, Args)]
+pub struct LeaveArgs {
+    #[command(flatten)]
+    endpoint: EndpointArgs,
+    /// The channel.
+    channel: String,
+}
+
+pub(super) async fn join(args: JoinArgs) -> anyhow::Result<ExitCode> {
+    let mut opts = args.endpoint.options()?;
+    opts.receive_dms = false;
+    opts.receive_backstop = false;
+    let conn = Client::connect(opts).await?;
+    let joined = conn.client.join(&args.channel, Replay::Off).await;
+    conn.client.clone().close().await;
+    let report = joined.with_context(|| format!("cannot join {}", args.channel))?;
+    println!("{}", report.summary());
+    Ok(match report.durable {
+        DurableState::Established | DurableState::NotApplicable => ExitCode::SUCCESS,
+        DurableState::Unavailable(_) => ExitCode::FAILURE,
+    })
+}
+
+pub(super) async fn leave(args: LeaveArgs) -> anyhow::Result<ExitCode> {
+    let mut opts = args.endpoint.options()?;
+    opts.receive_dms = false;
+    opts.receive_backstop = false;
+    opts.presence = false;
+    let conn = Client::connect(opts).await?;
+    let left = conn.client.durable_leave(&args.channel).await;
+    conn.client.clone().close().await;
+    let membership = left.with_context(|| format!("cannot leave {}", args.channel))?;
+    println!(
+        "left durable {} (leave cursor {})",
+        membership.channel,
+        membership.leave_cursor.unwrap_or(membership.join_cursor)
+    );
+    Ok(ExitCode::SUCCESS)
+}

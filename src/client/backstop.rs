@@ -1,0 +1,150 @@
+//! Receiving the durable backstop (§4 `durable`, §8 trusted reader, §12 item 12).
+//!
+//! The appliance's trusted reader hands each durable copy to this member on its own inbox,
+//! `_INBOX_<id>.backstop` ([`crate::ops::backstop_inbox`]), with the original payload, the
+//! chat subject it was published on ([`crate::ops::COPY_SUBJECT`]) and a token
+//! ([`crate::ops::COPY_TOKEN`]). The copy is validated like any channel copy (the subject
+//! names the sender, §5), deduplicated with the live and backfill copies, and surfaced with an
+//! ack handle; the stored entry is acknowledged only once the application acks the copy
+//! (`backstop-ack` on `ctl.manager`, batched). Anything not acknowledged is handed over again.
+//!
+//! Delivery runs in sessions: the client asks for one (`resume`) when it connects and again
+//! after every reconnect, so a backlog that built up while it was away starts flowing at once,
+//! and copies that were in flight when the connection dropped are handed over again.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+
+use super::deliver::BackstopToken;
+use super::{Client, ClientError, ConnectionState, nats_err};
+use crate::binding::MANAGER_SERVICE;
+use crate::ops::{self, BackstopAck, COPY_SUBJECT, COPY_TOKEN, Request, Resume, Resumed};
+
+/// Most tokens acknowledged by one `backstop-ack`.
+const ACK_BATCH: usize = 512;
+/// The longest wait between two `resume` attempts while no manager answers.
+const RESUME_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Whether this credential can be a durable member: it may ask the manager and read its inbox.
+pub(crate) fn granted(client: &Client, grants: &crate::binding::UserPermissions) -> bool {
+    let id = client.inner.id.as_str();
+    client
+        .inner
+        .subjects
+        .ctl(MANAGER_SERVICE, id)
+        .is_ok_and(|ctl| grants.may_publish(&ctl))
+        && grants.may_subscribe(&ops::backstop_inbox(id))
+}
+
+/// Subscribes to the backstop inbox and starts the three tasks of durable delivery: the
+/// receiver, the ack batcher, and the session keeper (`resume` now and after reconnects).
+pub(crate) async fn start(client: &Client) -> Result<(), ClientError> {
+    let inner = &client.inner;
+    let mut copies = inner
+        .nats
+        .subscribe(ops::backstop_inbox(inner.id.as_str()))
+        .await
+        .map_err(nats_err("subscribe to the backstop inbox"))?;
+    let (acks, mut batch) = mpsc::unbounded_channel::<String>();
+
+    let receiver = {
+        let inner = inner.clone();
+        tokio::spawn(async move {
+            while let Some(msg) = copies.next().await {
+                let header = |name: &str| {
+                    msg.headers
+                        .as_ref()
+                        .and_then(|h| h.get(name))
+                        .map(|v| v.as_str().to_owned())
+                };
+                let (Some(subject), Some(token)) = (header(COPY_SUBJECT), header(COPY_TOKEN))
+                else {
+                    tracing::warn!(subject = %msg.subject, "a backstop copy without its headers: dropped");
+                    continue;
+                };
+                let token = BackstopToken {
+                    token,
+                    acks: acks.clone(),
+                };
+                inner.out.durable_copy(&subject, &msg.payload, token).await;
+            }
+        })
+    };
+
+    let batcher = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let mut tokens = Vec::with_capacity(ACK_BATCH);
+            while batch.recv_many(&mut tokens, ACK_BATCH).await > 0 {
+                let request = Request::BackstopAck(BackstopAck {
+                    tokens: std::mem::take(&mut tokens),
+                })
+                .to_control(client.endpoint());
+                if let Err(e) = client.notify(MANAGER_SERVICE, &request).await {
+                    // Unacknowledged copies are handed over again: at-least-once holds.
+                    tracing::debug!(error = %e, "backstop acks not sent");
+                }
+            }
+        })
+    };
+
+    let keeper = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let mut state = client.state();
+            state.borrow_and_update();
+            let mut dropped = !resume(&client, &mut state).await;
+            while state.changed().await.is_ok() {
+                let now = *state.borrow_and_update();
+                match now {
+                    ConnectionState::Connected if dropped => {
+                        dropped = !resume(&client, &mut state).await;
+                    }
+                    ConnectionState::Connected => {}
+                    ConnectionState::Reconnecting | ConnectionState::Disconnected => dropped = true,
+                }
+            }
+        })
+    };
+    if let Ok(mut tasks) = inner.tasks.lock() {
+        tasks.extend([receiver, batcher, keeper]);
+    }
+    Ok(())
+}
+
+/// Asks for a new delivery session until the manager answers (it may still be starting after
+/// a restart of the appliance); false when the connection dropped first. A refusal is final:
+/// this identity has no backstop here.
+async fn resume(
+    client: &Client,
+    state: &mut tokio::sync::watch::Receiver<ConnectionState>,
+) -> bool {
+    let mut wait = Duration::from_millis(100);
+    loop {
+        let request = Request::Resume(Resume {
+            session: crate::protocol::new_message_id(),
+        });
+        match client.manager::<Resumed>(&request).await {
+            Ok(resumed) => {
+                tracing::debug!(
+                    session = resumed.session,
+                    memberships = resumed.memberships.len(),
+                    "backstop session started"
+                );
+                return true;
+            }
+            Err(ClientError::Refused { error, .. }) => {
+                tracing::info!(error, "no durable backstop for this identity");
+                return true;
+            }
+            Err(e) => tracing::debug!(error = %e, "backstop session not started yet"),
+        }
+        if *state.borrow_and_update() != ConnectionState::Connected {
+            return false;
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(RESUME_RETRY_MAX);
+    }
+}

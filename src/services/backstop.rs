@@ -1,0 +1,799 @@
+//! The trusted backstop reader (§8, §9 item 5): the durable half of a `durable` channel, and
+//! the delivery of `@mention` copies.
+//!
+//! **No write amplification.** A message on a durable channel is stored once, in `CHAT_<space>`.
+//! For each membership interval (§7: `joinCursor < seq ≤ leaveCursor`) this reader owns one
+//! durable pull consumer on CHAT, filtered to that channel and starting after the join cursor
+//! (`bk_<member>_<generation>_<channel hash>`); the consumer *is* the member's pending backlog,
+//! kept by JetStream across crashes. Publishing costs the same with 1 or 100 members. The only
+//! copies written are `@mention` copies on live channels, stored once per target in
+//! `INBOX_<space>` and read through `bkm_<member>`.
+//!
+//! **Re-authorized per message.** Before content leaves the broker, each entry is checked
+//! against the member's *current* read ACL (the identity record the appliance minted, §9 item
+//! 6) and its membership interval; a post-leave entry, an entry of a channel dropped from the
+//! ACL, the member's own message, or one of a revoked identity is acknowledged and never sent.
+//!
+//! **At-least-once handoff.** An authorized entry is sent to the member's own
+//! `_INBOX_<id>.backstop` ([`crate::ops::backstop_inbox`]) with the original payload, its chat
+//! subject and a token; the stored entry is acknowledged only when the member acks that token
+//! (`backstop-ack` on `ctl.manager`). While the member holds it, the entry's `ack_wait` is
+//! extended, up to [`HANDOFF_TIMEOUT`], after which it is handed over again; when the member's
+//! session ends (it asked to `resume` again, or its presence went stale) every unacknowledged
+//! entry is nak'ed, so the next session gets it at once; a crash of the appliance leaves it
+//! pending in JetStream, redelivered after `ack_wait`.
+//!
+//! **Only for members that are there.** Nothing is pulled for a member without a session: a
+//! session starts with the member's `resume` and ends when its heartbeats stop, so an absent
+//! member costs nothing but its consumers, bounded by the stream's retention.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
+use async_nats::jetstream::{self, AckKind};
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::members::{Interval, MemberRecord, Members};
+use super::presence::PresenceView;
+use super::{Context, Health, Service, ServiceError};
+use crate::ops::{COPY_SUBJECT, COPY_TOKEN, IdentityRecord, backstop_inbox};
+use crate::protocol::{
+    Channel, ChannelPattern, SubjectKind, accept_delivery, is_covered, parse_subject,
+};
+use crate::space::{Identities, Space};
+
+/// How long a handed-over copy may stay unacknowledged before JetStream redelivers it (the
+/// reader extends it while the member's session lasts).
+pub const ACK_WAIT: Duration = Duration::from_secs(10);
+/// Copies in flight per consumer (the consumer's `max_ack_pending`).
+pub const WINDOW: i64 = 512;
+/// How often held copies get their `ack_wait` extended.
+const PROGRESS_EVERY: Duration = Duration::from_secs(3);
+/// How long a member may hold a copy unacknowledged before it is handed over again (the copy
+/// may have been lost on the way: the handoff is a plain publish to the member's inbox).
+pub const HANDOFF_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often sessions are checked against presence.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// Pull batch size.
+const BATCH: usize = 256;
+
+/// Why the reader could not do something for a member.
+#[derive(Debug, thiserror::Error)]
+pub enum BackstopError {
+    /// The reader is not running (the appliance is starting or stopping).
+    #[error("the backstop reader is not running")]
+    NotRunning,
+    /// A JetStream operation failed.
+    #[error("backstop: {action} {consumer}")]
+    JetStream {
+        /// What was being done.
+        action: &'static str,
+        /// The consumer.
+        consumer: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// `bk_<member>_<generation>_<first 12 hex of sha256(channel)>`: one interval's consumer.
+pub fn interval_consumer(member: &str, channel: &str, generation: u64) -> String {
+    let hash = Sha256::digest(channel.as_bytes());
+    let hex: String = hash.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    format!("bk_{member}_{generation}_{hex}")
+}
+
+/// `bkm_<member>`: the member's `@mention` copies.
+pub fn mention_consumer(member: &str) -> String {
+    format!("bkm_{member}")
+}
+
+/// The subject a mention copy for `target` is stored on.
+pub fn mention_subject(space: &Space, target: &str) -> String {
+    format!("{}.backstop.{target}.m", space.names().prefix())
+}
+
+/// What one consumer of a member reads.
+#[derive(Debug, Clone)]
+enum Source {
+    /// A durable channel's messages in CHAT within one membership interval (tokens `c<seq>`).
+    Chat {
+        /// The channel.
+        channel: String,
+        /// The interval.
+        interval: Interval,
+    },
+    /// The member's mention copies in the backstop store (tokens `m<seq>`).
+    Mention,
+}
+
+/// A copy handed to the member and not acknowledged yet.
+struct Held {
+    message: jetstream::Message,
+    /// When it was handed over.
+    handed: Instant,
+    /// When its `ack_wait` was last extended.
+    since: Instant,
+}
+
+/// One member's delivery session.
+struct Session {
+    name: String,
+    token: CancellationToken,
+    started: Instant,
+    held: Arc<Mutex<HashMap<String, Held>>>,
+    pumps: Mutex<HashMap<String, CancellationToken>>,
+}
+
+impl Session {
+    /// Ends the session: its pumps stop, every held copy is nak'ed for the next session.
+    async fn end(&self) {
+        self.token.cancel();
+        let held: Vec<Held> = self
+            .held
+            .lock()
+            .map(|mut h| h.drain().map(|(_, v)| v).collect())
+            .unwrap_or_default();
+        for h in held {
+            let _ = h.message.ack_with(AckKind::Nak(None)).await;
+        }
+    }
+}
+
+/// The trusted reader of one space.
+pub struct Backstop {
+    space: Arc<Space>,
+    identities: Arc<Identities>,
+    members: Arc<Members>,
+    presence: Arc<PresenceView>,
+    sessions: tokio::sync::Mutex<HashMap<String, Arc<Session>>>,
+    /// Set while running: the token sessions hang under, the tracker their pumps run on.
+    running: Mutex<Option<(CancellationToken, TaskTracker)>>,
+}
+
+impl Backstop {
+    /// The reader of `space`.
+    pub fn new(
+        space: Arc<Space>,
+        identities: Arc<Identities>,
+        members: Arc<Members>,
+        presence: Arc<PresenceView>,
+    ) -> Self {
+        Backstop {
+            space,
+            identities,
+            members,
+            presence,
+            sessions: Default::default(),
+            running: Mutex::new(None),
+        }
+    }
+
+    /// Creates (or finds) the consumer of one membership interval: the manager calls it when
+    /// the membership is recorded, so the backlog is kept from then on, reader running or not.
+    pub async fn ensure_interval(
+        &self,
+        channel: &str,
+        member: &str,
+        interval: &Interval,
+    ) -> Result<(), BackstopError> {
+        let name = interval_consumer(member, channel, interval.generation);
+        let config = pull::Config {
+            durable_name: Some(name.clone()),
+            filter_subject: format!("{}.chat.*.{channel}", self.space.names().prefix()),
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: interval.join_cursor + 1,
+            },
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: ACK_WAIT,
+            max_ack_pending: WINDOW,
+            ..Default::default()
+        };
+        self.ensure(self.space.names().chat_stream(), config).await
+    }
+
+    async fn ensure_mentions(&self, member: &str) -> Result<(), BackstopError> {
+        let config = pull::Config {
+            durable_name: Some(mention_consumer(member)),
+            filter_subject: format!("{}.backstop.{member}.>", self.space.names().prefix()),
+            deliver_policy: DeliverPolicy::All,
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: ACK_WAIT,
+            max_ack_pending: WINDOW,
+            ..Default::default()
+        };
+        self.ensure(self.space.names().backstop_stream(), config)
+            .await
+    }
+
+    async fn ensure(&self, stream: String, config: pull::Config) -> Result<(), BackstopError> {
+        let name = config.durable_name.clone().unwrap_or_default();
+        let fail = |action, e: Box<dyn std::error::Error + Send + Sync>| BackstopError::JetStream {
+            action,
+            consumer: name.clone(),
+            source: e,
+        };
+        let stream = self
+            .space
+            .jetstream()
+            .get_stream(&stream)
+            .await
+            .map_err(|e| fail("opening the stream of", e.into()))?;
+        stream
+            .get_or_create_consumer(&name, config.clone())
+            .await
+            .map_err(|e| fail("creating", e.into()))?;
+        Ok(())
+    }
+
+    /// Deletes one interval's consumer (its backlog was delivered, or the identity is gone).
+    pub async fn delete_interval(&self, member: &str, channel: &str, generation: u64) {
+        let name = interval_consumer(member, channel, generation);
+        self.stop_pump(member, &name).await;
+        if let Ok(stream) = self
+            .space
+            .jetstream()
+            .get_stream(self.space.names().chat_stream())
+            .await
+        {
+            let _ = stream.delete_consumer(&name).await;
+        }
+    }
+
+    /// Whether a just-closed interval has nothing left to deliver: nothing handed over
+    /// unacknowledged and nothing undelivered (its leave cursor is the frontier of the moment,
+    /// so anything pending is newer, and the interval is kept to be safe).
+    pub async fn drained_at_leave(&self, member: &str, channel: &str, interval: &Interval) -> bool {
+        let name = interval_consumer(member, channel, interval.generation);
+        let Ok(stream) = self
+            .space
+            .jetstream()
+            .get_stream(self.space.names().chat_stream())
+            .await
+        else {
+            return false;
+        };
+        match stream.consumer_info(&name).await {
+            Ok(info) => info.num_ack_pending == 0 && info.num_pending == 0,
+            Err(_) => false,
+        }
+    }
+
+    /// `resume`: starts a new delivery session for `member` named `session`, ending the
+    /// previous one (whose unacknowledged copies are delivered again).
+    pub async fn resume(&self, member: &str, session: &str) -> Result<(), BackstopError> {
+        let (root, tracker) = self
+            .running
+            .lock()
+            .ok()
+            .and_then(|r| r.clone())
+            .ok_or(BackstopError::NotRunning)?;
+        self.ensure_mentions(member).await?;
+        let fresh = Arc::new(Session {
+            name: session.to_owned(),
+            token: root.child_token(),
+            started: Instant::now(),
+            held: Arc::default(),
+            pumps: Mutex::default(),
+        });
+        let old = self
+            .sessions
+            .lock()
+            .await
+            .insert(member.to_owned(), fresh.clone());
+        if let Some(old) = old {
+            old.end().await;
+        }
+        self.start_pumps(member, &fresh, &tracker).await;
+        // Held copies get their `ack_wait` extended while the session lasts.
+        let held = fresh.held.clone();
+        let token = fresh.token.clone();
+        tracker.spawn(async move {
+            let mut tick = tokio::time::interval(PROGRESS_EVERY);
+            loop {
+                tokio::select! {
+                    () = token.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                let (expired, due): (Vec<Held>, Vec<jetstream::Message>) = held
+                    .lock()
+                    .map(|mut h| {
+                        let expired: Vec<String> = h
+                            .iter()
+                            .filter(|(_, e)| e.handed.elapsed() >= HANDOFF_TIMEOUT)
+                            .map(|(token, _)| token.clone())
+                            .collect();
+                        let expired = expired.iter().filter_map(|t| h.remove(t)).collect();
+                        let due = h
+                            .values_mut()
+                            .filter(|e| e.since.elapsed() >= PROGRESS_EVERY)
+                            .map(|e| {
+                                e.since = Instant::now();
+                                e.message.clone()
+                            })
+                            .collect();
+                        (expired, due)
+                    })
+                    .unwrap_or_default();
+                for h in expired {
+                    let _ = h.message.ack_with(AckKind::Nak(None)).await;
+                }
+                for m in due {
+                    let _ = m.ack_with(AckKind::Progress).await;
+                }
+            }
+        });
+        tracing::debug!(
+            space = self.space.name(),
+            member,
+            session,
+            "backstop session started"
+        );
+        Ok(())
+    }
+
+    /// Starts a pump for every consumer of `member` that has none in `session`.
+    async fn start_pumps(&self, member: &str, session: &Arc<Session>, tracker: &TaskTracker) {
+        let mut wanted = vec![(mention_consumer(member), Source::Mention)];
+        for record in self.members.of(member) {
+            for interval in &record.intervals {
+                wanted.push((
+                    interval_consumer(member, &record.channel, interval.generation),
+                    Source::Chat {
+                        channel: record.channel.clone(),
+                        interval: interval.clone(),
+                    },
+                ));
+            }
+        }
+        for (consumer, source) in wanted {
+            let token = {
+                let Ok(mut pumps) = session.pumps.lock() else {
+                    continue;
+                };
+                if pumps.contains_key(&consumer) {
+                    continue;
+                }
+                let token = session.token.child_token();
+                pumps.insert(consumer.clone(), token.clone());
+                token
+            };
+            let pump = Pump {
+                space: self.space.clone(),
+                identities: self.identities.clone(),
+                members: self.members.clone(),
+                member: member.to_owned(),
+                stream: match source {
+                    Source::Chat { .. } => self.space.names().chat_stream(),
+                    Source::Mention => self.space.names().backstop_stream(),
+                },
+                consumer,
+                source,
+                max_payload: self.space.nats().server_info().max_payload,
+                held: session.held.clone(),
+                inbox: backstop_inbox(member),
+            };
+            tracker.spawn(async move { pump.run(token).await });
+        }
+    }
+
+    async fn stop_pump(&self, member: &str, consumer: &str) {
+        if let Some(session) = self.sessions.lock().await.get(member)
+            && let Ok(mut pumps) = session.pumps.lock()
+            && let Some(token) = pumps.remove(consumer)
+        {
+            token.cancel();
+        }
+    }
+
+    /// The member's memberships changed: pump the consumers of new intervals.
+    pub async fn memberships_changed(&self, member: &str) {
+        let session = self.sessions.lock().await.get(member).cloned();
+        let tracker = self
+            .running
+            .lock()
+            .ok()
+            .and_then(|r| r.clone())
+            .map(|(_, t)| t);
+        if let (Some(session), Some(tracker)) = (session, tracker) {
+            self.start_pumps(member, &session, &tracker).await;
+        }
+    }
+
+    /// `backstop-ack`: the member handled these copies; their stored entries are acknowledged.
+    pub async fn ack(&self, member: &str, tokens: &[String]) {
+        let Some(session) = self.sessions.lock().await.get(member).cloned() else {
+            return;
+        };
+        let done: Vec<Held> = session
+            .held
+            .lock()
+            .map(|mut h| tokens.iter().filter_map(|t| h.remove(t)).collect())
+            .unwrap_or_default();
+        for h in done {
+            if let Err(e) = h.message.ack().await {
+                tracing::debug!(member, error = %e, "backstop ack not sent; the entry will be redelivered");
+            }
+        }
+    }
+
+    /// Ends `member`'s session and deletes every consumer it has (a revoked identity): its
+    /// backlog is gone from the store.
+    pub async fn forget(&self, member: &str) {
+        if let Some(session) = self.sessions.lock().await.remove(member) {
+            session.end().await;
+        }
+        for record in self.members.of(member) {
+            for interval in &record.intervals {
+                self.delete_interval(member, &record.channel, interval.generation)
+                    .await;
+            }
+        }
+        if let Ok(stream) = self
+            .space
+            .jetstream()
+            .get_stream(self.space.names().backstop_stream())
+            .await
+        {
+            let _ = stream.delete_consumer(&mention_consumer(member)).await;
+            let _ = stream
+                .purge()
+                .filter(format!(
+                    "{}.backstop.{member}.>",
+                    self.space.names().prefix()
+                ))
+                .await;
+        }
+    }
+
+    /// Ends the sessions of members whose heartbeats stopped (or who said `offline`).
+    async fn sweep(&self) {
+        let sessions: Vec<(String, Arc<Session>)> = self
+            .sessions
+            .lock()
+            .await
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (member, session) in sessions {
+            let live = match self.presence.get(&member) {
+                Some(heard) if heard.at >= session.started => heard.is_live(),
+                // Not heard since the session began: give it one liveness window.
+                _ => session.started.elapsed() <= crate::protocol::LIVENESS_WINDOW,
+            };
+            if !live {
+                let mut sessions = self.sessions.lock().await;
+                if sessions
+                    .get(&member)
+                    .is_some_and(|s| Arc::ptr_eq(s, &session))
+                {
+                    sessions.remove(&member);
+                    drop(sessions);
+                    session.end().await;
+                    tracing::debug!(
+                        space = self.space.name(),
+                        member,
+                        session = session.name,
+                        "backstop session ended: the member is gone"
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl Service for Backstop {
+    fn name(&self) -> &'static str {
+        "backstop"
+    }
+
+    async fn run(&self, ctx: Context) -> Result<(), ServiceError> {
+        let tracker = TaskTracker::new();
+        if let Ok(mut running) = self.running.lock() {
+            *running = Some((ctx.token().clone(), tracker.clone()));
+        }
+        ctx.report(Health::Running);
+        let mut sweep = tokio::time::interval(SWEEP_EVERY);
+        loop {
+            tokio::select! {
+                () = ctx.cancelled() => break,
+                _ = sweep.tick() => self.sweep().await,
+            }
+        }
+        if let Ok(mut running) = self.running.lock() {
+            *running = None;
+        }
+        let sessions: Vec<Arc<Session>> =
+            self.sessions.lock().await.drain().map(|(_, s)| s).collect();
+        for s in sessions {
+            s.end().await;
+        }
+        tracker.close();
+        tracker.wait().await;
+        Ok(())
+    }
+}
+
+/// Reads one consumer of one member's session and hands authorized copies over.
+struct Pump {
+    space: Arc<Space>,
+    identities: Arc<Identities>,
+    members: Arc<Members>,
+    member: String,
+    consumer: String,
+    stream: String,
+    source: Source,
+    max_payload: usize,
+    held: Arc<Mutex<HashMap<String, Held>>>,
+    inbox: String,
+}
+
+/// The member's identity and parsed read ACL, re-read whenever the identities changed.
+struct Acl {
+    version: u64,
+    record: Option<IdentityRecord>,
+    read: Vec<ChannelPattern>,
+}
+
+impl Acl {
+    fn refresh(&mut self, identities: &Identities, member: &str) {
+        let version = identities.version();
+        if self.version != version {
+            self.version = version;
+            self.record = identities.get(member);
+            self.read = self
+                .record
+                .as_ref()
+                .map(IdentityRecord::read_acl)
+                .unwrap_or_default();
+        }
+    }
+}
+
+impl Pump {
+    async fn run(self, token: CancellationToken) {
+        let mut acl = Acl {
+            version: u64::MAX,
+            record: None,
+            read: Vec::new(),
+        };
+        while !token.is_cancelled() {
+            let consumer = match self
+                .space
+                .jetstream()
+                .get_consumer_from_stream::<pull::Config, _, _>(&self.consumer, &self.stream)
+                .await
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!(consumer = self.consumer, error = %e, "backstop consumer not bound");
+                    return;
+                }
+            };
+            let messages = consumer
+                .stream()
+                .max_messages_per_batch(BATCH)
+                .heartbeat(Duration::from_secs(5))
+                .messages()
+                .await;
+            let mut messages = match messages {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::debug!(consumer = self.consumer, error = %e, "backstop pull failed");
+                    tokio::select! {
+                        () = token.cancelled() => return,
+                        () = tokio::time::sleep(Duration::from_millis(500)) => continue,
+                    }
+                }
+            };
+            loop {
+                let next = tokio::select! {
+                    () = token.cancelled() => return,
+                    next = messages.next() => next,
+                };
+                match next {
+                    Some(Ok(msg)) => {
+                        if self.handle(msg, &mut acl).await == Flow::Finished {
+                            return;
+                        }
+                    }
+                    Some(Err(e)) => {
+                        tracing::debug!(consumer = self.consumer, error = %e, "backstop pull error");
+                        if matches!(e.kind(), pull::MessagesErrorKind::ConsumerDeleted) {
+                            return;
+                        }
+                    }
+                    None => break,
+                }
+            }
+        }
+    }
+
+    /// Authorizes one entry and hands it over, or acknowledges it away.
+    async fn handle(&self, msg: jetstream::Message, acl: &mut Acl) -> Flow {
+        let Ok(info) = msg.info() else {
+            let _ = msg.ack_with(AckKind::Term).await;
+            return Flow::Continue;
+        };
+        let seq = info.stream_sequence;
+        let subject = match self.source {
+            Source::Chat { .. } => msg.subject.as_str().to_owned(),
+            Source::Mention => match msg.headers.as_ref().and_then(|h| h.get(COPY_SUBJECT)) {
+                Some(s) => s.as_str().to_owned(),
+                None => {
+                    let _ = msg.ack_with(AckKind::Term).await;
+                    return Flow::Continue;
+                }
+            },
+        };
+        acl.refresh(&self.identities, &self.member);
+        let verdict = self.authorize(&subject, &msg.payload, seq, acl);
+        match verdict {
+            Verdict::Deliver => {}
+            Verdict::Skip(why) => {
+                tracing::trace!(
+                    member = self.member,
+                    seq,
+                    why,
+                    "backstop entry not delivered"
+                );
+                let _ = msg.ack().await;
+                return Flow::Continue;
+            }
+            Verdict::PastLeave => {
+                // Confirmed, so that the floor read next includes it.
+                let _ = msg.double_ack().await;
+                return self.finish_if_drained().await;
+            }
+        }
+        let token = match self.source {
+            Source::Chat { .. } => format!("c{seq}"),
+            Source::Mention => format!("m{seq}"),
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(COPY_SUBJECT, subject.as_str());
+        headers.insert(COPY_TOKEN, token.as_str());
+        let sent = self
+            .space
+            .nats()
+            .publish_with_headers(self.inbox.clone(), headers, msg.payload.clone())
+            .await;
+        match sent {
+            Ok(()) => {
+                if let Ok(mut held) = self.held.lock() {
+                    let now = Instant::now();
+                    held.insert(
+                        token,
+                        Held {
+                            message: msg,
+                            handed: now,
+                            since: now,
+                        },
+                    );
+                }
+            }
+            Err(e) => {
+                tracing::debug!(member = self.member, error = %e, "backstop copy not sent");
+                let _ = msg.ack_with(AckKind::Nak(None)).await;
+            }
+        }
+        Flow::Continue
+    }
+
+    /// The re-authorization of §9 item 5: membership interval, current read ACL, and the
+    /// receive checks of §5 (an anomaly is terminated here, never handed over).
+    fn authorize(&self, subject: &str, payload: &[u8], seq: u64, acl: &Acl) -> Verdict {
+        if acl.record.is_none() {
+            return Verdict::Skip("the identity is revoked");
+        }
+        let Ok(parsed) = parse_subject(subject) else {
+            return Verdict::Skip("malformed subject");
+        };
+        if parsed.kind != SubjectKind::Chat {
+            return Verdict::Skip("not a chat subject");
+        }
+        if parsed.sender == self.member {
+            return Verdict::Skip("the member's own message");
+        }
+        if let Source::Chat { interval, .. } = &self.source
+            && !interval.contains(seq)
+        {
+            return if seq <= interval.join_cursor {
+                Verdict::Skip("before the join cursor")
+            } else {
+                Verdict::PastLeave
+            };
+        }
+        if !Channel::new(parsed.rest).is_ok_and(|c| is_covered(&acl.read, &c)) {
+            return Verdict::Skip("outside the member's current read ACL");
+        }
+        if accept_delivery(subject, payload, self.max_payload).is_err() {
+            return Verdict::Skip("a permanent anomaly (§5)");
+        }
+        Verdict::Deliver
+    }
+
+    /// After an entry past the leave cursor: once every entry up to it is acknowledged, the
+    /// interval is done; its consumer is deleted and it leaves the member's record.
+    async fn finish_if_drained(&self) -> Flow {
+        let Source::Chat { channel, interval } = &self.source else {
+            return Flow::Continue;
+        };
+        let Some(leave) = interval.leave_cursor else {
+            return Flow::Continue;
+        };
+        let Ok(stream) = self.space.jetstream().get_stream(&self.stream).await else {
+            return Flow::Continue;
+        };
+        let floor = match stream.consumer_info(&self.consumer).await {
+            Ok(info) => info.ack_floor.stream_sequence,
+            Err(_) => return Flow::Continue,
+        };
+        if floor < leave {
+            return Flow::Continue;
+        }
+        let generation = interval.generation;
+        let removed = self
+            .members
+            .update::<std::convert::Infallible>(&self.member, channel, |stored| {
+                Ok(stored.and_then(|mut r: MemberRecord| {
+                    r.intervals.retain(|i| i.generation != generation);
+                    (!r.intervals.is_empty()).then_some(r)
+                }))
+            })
+            .await;
+        if let Err(e) = removed {
+            tracing::warn!(member = self.member, channel, error = %e, "drained interval not removed");
+            return Flow::Continue;
+        }
+        let _ = stream.delete_consumer(&self.consumer).await;
+        tracing::debug!(
+            member = self.member,
+            channel,
+            generation,
+            "durable interval delivered"
+        );
+        Flow::Finished
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Deliver,
+    Skip(&'static str),
+    PastLeave,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Finished,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consumer_names_are_valid_and_distinct() {
+        let id = "UAQGWOEVJKMIO4WXSYOTLARXYOZTCXFK67JASEH6AFFFYK6FOPSKQCAD";
+        let a = interval_consumer(id, "team.backend", 1);
+        let b = interval_consumer(id, "team.backend", 2);
+        let c = interval_consumer(id, "team_backend", 1);
+        assert_ne!(a, b);
+        assert_ne!(a, c);
+        for name in [&a, &mention_consumer(id)] {
+            assert!(
+                name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
+                "{name}"
+            );
+            assert!(name.len() < 128, "{name}");
+        }
+    }
+}

@@ -1,0 +1,418 @@
+//! The manager: the `ctl.manager` transport of [`crate::ops`] (§5, §7, Appendix B).
+//!
+//! It listens on `cotal.<space>.ctl.manager.*` and, before acting on a request:
+//! - takes the sender from the subject (token 4) and requires `from.id` to equal it (§5);
+//! - answers only on the sender's own `_INBOX_<sender>.…`: a request whose reply subject is
+//!   anything else gets no answer and is not acted on, so nobody can make the privileged
+//!   manager publish elsewhere (confused deputy);
+//! - requires the sender to be an identity this appliance minted (its record is the caller's
+//!   current read ACL, §9 item 6) and the op to be one `ctl` carries.
+//!
+//! Durable membership (§7): `durable-join` records a new interval from the caller's join
+//! cursor in the members registry and creates its consumer, so the backlog is kept from that
+//! moment; a rejoin while joined returns the open membership unchanged; a rejoin after a leave
+//! takes a new cursor (the gap is not durably redelivered). `durable-leave` closes the interval
+//! at the current CHAT frontier, and works whatever the caller's ACL is now (leave is the only
+//! thing that ends a membership).
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use tokio_util::task::TaskTracker;
+
+use super::backstop::{Backstop, BackstopError};
+use super::members::{Interval, MemberRecord, Members, MembersError};
+use super::{Context, Health, Service, ServiceError};
+use crate::binding::MANAGER_SERVICE;
+use crate::ops::{
+    self, ChannelsSet, CredentialProfile, DurableJoin, DurableLeave, IdentityRecord, Membership,
+    OpError, Request, Resumed, Transport,
+};
+use crate::protocol::{
+    ChannelPattern, ControlReply, DeliveryClass, accept_control_request, parse_subject,
+};
+use crate::space::{Identities, Space, SpaceError};
+
+/// Why an op was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    /// The request cannot be executed as it is.
+    #[error(transparent)]
+    Op(#[from] OpError),
+    /// The caller may not do this.
+    #[error("{0}")]
+    Refused(String),
+    /// The members registry.
+    #[error(transparent)]
+    Members(#[from] MembersError),
+    /// The trusted reader.
+    #[error(transparent)]
+    Backstop(#[from] BackstopError),
+    /// The space (registry, frontier).
+    #[error(transparent)]
+    Space(#[from] SpaceError),
+}
+
+/// The manager of one space.
+pub struct Manager {
+    space: Arc<Space>,
+    identities: Arc<Identities>,
+    members: Arc<Members>,
+    backstop: Arc<Backstop>,
+}
+
+impl Manager {
+    /// The manager of `space`.
+    pub fn new(
+        space: Arc<Space>,
+        identities: Arc<Identities>,
+        members: Arc<Members>,
+        backstop: Arc<Backstop>,
+    ) -> Self {
+        Manager {
+            space,
+            identities,
+            members,
+            backstop,
+        }
+    }
+
+    /// Handles one request message: checks, executes, replies on the sender's inbox.
+    async fn serve(&self, msg: async_nats::Message) {
+        let subject = msg.subject.as_str();
+        let Ok(parsed) = parse_subject(subject) else {
+            return;
+        };
+        let sender = parsed.sender.to_owned();
+        let own_inbox = format!("_INBOX_{sender}.");
+        let reply_to = match msg.reply.as_ref().map(|r| r.as_str()) {
+            Some(r) if r.starts_with(&own_inbox) => Some(r.to_owned()),
+            Some(other) => {
+                tracing::warn!(
+                    space = self.space.name(),
+                    sender,
+                    reply = other,
+                    "ctl request with a reply subject outside the sender's inbox: ignored"
+                );
+                return;
+            }
+            None => None,
+        };
+        let max_payload = self.space.nats().server_info().max_payload;
+        let reply = match accept_control_request(subject, &msg.payload, max_payload) {
+            Err(rejection) => ControlReply::failure(rejection.reason().as_str()),
+            Ok(accepted) => {
+                let request = accepted.request;
+                match Request::from_parts(&request.op, request.args) {
+                    Err(e) => ops::reply::<(), _>(Err(e)),
+                    Ok(request) => ops::reply(self.execute(&sender, request).await),
+                }
+            }
+        };
+        if let Some(reply_to) = reply_to {
+            let body = serde_json::to_vec(&reply).unwrap_or_default();
+            if let Err(e) = self.space.nats().publish(reply_to, body.into()).await {
+                tracing::debug!(sender, error = %e, "ctl reply not sent");
+            }
+        }
+    }
+
+    async fn execute(
+        &self,
+        sender: &str,
+        request: Request,
+    ) -> Result<serde_json::Value, ManagerError> {
+        if !request.served_on(Transport::Control) {
+            return Err(OpError::WrongTransport {
+                op: request.op(),
+                transport: "ctl.manager (it is the machine operator's, on the admin socket)",
+            }
+            .into());
+        }
+        let caller = self.identities.get(sender).ok_or_else(|| {
+            ManagerError::Refused(format!(
+                "{sender} is not an identity of space `{}` (mint it with `cotald mint`)",
+                self.space.name()
+            ))
+        })?;
+        fn json<T: serde::Serialize>(value: &T) -> serde_json::Value {
+            serde_json::to_value(value).unwrap_or_default()
+        }
+        Ok(match request {
+            Request::DurableJoin(req) => json(&self.durable_join(&caller, req).await?),
+            Request::DurableLeave(req) => json(&self.durable_leave(&caller, req).await?),
+            Request::Memberships => json(&self.memberships(&caller.id)),
+            Request::Resume(req) => {
+                self.backstop.resume(&caller.id, &req.session).await?;
+                json(&Resumed {
+                    session: req.session,
+                    memberships: self.memberships(&caller.id),
+                })
+            }
+            Request::BackstopAck(req) => {
+                self.backstop.ack(&caller.id, &req.tokens).await;
+                serde_json::Value::Null
+            }
+            Request::ChannelsSet(req) => json(&self.channels_set(&caller, req).await?),
+            other => {
+                return Err(OpError::WrongTransport {
+                    op: other.op(),
+                    transport: "ctl.manager",
+                }
+                .into());
+            }
+        })
+    }
+
+    fn memberships(&self, member: &str) -> Vec<Membership> {
+        self.members
+            .of(member)
+            .iter()
+            .filter(|r| r.open().is_some())
+            .filter_map(MemberRecord::membership)
+            .collect()
+    }
+
+    async fn durable_join(
+        &self,
+        caller: &IdentityRecord,
+        req: DurableJoin,
+    ) -> Result<Membership, ManagerError> {
+        let channel = concrete(&req.channel)?;
+        if !caller.may_read(&channel) {
+            return Err(ManagerError::Refused(format!(
+                "{channel} is not within {}'s read ACL",
+                caller.name
+            )));
+        }
+        let effective = self.space.effective_config(&channel).await?;
+        if effective.delivery_class != DeliveryClass::Durable {
+            return Err(ManagerError::Refused(format!(
+                "{channel} is a live channel: it has no durable membership"
+            )));
+        }
+        let frontier = self.space.chat_frontier().await?;
+        if req.cursor > frontier {
+            return Err(ManagerError::Refused(format!(
+                "join cursor {} is beyond the CHAT frontier {frontier}",
+                req.cursor
+            )));
+        }
+        let member = caller.id.as_str();
+        let stored = self
+            .members
+            .update::<std::convert::Infallible>(member, &channel, |stored| {
+                Ok(Some(match stored {
+                    Some(record) if record.open().is_some() => record,
+                    Some(mut record) => {
+                        record.generation += 1;
+                        record.intervals.push(Interval {
+                            generation: record.generation,
+                            join_cursor: req.cursor,
+                            leave_cursor: None,
+                        });
+                        record
+                    }
+                    None => MemberRecord {
+                        member: member.to_owned(),
+                        channel: channel.clone(),
+                        intervals: vec![Interval {
+                            generation: 1,
+                            join_cursor: req.cursor,
+                            leave_cursor: None,
+                        }],
+                        generation: 1,
+                    },
+                }))
+            })
+            .await?
+            .unwrap_or_else(|never| match never {});
+        let Some(record) = stored else {
+            return Err(ManagerError::Refused(
+                "the membership was not recorded".into(),
+            ));
+        };
+        let Some(open) = record.open().cloned() else {
+            return Err(ManagerError::Refused(
+                "the membership was not recorded".into(),
+            ));
+        };
+        if let Err(e) = self.backstop.ensure_interval(&channel, member, &open).await {
+            // Without its consumer the interval would promise a backlog nobody keeps.
+            let generation = open.generation;
+            let _ = self
+                .members
+                .update::<std::convert::Infallible>(member, &channel, |stored| {
+                    Ok(stored.and_then(|mut r| {
+                        r.intervals.retain(|i| i.generation != generation);
+                        (!r.intervals.is_empty()).then_some(r)
+                    }))
+                })
+                .await;
+            return Err(e.into());
+        }
+        self.backstop.memberships_changed(member).await;
+        tracing::info!(
+            space = self.space.name(),
+            member,
+            channel,
+            cursor = open.join_cursor,
+            generation = open.generation,
+            "durable join"
+        );
+        record
+            .membership()
+            .ok_or_else(|| ManagerError::Refused("the membership was not recorded".into()))
+    }
+
+    async fn durable_leave(
+        &self,
+        caller: &IdentityRecord,
+        req: DurableLeave,
+    ) -> Result<Membership, ManagerError> {
+        let channel = concrete(&req.channel)?;
+        let member = caller.id.as_str();
+        let frontier = self.space.chat_frontier().await?;
+        let stored = self
+            .members
+            .update(member, &channel, |stored| {
+                let mut record = stored.filter(|r| r.open().is_some()).ok_or_else(|| {
+                    ManagerError::Refused(format!("not durable-joined to {channel}"))
+                })?;
+                if let Some(last) = record.intervals.last_mut() {
+                    last.leave_cursor = Some(frontier);
+                }
+                Ok::<_, ManagerError>(Some(record))
+            })
+            .await??;
+        let Some(record) = stored else {
+            return Err(ManagerError::Refused(format!(
+                "not durable-joined to {channel}"
+            )));
+        };
+        let membership = record
+            .membership()
+            .ok_or_else(|| ManagerError::Refused(format!("not durable-joined to {channel}")))?;
+        if let Some(closed) = record.intervals.last()
+            && self
+                .backstop
+                .drained_at_leave(member, &channel, closed)
+                .await
+        {
+            let generation = closed.generation;
+            self.backstop
+                .delete_interval(member, &channel, generation)
+                .await;
+            self.members
+                .update::<std::convert::Infallible>(member, &channel, |stored| {
+                    Ok(stored.and_then(|mut r| {
+                        r.intervals.retain(|i| i.generation != generation);
+                        (!r.intervals.is_empty()).then_some(r)
+                    }))
+                })
+                .await?
+                .unwrap_or_else(|never| match never {});
+        }
+        tracing::info!(
+            space = self.space.name(),
+            member,
+            channel,
+            cursor = frontier,
+            "durable leave"
+        );
+        Ok(membership)
+    }
+
+    async fn channels_set(
+        &self,
+        caller: &IdentityRecord,
+        req: ChannelsSet,
+    ) -> Result<crate::protocol::ChannelConfig, ManagerError> {
+        if caller.profile != CredentialProfile::Admin {
+            return Err(ManagerError::Refused(
+                "channel configs are written by admin identities".into(),
+            ));
+        }
+        if req.space.as_deref().is_some_and(|s| s != self.space.name()) {
+            return Err(ManagerError::Refused(format!(
+                "this manager serves space `{}`",
+                self.space.name()
+            )));
+        }
+        Ok(self.space.set_channel(&req.channel, &req.config).await?)
+    }
+
+    /// Ends every membership of a revoked identity and deletes its backlog.
+    pub async fn forget(&self, member: &str) -> Result<(), MembersError> {
+        self.backstop.forget(member).await;
+        for record in self.members.of(member) {
+            self.members
+                .update::<std::convert::Infallible>(member, &record.channel, |_| Ok(None))
+                .await?
+                .unwrap_or_else(|never| match never {});
+        }
+        Ok(())
+    }
+}
+
+/// A durable membership is per concrete channel, named exactly (nothing is rewritten).
+fn concrete(channel: &str) -> Result<String, ManagerError> {
+    ChannelPattern::from_policy(channel)
+        .ok()
+        .filter(ChannelPattern::is_concrete)
+        .map(|p| p.as_str().to_owned())
+        .ok_or_else(|| {
+            ManagerError::Refused(format!(
+                "channel {channel:?}: durable membership is per concrete channel, segments from \
+                 [A-Za-z0-9_-]; join each channel of a wildcard"
+            ))
+        })
+}
+
+impl Service for Manager {
+    fn name(&self) -> &'static str {
+        "manager"
+    }
+
+    async fn run(&self, ctx: Context) -> Result<(), ServiceError> {
+        let subject = format!("{}.ctl.{MANAGER_SERVICE}.*", self.space.names().prefix());
+        let mut requests = self
+            .space
+            .nats()
+            .queue_subscribe(subject, MANAGER_SERVICE.to_owned())
+            .await
+            .map_err(ServiceError::at("subscribing to ctl.manager"))?;
+        // The subscription is registered once the server answered a round trip after it.
+        self.space
+            .nats()
+            .flush()
+            .await
+            .map_err(ServiceError::at("subscribing to ctl.manager"))?;
+        self.space
+            .chat_frontier()
+            .await
+            .map_err(ServiceError::at("reaching JetStream"))?;
+        ctx.report(Health::Running);
+        let handlers = TaskTracker::new();
+        let outcome = loop {
+            tokio::select! {
+                () = ctx.cancelled() => break Ok(()),
+                next = requests.next() => match next {
+                    Some(msg) => {
+                        let this = Manager {
+                            space: self.space.clone(),
+                            identities: self.identities.clone(),
+                            members: self.members.clone(),
+                            backstop: self.backstop.clone(),
+                        };
+                        handlers.spawn(async move { this.serve(msg).await });
+                    }
+                    None => break Err(ServiceError::msg("the ctl.manager subscription ended")),
+                },
+            }
+        };
+        handlers.close();
+        handlers.wait().await;
+        outcome
+    }
+}

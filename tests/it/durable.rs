@@ -1,0 +1,441 @@
+//! Durable delivery (§4 `durable`, §7 membership, §8 trusted reader, §9 items 5–6): the
+//! manager and the backstop reader of the running appliance, seen through real clients.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::Duration;
+
+use cotald::client::{Connection, DurableState, Replay};
+use cotald::protocol::{Channel, Routing};
+use cotald::services::backstop::interval_consumer;
+use serde_json::json;
+
+use crate::helper::{Cotald, Minted, Probe, TIMEOUT, delivery, endpoint, mint};
+
+fn channel(name: &str) -> Routing {
+    Routing::channel(&Channel::new(name).unwrap())
+}
+
+fn text(d: &cotald::client::Delivery) -> String {
+    serde_json::to_value(&d.message.parts[0]).unwrap()["text"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// Joins `ch` durably (live half without history) and disconnects: the membership stays.
+async fn join_durable_and_leave_the_room(member: &Minted, ch: &str) {
+    let conn = endpoint(member, |o| o.receive_backstop = false).await;
+    let report = conn.client.join(ch, Replay::Off).await.unwrap();
+    assert_eq!(report.durable, DurableState::Established, "{report:?}");
+    conn.client.close().await;
+}
+
+/// Publishes the texts `{prefix}{i}` on `ch`, 64 acks in flight; returns them in stream
+/// order (concurrent publishes may be stored in another order than they were started).
+async fn publish(
+    poster: &Connection,
+    ch: &str,
+    prefix: &str,
+    range: std::ops::Range<usize>,
+) -> Vec<String> {
+    use futures_util::StreamExt;
+    let mut stored: Vec<(u64, String)> = futures_util::stream::iter(range)
+        .map(|i| {
+            let client = poster.client.clone();
+            let text = format!("{prefix}{i}");
+            async move {
+                let (_, seq) = client.send_text(channel(ch), &text).await.unwrap();
+                (seq, text)
+            }
+        })
+        .buffered(64)
+        .collect()
+        .await;
+    stored.sort();
+    stored.into_iter().map(|(_, text)| text).collect()
+}
+
+/// Receives until `want` distinct texts arrived; every copy is durable and acked once
+/// handled. Returns the texts in arrival order.
+async fn receive(conn: &mut Connection, want: usize) -> Vec<String> {
+    let mut texts = Vec::with_capacity(want);
+    while texts.len() < want {
+        let d = delivery(&mut conn.deliveries).await;
+        assert!(d.durable && d.needs_ack(), "a durable copy: {d:?}");
+        texts.push(text(&d));
+        d.ack().await.unwrap();
+    }
+    texts
+}
+
+/// The machine operator's JetStream view (to read consumer state).
+async fn operator(c: &Cotald, dir: &Path) -> async_nats::jetstream::Context {
+    let probe = Probe::connect(c, &dir.join("spaces/main/local-operator.creds")).await;
+    async_nats::jetstream::new(probe.client)
+}
+
+/// Waits until the interval consumer has nothing pending and nothing unacknowledged.
+async fn drained(js: &async_nats::jetstream::Context, consumer: &str) {
+    let stream = js.get_stream("CHAT_main").await.unwrap();
+    tokio::time::timeout(TIMEOUT, async {
+        loop {
+            match stream.consumer_info(consumer).await {
+                Ok(info) if info.num_pending == 0 && info.num_ack_pending == 0 => return,
+                Err(_) => return, // deleted: its interval is fully delivered
+                Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{consumer} drained within {TIMEOUT:?}"));
+}
+
+#[tokio::test]
+async fn a_returning_member_gets_its_backlog_exactly_once_in_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+    join_durable_and_leave_the_room(&bob, "general").await;
+
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    let stored = publish(&a, "general", "m", 0..1000).await;
+
+    // Bob comes back: no join, no history read; the backlog is delivered by the backstop.
+    let mut b = endpoint(&bob, |_| {}).await;
+    let got = receive(&mut b, 1000).await;
+    assert_eq!(got, stored, "all 1,000, once each, in stream order");
+    // Nothing more is due: the reader's consumer is drained once the acks land.
+    let js = operator(&c, tmp.path()).await;
+    drained(&js, &interval_consumer(&bob.id, "general", 1)).await;
+    // And a new message still flows, once.
+    publish(&a, "general", "after", 0..1).await;
+    assert_eq!(receive(&mut b, 1).await, ["after0"]);
+    for conn in [a, b] {
+        conn.client.close().await;
+    }
+    c.stop().await;
+}
+
+/// What is killed in the middle of a catch-up.
+enum Crash {
+    /// `cotald` itself (its broker follows it).
+    Appliance,
+    /// Only the broker (the appliance restarts it).
+    Broker,
+}
+
+/// Bob has a backlog of 1,000; `crash` happens after he surfaced 300 of them; he keeps
+/// running and must end with all 1,000, none twice.
+async fn catch_up_across(crash: Crash) {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+    join_durable_and_leave_the_room(&bob, "general").await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    publish(&a, "general", "m", 0..1000).await;
+    a.client.close().await;
+
+    let mut b = endpoint(&bob, |_| {}).await;
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for t in receive(&mut b, 300).await {
+        *seen.entry(t).or_default() += 1;
+    }
+    let state = c.state();
+    match crash {
+        Crash::Appliance => {
+            c.signal(libc::SIGKILL);
+            c.wait_exit().await;
+            // The broker follows its parent (parent-death signal); the port is then free.
+            tokio::time::timeout(TIMEOUT, async {
+                while crate::helper::alive(state.broker_pid) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+            .await
+            .expect("the orphaned broker exits");
+            let listen = state.listen.to_string();
+            c = Cotald::spawn(tmp.path(), &["--listen", &listen]);
+            c.wait_stdout("cotald is ready").await;
+        }
+        Crash::Broker => {
+            // SAFETY: plain syscall on the broker child.
+            assert_eq!(
+                unsafe { libc::kill(state.broker_pid as i32, libc::SIGKILL) },
+                0
+            );
+            c.wait_stderr("nats-server restarted").await;
+        }
+    }
+    while seen.len() < 1000 {
+        for t in receive(&mut b, 1).await {
+            *seen.entry(t).or_default() += 1;
+        }
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "surfaced twice: {twice:?}");
+    let want: BTreeSet<String> = (0..1000).map(|i| format!("m{i}")).collect();
+    assert_eq!(seen.keys().cloned().collect::<BTreeSet<_>>(), want);
+    b.client.close().await;
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn catch_up_survives_kill_9_of_the_whole_appliance() {
+    catch_up_across(Crash::Appliance).await;
+}
+
+#[tokio::test]
+async fn catch_up_survives_kill_9_of_the_broker() {
+    catch_up_across(Crash::Broker).await;
+}
+
+#[tokio::test]
+async fn leave_is_a_hard_boundary_and_a_rejoin_does_not_replay_the_gap() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    join_durable_and_leave_the_room(&bob, "general").await;
+    publish(&a, "general", "before", 0..3).await;
+
+    // Leave while away (no live half joined in this process): the leave cursor is now.
+    let b = endpoint(&bob, |o| o.receive_backstop = false).await;
+    let left = b.client.durable_leave("general").await.unwrap();
+    assert_eq!(left.generation, 1);
+    assert!(left.leave_cursor.is_some());
+    b.client.close().await;
+    publish(&a, "general", "gap", 0..3).await;
+
+    // Rejoin: a new cursor; the pre-leave backlog is still due, the gap is not.
+    let mut b = endpoint(&bob, |_| {}).await;
+    let report = b.client.join("general", Replay::Off).await.unwrap();
+    assert_eq!(report.durable, DurableState::Established);
+    let mut got = BTreeSet::new();
+    while got.len() < 3 {
+        let d = delivery(&mut b.deliveries).await;
+        got.insert(text(&d));
+        d.ack().await.unwrap();
+    }
+    assert_eq!(
+        got,
+        ["before0", "before1", "before2"].map(String::from).into()
+    );
+    // The first interval is delivered to its end: its consumer is done, and nothing of the
+    // gap was handed over.
+    let js = operator(&c, tmp.path()).await;
+    drained(&js, &interval_consumer(&bob.id, "general", 1)).await;
+    publish(&a, "general", "rejoined", 0..1).await;
+    let d = delivery(&mut b.deliveries).await;
+    assert_eq!(text(&d), "rejoined0", "nothing of the gap arrives");
+    d.ack().await.unwrap();
+    for conn in [a, b] {
+        conn.client.close().await;
+    }
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_channel_dropped_from_the_acl_is_never_surfaced_from_the_backstop() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(
+        tmp.path(),
+        "alice",
+        "main",
+        &["--allow-publish", "general,secret"],
+    )
+    .await;
+    let bob = mint(
+        tmp.path(),
+        "bob",
+        "main",
+        &["--subscribe", "general,secret"],
+    )
+    .await;
+    join_durable_and_leave_the_room(&bob, "general").await;
+    join_durable_and_leave_the_room(&bob, "secret").await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    publish(&a, "secret", "early", 0..2).await;
+
+    // Re-minting bob with a narrower ACL revokes the old credential; the reader authorizes
+    // against the new one.
+    let narrowed = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+    assert_eq!(narrowed.id, bob.id, "a re-mint keeps the identity");
+    publish(&a, "secret", "late", 0..3).await;
+    publish(&a, "general", "open", 0..3).await;
+
+    let mut b = endpoint(&narrowed, |_| {}).await;
+    assert_eq!(receive(&mut b, 3).await, ["open0", "open1", "open2"]);
+    let js = operator(&c, tmp.path()).await;
+    drained(&js, &interval_consumer(&bob.id, "secret", 1)).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), b.deliveries.next())
+            .await
+            .is_err(),
+        "nothing of `secret` is handed over"
+    );
+    // Leave works after the ACL narrowed (it is the only thing that ends a membership).
+    let left = b.client.durable_leave("secret").await.unwrap();
+    assert_eq!(left.channel, "secret");
+    for conn in [a, b] {
+        conn.client.close().await;
+    }
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn the_manager_answers_only_its_caller_and_checks_the_sender() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &[]).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+    let mut watcher =
+        Probe::connect(&c, &tmp.path().join("spaces/main/local-operator.creds")).await;
+    let mut stolen = watcher.client.subscribe("elsewhere.>").await.unwrap();
+    let mut alice_inbox = watcher
+        .client
+        .subscribe(format!("_INBOX_{}.>", alice.id))
+        .await
+        .unwrap();
+    watcher.barrier().await;
+
+    let mut b = Probe::connect(&c, &bob.creds).await;
+    let ctl = format!("cotal.main.ctl.manager.{}", bob.id);
+    let from = json!({"id": bob.id, "name": "bob"});
+    let request = json!({"op": "memberships", "from": from}).to_string();
+    // A forged reply subject: elsewhere, and another identity's inbox. No answer goes out.
+    for forged in ["elsewhere.x".to_owned(), format!("_INBOX_{}.x", alice.id)] {
+        b.client
+            .publish_with_reply(ctl.clone(), forged, request.clone().into())
+            .await
+            .unwrap();
+    }
+    // A request whose `from.id` is not the subject sender is refused (§5).
+    let spoof = json!({"op": "memberships", "from": {"id": alice.id, "name": "alice"}});
+    let reply = b.request(&ctl, spoof).await;
+    assert_eq!(reply["ok"], false, "{reply}");
+    assert_eq!(reply["error"], "sender-mismatch", "{reply}");
+    // An unknown op is refused by name; a machine-operator op is not served on ctl.
+    let reply = b
+        .request(&ctl, json!({"op": "frobnicate", "from": from}))
+        .await;
+    assert_eq!(reply["ok"], false);
+    assert!(
+        reply["error"].as_str().unwrap().contains("frobnicate"),
+        "{reply}"
+    );
+    let reply = b
+        .request(&ctl, json!({"op": "space-list", "from": from}))
+        .await;
+    assert_eq!(reply["ok"], false);
+    assert!(
+        reply["error"].as_str().unwrap().contains("not served"),
+        "{reply}"
+    );
+    // A durable join outside the read ACL is refused.
+    let reply = b
+        .request(
+            &ctl,
+            json!({"op": "durable-join", "args": {"channel": "secret", "cursor": 0}, "from": from}),
+        )
+        .await;
+    assert_eq!(reply["ok"], false);
+    assert!(
+        reply["error"].as_str().unwrap().contains("read ACL"),
+        "{reply}"
+    );
+    // The genuine request on the caller's own inbox is answered.
+    let reply = b
+        .request(&ctl, json!({"op": "memberships", "from": from}))
+        .await;
+    assert_eq!(reply, json!({"ok": true, "data": []}));
+    // The forged requests came first on the same connection, and the manager handles a
+    // subscription in order: had it answered them, the watcher would hold the answers now.
+    watcher.barrier().await;
+    for sub in [&mut stolen, &mut alice_inbox] {
+        assert!(
+            tokio::time::timeout(
+                Duration::from_millis(200),
+                futures_util::StreamExt::next(sub)
+            )
+            .await
+            .is_err(),
+            "the manager published on a forged reply subject"
+        );
+    }
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_revoked_identity_cannot_connect_and_its_backlog_is_gone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+    join_durable_and_leave_the_room(&bob, "general").await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    publish(&a, "general", "m", 0..10).await;
+    let js = operator(&c, tmp.path()).await;
+    let chat = js.get_stream("CHAT_main").await.unwrap();
+    let consumer = interval_consumer(&bob.id, "general", 1);
+    assert_eq!(chat.consumer_info(&consumer).await.unwrap().num_pending, 10);
+
+    let out = tokio::process::Command::new(crate::helper::cotald_bin())
+        .args(["revoke", "bob", "--space", "main", "--data-dir"])
+        .arg(tmp.path())
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    assert!(
+        Probe::try_connect(&c, &bob.creds).await.is_err(),
+        "the broker refuses the revoked credential"
+    );
+    assert!(
+        chat.consumer_info(&consumer).await.is_err(),
+        "its backlog consumer is deleted"
+    );
+    let members = js.get_key_value("cotal_members_main").await.unwrap();
+    assert!(
+        members
+            .get(format!("{}.general", bob.id))
+            .await
+            .unwrap()
+            .is_none(),
+        "its membership is gone"
+    );
+    a.client.close().await;
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn status_shows_each_service() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let out = tokio::process::Command::new(crate::helper::cotald_bin())
+        .args(["status", "--json", "--data-dir"])
+        .arg(tmp.path())
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success());
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let services = status["services"].as_array().unwrap();
+    for name in ["presence", "backstop", "manager"] {
+        let s = services
+            .iter()
+            .find(|s| s["scope"] == "main" && s["name"] == name)
+            .unwrap_or_else(|| panic!("{name} in {status}"));
+        assert_eq!(s["state"], "running", "{s}");
+    }
+    c.stop().await;
+}
