@@ -46,6 +46,7 @@ use crate::provision::{JetStreamLimits, KeyStore, ProvisionError, SpaceKeys, Tls
 use crate::services::backstop::Backstop;
 use crate::services::manager::Manager;
 use crate::services::members::Members;
+use crate::services::mentions::Mentions;
 use crate::services::presence::{PresenceView, PresenceWatch};
 use crate::services::{ServiceSet, ServiceStatus};
 use crate::space::store::{self, StoreError};
@@ -458,9 +459,20 @@ impl Core {
                 members,
                 backstop.clone(),
             ));
-            // The reader needs the roster, the manager needs the reader.
+            // The reader and the router need the roster, the manager needs the reader.
             services
-                .start(Arc::new(PresenceWatch::new(space.clone(), presence)))
+                .start(Arc::new(PresenceWatch::new(
+                    space.clone(),
+                    presence.clone(),
+                )))
+                .await
+                .map_err(|e| service_error(name, e))?;
+            services
+                .start(Arc::new(Mentions::new(
+                    space.clone(),
+                    identities.clone(),
+                    presence.clone(),
+                )))
                 .await
                 .map_err(|e| service_error(name, e))?;
             services

@@ -77,16 +77,15 @@ impl Manager {
         }
     }
 
-    /// Handles one request message: checks, executes, replies on the sender's inbox.
-    async fn serve(&self, msg: async_nats::Message) {
-        let subject = msg.subject.as_str();
-        let Ok(parsed) = parse_subject(subject) else {
-            return;
-        };
-        let sender = parsed.sender.to_owned();
+    /// The sender of a request and where its reply may go: only the sender's own
+    /// `_INBOX_<sender>.…`, or nowhere (a request published without a reply subject). `None`
+    /// for a request that must not be acted on: an unparseable subject, or a reply subject
+    /// elsewhere (confused deputy). Checked in arrival order, before anything is spawned.
+    fn confine(&self, msg: &async_nats::Message) -> Option<(String, Option<String>)> {
+        let sender = parse_subject(msg.subject.as_str()).ok()?.sender.to_owned();
         let own_inbox = format!("_INBOX_{sender}.");
-        let reply_to = match msg.reply.as_ref().map(|r| r.as_str()) {
-            Some(r) if r.starts_with(&own_inbox) => Some(r.to_owned()),
+        match msg.reply.as_ref().map(|r| r.as_str()) {
+            Some(r) if r.starts_with(&own_inbox) => Some((sender, Some(r.to_owned()))),
             Some(other) => {
                 tracing::warn!(
                     space = self.space.name(),
@@ -94,10 +93,15 @@ impl Manager {
                     reply = other,
                     "ctl request with a reply subject outside the sender's inbox: ignored"
                 );
-                return;
+                None
             }
-            None => None,
-        };
+            None => Some((sender, None)),
+        }
+    }
+
+    /// Handles one confined request: checks, executes, replies on the sender's inbox.
+    async fn serve(&self, msg: async_nats::Message, sender: String, reply_to: Option<String>) {
+        let subject = msg.subject.as_str();
         let max_payload = self.space.nats().server_info().max_payload;
         let reply = match accept_control_request(subject, &msg.payload, max_payload) {
             Err(rejection) => ControlReply::failure(rejection.reason().as_str()),
@@ -399,13 +403,16 @@ impl Service for Manager {
                 () = ctx.cancelled() => break Ok(()),
                 next = requests.next() => match next {
                     Some(msg) => {
+                        let Some((sender, reply_to)) = self.confine(&msg) else {
+                            continue;
+                        };
                         let this = Manager {
                             space: self.space.clone(),
                             identities: self.identities.clone(),
                             members: self.members.clone(),
                             backstop: self.backstop.clone(),
                         };
-                        handlers.spawn(async move { this.serve(msg).await });
+                        handlers.spawn(async move { this.serve(msg, sender, reply_to).await });
                     }
                     None => break Err(ServiceError::msg("the ctl.manager subscription ended")),
                 },

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use async_nats::jetstream::kv::Operation;
 use futures_util::StreamExt;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 use super::{Context, Health, Service, ServiceError};
 use crate::protocol::{EndpointKind, LIVENESS_WINDOW, PresenceStatus, accept_presence_record};
@@ -40,10 +40,21 @@ impl Heard {
 }
 
 /// What the presence watch has heard, shared with the other services.
-#[derive(Default)]
 pub struct PresenceView {
     heard: RwLock<HashMap<String, Heard>>,
     changed: Notify,
+    /// The bucket's stream sequence the view has applied up to.
+    applied: watch::Sender<u64>,
+}
+
+impl Default for PresenceView {
+    fn default() -> Self {
+        PresenceView {
+            heard: RwLock::default(),
+            changed: Notify::new(),
+            applied: watch::channel(0).0,
+        }
+    }
 }
 
 impl PresenceView {
@@ -66,17 +77,32 @@ impl PresenceView {
         self.changed.notified().await;
     }
 
+    /// Waits until the view holds every presence record stored so far (the bucket's stream
+    /// sequence `seq`), at most `timeout`; false when it did not catch up in time. A reader
+    /// that must judge presence *now* (the mention router, §4 "at publish time") calls it.
+    pub async fn caught_up(&self, seq: u64, timeout: std::time::Duration) -> bool {
+        let mut applied = self.applied.subscribe();
+        tokio::time::timeout(timeout, applied.wait_for(|a| *a >= seq))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Heard>> {
         self.heard.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn apply(&self, id: &str, heard: Option<Heard>) {
+    fn apply(&self, id: &str, heard: Option<Heard>, revision: u64) {
         if let Ok(mut map) = self.heard.write() {
             match heard {
                 Some(h) => map.insert(id.to_owned(), h),
                 None => map.remove(id),
             };
         }
+        self.applied.send_if_modified(|a| {
+            let newer = revision > *a;
+            *a = (*a).max(revision);
+            newer
+        });
         self.changed.notify_waiters();
     }
 }
@@ -124,7 +150,7 @@ impl Service for PresenceWatch {
                 None => return Err(ServiceError::msg("the presence watch ended")),
             };
             if entry.operation != Operation::Put {
-                self.view.apply(&entry.key, None);
+                self.view.apply(&entry.key, None, entry.revision);
                 continue;
             }
             match accept_presence_record(&entry.key, &entry.value) {
@@ -136,8 +162,12 @@ impl Service for PresenceWatch {
                         status: p.status,
                         at: Instant::now(),
                     }),
+                    entry.revision,
                 ),
-                Err(e) => tracing::debug!(key = entry.key, error = %e, "presence record dropped"),
+                Err(e) => {
+                    self.view.apply(&entry.key, None, entry.revision);
+                    tracing::debug!(key = entry.key, error = %e, "presence record dropped");
+                }
             }
         }
     }

@@ -77,7 +77,12 @@ async fn operator(c: &Cotald, dir: &Path) -> async_nats::jetstream::Context {
 
 /// Waits until the interval consumer has nothing pending and nothing unacknowledged.
 async fn drained(js: &async_nats::jetstream::Context, consumer: &str) {
-    let stream = js.get_stream("CHAT_main").await.unwrap();
+    drained_on(js, "CHAT_main", consumer).await;
+}
+
+/// Waits until `consumer` of `stream` has nothing pending and nothing unacknowledged.
+async fn drained_on(js: &async_nats::jetstream::Context, stream: &str, consumer: &str) {
+    let stream = js.get_stream(stream).await.unwrap();
     tokio::time::timeout(TIMEOUT, async {
         loop {
             match stream.consumer_info(consumer).await {
@@ -436,6 +441,119 @@ async fn status_shows_each_service() {
             .find(|s| s["scope"] == "main" && s["name"] == name)
             .unwrap_or_else(|| panic!("{name} in {status}"));
         assert_eq!(s["state"], "running", "{s}");
+    }
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_mention_on_a_live_channel_reaches_an_offline_authorized_target_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "lounge"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "lounge"]).await;
+    let carol = mint(tmp.path(), "carol", "main", &["--subscribe", "general"]).await;
+    // "dup" is also a minted name: an unheard live pair would resolve to it.
+    let dup1 = mint(tmp.path(), "dup", "main", &["--subscribe", "lounge"]).await;
+    let dup2 = mint(tmp.path(), "dup2", "main", &["--subscribe", "lounge"]).await;
+    // `lounge` is live (the space default is durable): only mentions are kept for the absent.
+    let machine = Minted {
+        id: String::new(),
+        creds: tmp.path().join("spaces/main/local-operator.creds"),
+        link: alice.link.clone(),
+        ca: alice.ca.clone(),
+    };
+    let op = endpoint(&machine, |o| {
+        o.receive_backstop = false;
+        o.receive_dms = false;
+    })
+    .await;
+    op.client
+        .manager::<serde_json::Value>(&cotald::ops::Request::ChannelsSet(
+            cotald::ops::ChannelsSet {
+                space: None,
+                channel: "lounge".into(),
+                config: serde_json::from_value(json!({"deliveryClass": "live"})).unwrap(),
+            },
+        ))
+        .await
+        .unwrap();
+    // Two live instances both called "dup": a mention of "dup" is ambiguous.
+    let named_dup = |o: &mut cotald::client::ConnectOptions| {
+        o.name = Some("dup".into());
+        o.receive_backstop = false;
+    };
+    let d1 = endpoint(&dup1, named_dup).await;
+    let d2 = endpoint(&dup2, named_dup).await;
+    let roster = op.client.roster().clone();
+    while [&dup1.id, &dup2.id].iter().any(|id| {
+        roster
+            .peer(id)
+            .is_none_or(|p| p.status() == cotald::protocol::PresenceStatus::Offline)
+    }) {
+        tokio::time::timeout(TIMEOUT, roster.changed())
+            .await
+            .unwrap();
+    }
+
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    let (sent, _) = a
+        .client
+        .send(
+            channel("lounge"),
+            vec![cotald::protocol::Part::text("ping")],
+            &["Bob".into(), "carol".into(), "dup".into(), "nobody".into()],
+        )
+        .await
+        .unwrap();
+    // Everything the router read is settled.
+    let js = operator(&c, tmp.path()).await;
+    let chat = js.get_stream("CHAT_main").await.unwrap();
+    tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let info = chat
+                .consumer_info(cotald::services::mentions::CONSUMER)
+                .await
+                .unwrap();
+            if info.num_pending == 0 && info.num_ack_pending == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the router settles");
+    let mut inbox = js.get_stream("INBOX_main").await.unwrap();
+    let stored: BTreeMap<String, usize> = {
+        use futures_util::StreamExt;
+        inbox
+            .info_with_subjects("cotal.main.backstop.>")
+            .await
+            .unwrap()
+            .map(|s| s.unwrap())
+            .collect()
+            .await
+    };
+    assert_eq!(
+        stored,
+        BTreeMap::from([(format!("cotal.main.backstop.{}.m", bob.id), 1)]),
+        "one copy, for bob only: carol may not read lounge, dup is ambiguous, nobody unknown"
+    );
+
+    // Bob was never connected: he gets it when he comes, once, as a durable copy.
+    let mut b = endpoint(&bob, |_| {}).await;
+    let d = delivery(&mut b.deliveries).await;
+    assert_eq!(d.message.id, sent.id);
+    assert!(d.durable && d.needs_ack());
+    assert_eq!(d.channel.as_deref(), Some("lounge"));
+    d.ack().await.unwrap();
+    drained_on(
+        &js,
+        "INBOX_main",
+        &cotald::services::backstop::mention_consumer(&bob.id),
+    )
+    .await;
+    for conn in [a, b, d1, d2, op] {
+        conn.client.close().await;
     }
     c.stop().await;
 }
