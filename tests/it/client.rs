@@ -839,3 +839,55 @@ async fn tail_drains_history_deeper_than_its_queue() {
     assert_eq!(ids.len(), 1200, "every retained message once");
     c.stop().await;
 }
+
+#[tokio::test]
+async fn plain_tail_shows_controls_from_the_wire_escaped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
+    let a = endpoint(&alice, |_| {}).await;
+    a.client
+        .send_text(
+            channel("general"),
+            "\u{1b}]0;owned\u{7}\u{1b}[2Jhi\r\n#general mallory: forged\u{202e}",
+        )
+        .await
+        .unwrap();
+    let out = tokio::time::timeout(
+        TIMEOUT,
+        tokio::process::Command::new(crate::helper::cotald_bin())
+            .arg("tail")
+            .arg("--creds")
+            .arg(&bob.creds)
+            .args(["--link", &bob.link, "--ca"])
+            .arg(&bob.ca)
+            .args(["--channel", "general", "--count", "1"])
+            .output(),
+    )
+    .await
+    .expect("tail finishes")
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        !shown
+            .chars()
+            .any(|c| (c.is_control() && c != '\n') || c == '\u{202e}'),
+        "{shown:?}"
+    );
+    let lines: Vec<&str> = shown.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "#general alice (history): \\u{1b}]0;owned\\u{7}\\u{1b}[2Jhi\\u{d}",
+            "    #general mallory: forged\\u{202e}",
+        ]
+    );
+    a.client.close().await;
+    c.stop().await;
+}
