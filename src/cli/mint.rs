@@ -53,6 +53,9 @@ pub struct MintArgs {
 }
 
 pub(super) async fn run(args: MintArgs) -> anyhow::Result<ExitCode> {
+    // Before anything else: minting without the appliance creates and locks the data dir
+    // before the library sees the request.
+    crate::space::identity::validate_name(&args.name)?;
     let dir = args.data_dir.resolve()?;
     if let Some(out) = args.out.as_ref().filter(|o| o.exists()) {
         bail!(
