@@ -387,3 +387,35 @@ async fn refused_publishes_cannot_fill_the_disk_with_broker_log() {
     fresh.barrier().await;
     c.stop().await;
 }
+
+#[tokio::test]
+async fn a_bad_hostname_is_refused_before_anything_is_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let long_label = format!("{}.example", "a".repeat(64));
+    for bad in ["*", "a/b", " ", "", long_label.as_str()] {
+        let out = tokio::time::timeout(
+            TIMEOUT,
+            tokio::process::Command::new(cotald_bin())
+                .args([
+                    "up",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--hostname",
+                    bad,
+                    "--data-dir",
+                ])
+                .arg(&dir)
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .expect("refused at once")
+        .unwrap();
+        assert!(!out.status.success(), "{bad:?} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("{bad:?}")), "{bad:?}: {err}");
+        assert!(err.contains("not a DNS name or an IP address"), "{err}");
+        assert!(!dir.exists(), "{bad:?}: the data dir was created");
+    }
+}
