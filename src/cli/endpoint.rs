@@ -80,7 +80,7 @@ pub(super) async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
         .await;
     conn.client.clone().close().await;
     let (message, seq) = sent?;
-    println!("sent {} (stream sequence {seq})", message.id);
+    super::stdout(|out| writeln!(out, "sent {} (stream sequence {seq})", message.id))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -184,9 +184,7 @@ pub(super) async fn tail(args: TailArgs) -> anyhow::Result<ExitCode> {
 /// Writes one delivery to stdout; a closed pipe (`tail | head`) is an error, not a panic.
 /// Without `--json`, whatever came from the wire passes [`terminal_safe`] first.
 fn print(d: &Delivery, json: bool) -> anyhow::Result<()> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    if json {
+    let line = if json {
         let parts = serde_json::to_value(&d.message.parts)?;
         let from = serde_json::to_value(&d.message.from)?;
         let doc = serde_json::json!({
@@ -198,7 +196,7 @@ fn print(d: &Delivery, json: bool) -> anyhow::Result<()> {
             "parts": parts,
             "ts": serde_json::to_value(&d.message.ts)?,
         });
-        writeln!(out, "{doc}")?;
+        doc.to_string()
     } else {
         let text: Vec<String> = d
             .message
@@ -217,14 +215,13 @@ fn print(d: &Delivery, json: bool) -> anyhow::Result<()> {
             |c| format!("#{}", terminal_safe(c, false)),
         );
         let history = if d.historical { " (history)" } else { "" };
-        writeln!(
-            out,
+        format!(
             "{place} {}{history}: {}",
             terminal_safe(&d.message.from.name, false),
             terminal_safe(&text.join(" "), true)
-        )?;
-    }
-    Ok(())
+        )
+    };
+    super::stdout(|out| writeln!(out, "{line}"))
 }
 
 /// Where a text continues after one of its newlines: indented, so that none of its lines can

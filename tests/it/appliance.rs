@@ -6,7 +6,9 @@ use std::os::unix::fs::PermissionsExt;
 use futures_util::StreamExt;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-use crate::helper::{Cotald, Probe, TIMEOUT, alive, cotald_bin, mint, mint_user, wait_event};
+use crate::helper::{
+    Cotald, Probe, TIMEOUT, alive, cotald_bin, into_a_closed_pipe, mint, mint_user, wait_event,
+};
 
 async fn round_trip(client: &async_nats::Client, subject: &str) {
     let mut sub = client.subscribe(subject.to_owned()).await.unwrap();
@@ -418,4 +420,30 @@ async fn a_bad_hostname_is_refused_before_anything_is_written() {
         assert!(err.contains("not a DNS name or an IP address"), "{err}");
         assert!(!dir.exists(), "{bad:?}: the data dir was created");
     }
+}
+
+#[tokio::test]
+async fn status_into_a_closed_pipe_exits_quietly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_str().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    for json in [false, true] {
+        let mut args = vec!["status", "--data-dir", dir];
+        if json {
+            args.push("--json");
+        }
+        let out = into_a_closed_pipe(&args).await;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?}: {err}");
+    }
+    c.stop().await;
+    // Not running: the exit code still says so.
+    let out = into_a_closed_pipe(&["status", "--data-dir", dir]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -891,3 +891,33 @@ async fn plain_tail_shows_controls_from_the_wire_escaped() {
     a.client.close().await;
     c.stop().await;
 }
+
+#[tokio::test]
+async fn tail_into_a_closed_pipe_exits_quietly_and_acks_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &[]).await;
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
+    let a = endpoint(&alice, |_| {}).await;
+    a.client.send_text(to(&bob.id), "unread").await.unwrap();
+    a.client.close().await;
+    let (creds, ca) = (bob.creds.to_str().unwrap(), bob.ca.to_str().unwrap());
+    let out = crate::helper::into_a_closed_pipe(&[
+        "tail", "--creds", creds, "--link", &bob.link, "--ca", ca, "--dm", "--count", "1",
+    ])
+    .await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked") && !err.contains("error"), "{err}");
+    // Not printed, so not acked: the DM is still bob's to read.
+    let mut w = Probe::connect(&c, &tmp.path().join("spaces/main/local-operator.creds")).await;
+    let info = w
+        .request(
+            &format!("$JS.API.CONSUMER.INFO.DM_main.dm_{}", bob.id),
+            json!({}),
+        )
+        .await;
+    let unacked = info["num_ack_pending"].as_u64().unwrap() + info["num_pending"].as_u64().unwrap();
+    assert_eq!(unacked, 1, "{info}");
+    c.stop().await;
+}
