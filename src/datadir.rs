@@ -15,7 +15,7 @@
 //!   jwt/                 the broker's account resolver store
 //!   jetstream/           JetStream storage
 //!   run/                 nats-server.conf, ports file, admin.sock and state.json (while running)
-//!   log/nats-server.log  the broker's output
+//!   log/nats-server.log  the broker's log (rotated by the broker)
 //! ```
 //!
 //! Only this module names the parts of the layout; everything else asks [`DataDir`].
@@ -182,7 +182,7 @@ impl DataDir {
     pub fn log(&self) -> PathBuf {
         self.root.join("log")
     }
-    /// `log/nats-server.log`: the broker's output.
+    /// `log/nats-server.log`: the broker's log, which the broker writes and rotates.
     pub fn broker_log(&self) -> PathBuf {
         self.log().join("nats-server.log")
     }

@@ -81,7 +81,7 @@ pub(super) async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
         .await;
     conn.client.clone().close().await;
     let (message, seq) = sent?;
-    println!("sent {} (stream sequence {seq})", message.id);
+    super::stdout(|out| writeln!(out, "sent {} (stream sequence {seq})", message.id))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -183,10 +183,9 @@ pub(super) async fn tail(args: TailArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Writes one delivery to stdout; a closed pipe (`tail | head`) is an error, not a panic.
+/// Without `--json`, whatever came from the wire passes [`terminal_safe`] first.
 fn print(d: &Delivery, json: bool) -> anyhow::Result<()> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    if json {
+    let line = if json {
         let parts = serde_json::to_value(&d.message.parts)?;
         let from = serde_json::to_value(&d.message.from)?;
         let doc = serde_json::json!({
@@ -199,7 +198,7 @@ fn print(d: &Delivery, json: bool) -> anyhow::Result<()> {
             "parts": parts,
             "ts": serde_json::to_value(&d.message.ts)?,
         });
-        writeln!(out, "{doc}")?;
+        doc.to_string()
     } else {
         let text: Vec<String> = d
             .message
@@ -213,17 +212,105 @@ fn print(d: &Delivery, json: bool) -> anyhow::Result<()> {
                 Err(_) => String::new(),
             })
             .collect();
-        let place = d
-            .channel
-            .as_deref()
-            .map(|c| format!("#{c}"))
-            .unwrap_or_else(|| d.kind.as_str().to_owned());
-        let history = if d.historical { " (history)" } else { "" };
-        println!(
-            "{place} {}{history}: {}",
-            d.message.from.name,
-            text.join(" ")
+        let place = d.channel.as_deref().map_or_else(
+            || d.kind.as_str().to_owned(),
+            |c| format!("#{}", terminal_safe(c, false)),
         );
+        let history = if d.historical { " (history)" } else { "" };
+        format!(
+            "{place} {}{history}: {}",
+            terminal_safe(&d.message.from.name, false),
+            terminal_safe(&text.join(" "), true)
+        )
+    };
+    super::stdout(|out| writeln!(out, "{line}"))
+}
+
+/// Where a text continues after one of its newlines: indented, so that none of its lines can
+/// pass for a message of its own (those start in the first column).
+const CONTINUATION: &str = "\n    ";
+
+/// `s` made safe to print on a terminal: each character [`escaped_on_terminal`] is shown as its
+/// escape (`\u{1b}`). A newline is escaped too, unless `multiline`: then it stays, and the next
+/// line starts with [`CONTINUATION`].
+fn terminal_safe(s: &str, multiline: bool) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c == '\n' && multiline {
+            out.push_str(CONTINUATION);
+        } else if escaped_on_terminal(c) {
+            let _ = write!(out, "{}", c.escape_unicode());
+        } else {
+            out.push(c);
+        }
     }
-    Ok(())
+    out
+}
+
+/// Controls (C0 such as ESC, CR, BEL and TAB, DEL, C1) could move the cursor, rewrite the
+/// screen or the window title, or make the terminal answer; the Unicode bidirectional controls
+/// reorder what is shown; the line and paragraph separators break lines in some terminals.
+fn escaped_on_terminal(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}'
+                | '\u{200e}'
+                | '\u{200f}'
+                | '\u{202a}'..='\u{202e}'
+                | '\u{2066}'..='\u{2069}'
+                | '\u{2028}'
+                | '\u{2029}'
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn controls_from_the_wire_are_shown_not_obeyed() {
+        for (raw, shown) in [
+            ("\u{1b}]0;owned\u{7}", "\\u{1b}]0;owned\\u{7}"),
+            ("\u{1b}[2J\u{1b}[1;1H", "\\u{1b}[2J\\u{1b}[1;1H"),
+            ("ok\rforged", "ok\\u{d}forged"),
+            ("a\tb\u{0}\u{7f}", "a\\u{9}b\\u{0}\\u{7f}"),
+            ("\u{9b}31m\u{85}", "\\u{9b}31m\\u{85}"),
+            ("\u{202e}gnp.exe", "\\u{202e}gnp.exe"),
+            ("\u{2067}x\u{2069}\u{200f}", "\\u{2067}x\\u{2069}\\u{200f}"),
+            ("one\u{2028}two", "one\\u{2028}two"),
+            ("bob\nmallory", "bob\\u{a}mallory"),
+        ] {
+            assert_eq!(terminal_safe(raw, false), shown, "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn ordinary_text_is_unchanged() {
+        let text = "héllo, 日本語, مرحبا, 👋 — a\\b \"quoted\" {json}";
+        assert_eq!(terminal_safe(text, false), text);
+        assert_eq!(terminal_safe(text, true), text);
+    }
+
+    #[test]
+    fn a_newline_in_a_text_cannot_forge_a_message_line() {
+        let shown = terminal_safe("first\n#general alice: forged\r\nlast", true);
+        assert_eq!(shown, "first\n    #general alice: forged\\u{d}\n    last");
+        assert!(shown.lines().skip(1).all(|l| l.starts_with(' ')));
+    }
+
+    #[test]
+    fn nothing_unsafe_survives() {
+        let every: String = (0..=0x3000u32).filter_map(char::from_u32).collect();
+        for multiline in [false, true] {
+            let shown = terminal_safe(&every, multiline);
+            assert!(
+                shown
+                    .chars()
+                    .all(|c| !escaped_on_terminal(c) || (multiline && c == '\n')),
+                "multiline {multiline}"
+            );
+        }
+    }
 }

@@ -53,6 +53,9 @@ pub struct MintArgs {
 }
 
 pub(super) async fn run(args: MintArgs) -> anyhow::Result<ExitCode> {
+    // Before anything else: minting without the appliance creates and locks the data dir
+    // before the library sees the request.
+    crate::space::identity::validate_name(&args.name)?;
     let dir = args.data_dir.resolve()?;
     if let Some(out) = args.out.as_ref().filter(|o| o.exists()) {
         bail!(
@@ -106,35 +109,41 @@ pub(super) async fn run(args: MintArgs) -> anyhow::Result<ExitCode> {
             "ca": ca,
             "replaced": reply.replaced,
         });
-        println!("{doc}");
+        super::stdout(|w| writeln!(w, "{doc}"))?;
     } else {
-        println!(
-            "{} {} {} in space {}",
+        super::stdout(|w| {
+            writeln!(
+                w,
+                "{} {} {} in space {}",
+                if reply.replaced {
+                    "re-minted"
+                } else {
+                    "minted"
+                },
+                format!("{:?}", reply.record.profile).to_lowercase(),
+                reply.record.name,
+                reply.record.space
+            )?;
+            writeln!(w, "  id     {}", reply.record.id)?;
+            writeln!(w, "  creds  {}", out.display())?;
+            writeln!(w, "  link   {}", reply.link)?;
+            writeln!(w, "  ca     {}", ca.display())?;
             if reply.replaced {
-                "re-minted"
-            } else {
-                "minted"
-            },
-            format!("{:?}", reply.record.profile).to_lowercase(),
-            reply.record.name,
-            reply.record.space
-        );
-        println!("  id     {}", reply.record.id);
-        println!("  creds  {}", out.display());
-        println!("  link   {}", reply.link);
-        println!("  ca     {}", ca.display());
-        if reply.replaced {
-            println!(
-                "the previous credential of {} is revoked",
-                reply.record.name
-            );
-        }
-        if !reply.provisioned {
-            println!(
-                "cotald is not running on {}: the identity's durables are created at its next start",
-                dir.root().display()
-            );
-        }
+                writeln!(
+                    w,
+                    "the previous credential of {} is revoked",
+                    reply.record.name
+                )?;
+            }
+            if !reply.provisioned {
+                writeln!(
+                    w,
+                    "cotald is not running on {}: the identity's durables are created at its next start",
+                    dir.root().display()
+                )?;
+            }
+            Ok(())
+        })?;
     }
     Ok(ExitCode::SUCCESS)
 }

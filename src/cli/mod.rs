@@ -120,10 +120,35 @@ pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
     });
     match result {
         Ok(code) => code,
+        Err(e) if stdout_closed(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Stdout was closed under a write: its reader (`cotald status | head -1`) has what it wanted,
+/// so the command ends quietly, with success.
+#[derive(Debug, thiserror::Error)]
+#[error("stdout is closed")]
+struct StdoutClosed;
+
+/// Whether `e` is, or was caused by, [`StdoutClosed`].
+fn stdout_closed(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| cause.is::<StdoutClosed>())
+}
+
+/// Runs `write` on the locked stdout and flushes it. A closed pipe becomes [`StdoutClosed`]:
+/// Rust ignores SIGPIPE, so a write there fails with `BrokenPipe` (and `println!` panics).
+fn stdout(
+    write: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match write(&mut out).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
+        result => Ok(result?),
     }
 }
 

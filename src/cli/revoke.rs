@@ -35,9 +35,12 @@ pub(super) async fn run(args: RevokeArgs) -> anyhow::Result<ExitCode> {
         );
     };
     let record: IdentityRecord = serde_json::from_value(data).context("malformed reply")?;
-    println!(
-        "revoked {} ({}) in space {}: its connections are closed, its durables and backlog deleted",
-        record.name, record.id, record.space
-    );
+    super::stdout(|out| {
+        writeln!(
+            out,
+            "revoked {} ({}) in space {}: its connections are closed, its durables and backlog deleted",
+            record.name, record.id, record.space
+        )
+    })?;
     Ok(ExitCode::SUCCESS)
 }

@@ -1,5 +1,6 @@
 //! `cotald status`: is the appliance of this data dir running and healthy?
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Args;
@@ -51,37 +52,41 @@ pub(super) async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         state,
         reported_version,
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+    let printed = if args.json {
+        let doc = serde_json::to_string_pretty(&report)?;
+        super::stdout(|out| writeln!(out, "{doc}"))
     } else {
-        print_text(&report);
+        super::stdout(|out| print_text(out, &report))
+    };
+    // The exit code is the answer: it stands when the reader closed the pipe early.
+    match printed {
+        Err(e) if !super::stdout_closed(&e) => Err(e),
+        _ if report.running && report.healthy => Ok(ExitCode::SUCCESS),
+        _ => Ok(ExitCode::FAILURE),
     }
-    Ok(if report.running && report.healthy {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
 }
 
-fn print_text(r: &Report) {
+fn print_text(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
     match (&r.state, r.running, r.healthy) {
-        (_, false, _) => println!("cotald is not running (data dir {})", r.data_dir),
-        (None, true, _) => println!("cotald is starting (data dir {})", r.data_dir),
+        (_, false, _) => writeln!(out, "cotald is not running (data dir {})", r.data_dir),
+        (None, true, _) => writeln!(out, "cotald is starting (data dir {})", r.data_dir),
         (Some(s), true, healthy) => {
-            println!(
+            writeln!(
+                out,
                 "cotald is running (pid {}), broker {}",
                 s.pid,
                 if healthy { "healthy" } else { "UNHEALTHY" }
-            );
-            println!("  listen      {} (TLS)", s.listen);
-            println!(
+            )?;
+            writeln!(out, "  listen      {} (TLS)", s.listen)?;
+            writeln!(
+                out,
                 "  nats-server {} (pid {}, restarts {})",
                 r.reported_version.as_deref().unwrap_or(&s.broker_version),
                 s.broker_pid,
                 s.broker_restarts
-            );
-            println!("  spaces      {}", s.spaces.join(", "));
-            println!("  data dir    {}", r.data_dir);
+            )?;
+            writeln!(out, "  spaces      {}", s.spaces.join(", "))?;
+            writeln!(out, "  data dir    {}", r.data_dir)
         }
     }
 }

@@ -26,8 +26,8 @@ pub struct UpArgs {
     /// Client listener, overriding the profile (TLS always on). Port 0 picks a free port.
     #[arg(long, value_name = "HOST:PORT")]
     listen: Option<SocketAddr>,
-    /// A name or address clients dial, added to the server certificate (repeatable).
-    #[arg(long = "hostname", value_name = "NAME")]
+    /// A DNS name or IP address clients dial, added to the server certificate (repeatable).
+    #[arg(long = "hostname", value_name = "NAME", value_parser = hostname)]
     hostnames: Vec<String>,
     /// Run this nats-server executable instead of the bundled one.
     #[arg(long, value_name = "PATH")]
@@ -66,6 +66,11 @@ pub(super) async fn run(args: UpArgs, embedded: BrokerBinary) -> anyhow::Result<
         .await;
     handle.close();
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--hostname` is checked as it is parsed, before the data dir is touched.
+fn hostname(value: &str) -> Result<String, crate::provision::ProvisionError> {
+    crate::provision::validate_hostname(value).map(|()| value.to_owned())
 }
 
 fn print_ready(info: &ReadyInfo) {

@@ -15,7 +15,7 @@ mod tls;
 
 pub use claims::{AccountLimits, JetStreamLimits, now_secs};
 pub use keystore::{KeyStore, SpaceKeys};
-pub use tls::TlsFiles;
+pub use tls::{TlsFiles, validate_hostname};
 
 use std::path::PathBuf;
 
@@ -58,6 +58,13 @@ pub enum ProvisionError {
     /// Signing a JWT failed.
     #[error("signing failed: {0}")]
     Sign(String),
+    /// A name for the server certificate is neither a DNS name nor an IP address.
+    #[error(
+        "hostname {0:?} is not a DNS name or an IP address: use dot-separated labels of 1 to 63 \
+         letters, digits and `-` (not first or last; 253 characters in all), or an IPv4 or IPv6 \
+         address"
+    )]
+    Hostname(String),
     /// Generating or signing the TLS material failed.
     #[error("TLS material: {0}")]
     Tls(#[from] rcgen::Error),

@@ -1,8 +1,11 @@
 //! The TLS material under `<data-dir>/tls`: a local CA (created once; `ca.pem` is what clients
 //! trust) and a server certificate signed by it, issued anew at every start so that its SANs
 //! always match the configured names (localhost, 127.0.0.1, ::1 and every `--hostname`).
+//!
+//! A configured name is checked before anything is written: `*`, `a/b` or a blank would
+//! otherwise be signed into the certificate as a name that no client can match.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 use rcgen::{
@@ -32,6 +35,9 @@ impl TlsFiles {
     /// Loads (or creates) the CA in `dir` and issues a server certificate for `hostnames`
     /// in addition to the loopback names.
     pub fn ensure(dir: &Path, hostnames: &[String]) -> Result<Self, ProvisionError> {
+        for host in hostnames {
+            validate_hostname(host)?;
+        }
         private_dir(dir)?;
         let ca_cert = dir.join("ca.pem");
         let ca_key_path = dir.join("ca.key");
@@ -83,6 +89,39 @@ impl TlsFiles {
             server_cert,
             server_key,
         })
+    }
+}
+
+/// The longest DNS name (RFC 1035), and its longest label.
+const MAX_DNS_NAME: usize = 253;
+const MAX_LABEL: usize = 63;
+
+/// Refuses a name for the server certificate that is neither an IP address (IPv6 possibly in
+/// brackets) nor a DNS name: dot-separated labels of 1 to 63 letters, digits and `-`, not
+/// starting or ending with `-`, at most 253 characters, the last label not all digits (a
+/// mistyped IPv4 address). Wildcards are refused: the certificate names this server only.
+pub fn validate_hostname(host: &str) -> Result<(), ProvisionError> {
+    let bracketed = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+    let ip = match bracketed {
+        Some(inner) => inner.parse::<Ipv6Addr>().is_ok(),
+        None => host.parse::<IpAddr>().is_ok(),
+    };
+    let label = |l: &str| {
+        (1..=MAX_LABEL).contains(&l.len())
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    let dns = host.len() <= MAX_DNS_NAME
+        && host.split('.').all(label)
+        && !host
+            .rsplit('.')
+            .next()
+            .is_some_and(|last| last.bytes().all(|b| b.is_ascii_digit()));
+    if ip || dns {
+        Ok(())
+    } else {
+        Err(ProvisionError::Hostname(host.to_owned()))
     }
 }
 
@@ -150,6 +189,67 @@ mod tests {
             TlsFiles::ensure(tmp.path(), &[]),
             Err(ProvisionError::HalfPresent { .. })
         ));
+    }
+
+    #[test]
+    fn hostnames_are_dns_names_or_ip_addresses() {
+        let label = "a".repeat(63);
+        let longest = [label.as_str(); 4].join(".")[..253].to_owned();
+        for ok in [
+            "localhost",
+            "box.local",
+            "a-b.example.com",
+            "xn--bcher-kva.example",
+            "10.1.2.3",
+            "::1",
+            "[fe80::1]",
+            "2001:db8::7",
+            label.as_str(),
+            longest.as_str(),
+        ] {
+            assert!(validate_hostname(ok).is_ok(), "{ok}");
+        }
+        let too_long = format!("{longest}a");
+        let label_too_long = format!("{label}a.example");
+        for bad in [
+            "",
+            " ",
+            "*",
+            "*.example.com",
+            "a/b",
+            "a b",
+            "a..b",
+            ".example",
+            "example.",
+            "-box",
+            "box-.local",
+            "under_score",
+            "caf\u{e9}.example",
+            "esc\u{1b}",
+            "10.1.2.999",
+            "[10.1.2.3]",
+            "[::1",
+            "::1]",
+            too_long.as_str(),
+            label_too_long.as_str(),
+        ] {
+            let err = validate_hostname(bad).expect_err(bad).to_string();
+            assert!(
+                err.contains(&format!("{bad:?}")) && err.contains("IPv4 or IPv6"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_bad_hostname_writes_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("tls");
+        assert!(matches!(
+            TlsFiles::ensure(&dir, &["ok.example".into(), "a/b".into()]),
+            Err(ProvisionError::Hostname(h)) if h == "a/b"
+        ));
+        assert!(!dir.exists());
     }
 
     #[test]

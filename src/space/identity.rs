@@ -59,22 +59,29 @@ pub const DEFAULT_SUBSCRIBE: &str = "general";
 pub const MAX_NAME: usize = 64;
 
 /// Refuses a name that could not serve as a handle, a file name and a terminal string alike:
-/// 1 to 64 characters from `[A-Za-z0-9_.-]`, not starting with `.`.
+/// 1 to 64 characters from `[A-Za-z0-9_.-]`, not starting with `.` (hidden files, `.`, `..`)
+/// or `-` (read as an option by the commands handed the file).
 pub fn validate_name(name: &str) -> Result<(), MintError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME
-        && !name.starts_with('.')
+        && !name.starts_with(['.', '-'])
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
     if ok {
-        Ok(())
-    } else {
-        Err(MintError::Invalid(format!(
-            "name {:?}: use 1 to {MAX_NAME} characters from [A-Za-z0-9_.-], not starting with `.`",
-            name.escape_debug().to_string()
-        )))
+        return Ok(());
     }
+    // An overlong name is shown by its start and its length, not in full.
+    let shown: String = name.chars().take(MAX_NAME).collect();
+    let length = if shown.len() < name.len() {
+        format!(" ({} characters)", name.chars().count())
+    } else {
+        String::new()
+    };
+    Err(MintError::Invalid(format!(
+        "name {shown:?}{length}: use 1 to {MAX_NAME} characters from [A-Za-z0-9_.-], not \
+         starting with `.` or `-`"
+    )))
 }
 
 /// Validates `req` and signs its credential with `keys` (the space named in the request).
@@ -287,10 +294,29 @@ mod tests {
                 },
                 "name",
             ),
+            (
+                MintRequest {
+                    name: "-rf".into(),
+                    ..req(&[], &[])
+                },
+                "name",
+            ),
         ];
         for (r, expect) in cases {
             let err = mint(&keys, r, None).err().expect("refused").to_string();
             assert!(err.contains(expect), "{r:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_refused_name_is_shown_short_and_escaped() {
+        let long = validate_name(&"x".repeat(10_000)).unwrap_err().to_string();
+        assert!(long.contains("(10000 characters)"), "{long}");
+        assert!(long.len() < 200, "{long}");
+        let esc = validate_name("a\u{1b}]0;x\u{7}").unwrap_err().to_string();
+        assert!(esc.starts_with("name \"a\\u{1b}]0;x\\u{7}\": "), "{esc}");
+        for ok in ["alice", "a.b-c_d", "x".repeat(64).as_str()] {
+            assert!(validate_name(ok).is_ok(), "{ok}");
         }
     }
 

@@ -7,13 +7,18 @@
 //! ports are written into the config, so a restarted child listens where clients reconnect.
 //! The child runs in its own process group (a terminal's Ctrl-C reaches cotald, which then
 //! stops the child in order) and is sent SIGTERM by the kernel if cotald itself dies.
+//!
+//! The broker writes and rotates its own log file (see [`LOG_SIZE_LIMIT`]): a rotation renames
+//! the file under any other writer, so cotald never appends to it. What the broker still
+//! writes to stdout or stderr (what precedes its logger, a Go runtime panic) is logged as a
+//! warning of cotald's own; a failed start reports the tail of both.
 
 mod binary;
 mod conf;
 pub mod monitor;
 
 pub use binary::{BUNDLED_SHA256, BUNDLED_VERSION, BrokerBinary};
-pub use conf::ServerConf;
+pub use conf::{LOG_MAX_FILES, LOG_MAX_LINE, LOG_SIZE_LIMIT, MAX_CONTROL_LINE, ServerConf};
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -22,7 +27,7 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -78,7 +83,7 @@ pub struct BrokerSpec {
     pub conf: ServerConf,
     /// Where to write it.
     pub conf_path: PathBuf,
-    /// Where the child's output goes (appended).
+    /// The broker's log file (written and rotated by the broker).
     pub log_path: PathBuf,
     /// How long a start may take before it is a failure.
     pub ready_timeout: Duration,
@@ -211,7 +216,14 @@ struct Running {
 
 impl Running {
     async fn spawn(spec: &BrokerSpec) -> Result<Self, SupervisorError> {
-        crate::files::write_atomic(&spec.conf_path, spec.conf.render().as_bytes(), 0o600)?;
+        crate::files::write_atomic(
+            &spec.conf_path,
+            spec.conf.render(&spec.log_path).as_bytes(),
+            0o600,
+        )?;
+        // This child's log lines are those past the current end (the whole file after a
+        // rotation).
+        let log_start = std::fs::metadata(&spec.log_path).map_or(0, |m| m.len());
         // A crashed child leaves its ports file behind, and pids repeat (containers): only the
         // file this child writes may count.
         remove_ports_files(&spec.conf.ports_file_dir);
@@ -240,15 +252,17 @@ impl Running {
         let tail = Arc::new(Mutex::new(VecDeque::with_capacity(TAIL_LINES)));
         let mut pumps = Vec::with_capacity(2);
         if let Some(out) = process.stdout.take() {
-            pumps.push(tokio::spawn(pump(out, spec.log_path.clone(), tail.clone())));
+            pumps.push(tokio::spawn(pump(out, tail.clone())));
         }
         if let Some(err) = process.stderr.take() {
-            pumps.push(tokio::spawn(pump(err, spec.log_path.clone(), tail.clone())));
+            pumps.push(tokio::spawn(pump(err, tail.clone())));
         }
         let tail_text = || {
-            tail.lock()
-                .map(|t| Vec::from(t.clone()).join("\n"))
-                .unwrap_or_default()
+            let mut lines = log_tail(&spec.log_path, log_start);
+            if let Ok(t) = tail.lock() {
+                lines.extend(t.iter().cloned());
+            }
+            lines.join("\n")
         };
 
         let deadline = Instant::now() + spec.ready_timeout;
@@ -368,23 +382,36 @@ fn remove_ports_files(dir: &Path) {
     }
 }
 
-async fn pump(
-    stream: impl AsyncRead + Unpin,
-    log_path: PathBuf,
-    tail: Arc<Mutex<VecDeque<String>>>,
-) {
-    let mut log = tokio::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)
-        .await
-        .ok();
+/// The last [`TAIL_LINES`] lines the broker logged from byte `start` of `path` on (from its
+/// beginning if it was rotated meanwhile), reading at most the last 64 KiB.
+fn log_tail(path: &Path, start: u64) -> Vec<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    const MAX_READ: u64 = 64 * 1024;
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return Vec::new();
+    };
+    let len = file.metadata().map_or(0, |m| m.len());
+    let start = if len < start { 0 } else { start };
+    let from = start.max(len.saturating_sub(MAX_READ));
+    let mut bytes = Vec::new();
+    if file.seek(SeekFrom::Start(from)).is_err()
+        || file.take(MAX_READ).read_to_end(&mut bytes).is_err()
+    {
+        return Vec::new();
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    // A read that starts mid-file starts mid-line: drop that fragment.
+    let lines: Vec<&str> = text.lines().skip(usize::from(from > start)).collect();
+    lines[lines.len().saturating_sub(TAIL_LINES)..]
+        .iter()
+        .map(|l| l.trim_end_matches('\r').to_owned())
+        .collect()
+}
+
+async fn pump(stream: impl AsyncRead + Unpin, tail: Arc<Mutex<VecDeque<String>>>) {
     let mut lines = BufReader::new(stream).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        tracing::debug!(target: "nats_server", "{line}");
-        if let Some(f) = log.as_mut() {
-            let _ = f.write_all(format!("{line}\n").as_bytes()).await;
-        }
+        tracing::warn!(target: "nats_server", "{line}");
         if let Ok(mut t) = tail.lock() {
             if t.len() == TAIL_LINES {
                 t.pop_front();
@@ -400,5 +427,34 @@ fn describe(status: ExitStatus) -> String {
         (Some(code), _) => format!("exit code {code}"),
         (None, Some(sig)) => format!("killed by signal {sig}"),
         _ => status.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_tail_is_this_childs_last_lines() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = tmp.path().join("nats-server.log");
+        assert!(log_tail(&log, 0).is_empty(), "no log yet");
+        std::fs::write(&log, "earlier run\r\n").unwrap();
+        let start = std::fs::metadata(&log).unwrap().len();
+        let lines: String = (0..40).map(|i| format!("line {i}\r\n")).collect();
+        std::fs::write(&log, format!("earlier run\r\n{lines}")).unwrap();
+        let tail = log_tail(&log, start);
+        assert_eq!(tail.len(), TAIL_LINES);
+        assert_eq!(tail.last().unwrap(), "line 39");
+        assert_eq!(tail[0], format!("line {}", 40 - TAIL_LINES));
+
+        // Rotated since: the new file is read from its start.
+        std::fs::write(&log, "after rotation\n").unwrap();
+        assert_eq!(log_tail(&log, start + 1000), ["after rotation"]);
+
+        // A long file is read from its last 64 KiB, without the cut line.
+        let long = format!("{}\nlast\n", "x".repeat(100_000));
+        std::fs::write(&log, long).unwrap();
+        assert_eq!(log_tail(&log, 0), ["last"]);
     }
 }

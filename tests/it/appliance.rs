@@ -6,7 +6,9 @@ use std::os::unix::fs::PermissionsExt;
 use futures_util::StreamExt;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-use crate::helper::{Cotald, Probe, TIMEOUT, alive, cotald_bin, mint_user, wait_event};
+use crate::helper::{
+    Cotald, Probe, TIMEOUT, alive, cotald_bin, into_a_closed_pipe, mint, mint_user, wait_event,
+};
 
 async fn round_trip(client: &async_nats::Client, subject: &str) {
     let mut sub = client.subscribe(subject.to_owned()).await.unwrap();
@@ -323,4 +325,125 @@ async fn a_loose_key_store_is_refused_with_the_fix() {
     assert!(!c.wait_exit().await.success());
     let err = c.drain_stderr().await;
     assert!(err.contains("chmod 600"), "{err}");
+}
+
+#[tokio::test]
+async fn refused_publishes_cannot_fill_the_disk_with_broker_log() {
+    use cotald::supervisor::{LOG_MAX_FILES, LOG_MAX_LINE, LOG_SIZE_LIMIT};
+    const PUBLISHES: usize = 400;
+    const SUBJECT_LEN: usize = 200 * 1024;
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let agent = mint(tmp.path(), "flood", "main", &[]).await;
+    let mut p = Probe::connect(&c, &agent.creds).await;
+    // The broker logs each refusal with its subject: 400 × 200 KiB ≈ 80 MiB of log written.
+    let filler = "x".repeat(SUBJECT_LEN);
+    for i in 0..PUBLISHES {
+        p.client
+            .publish(format!("cotal.main.chat.{i}.{filler}"), "x".into())
+            .await
+            .unwrap();
+    }
+    // The broker handles a connection's operations in order: once this round trip is answered,
+    // every refusal before it has been logged.
+    p.barrier().await;
+
+    let log_dir = tmp.path().join("log");
+    let files: Vec<(String, u64)> = std::fs::read_dir(&log_dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                e.metadata().unwrap().len(),
+            )
+        })
+        .collect();
+    let total: u64 = files.iter().map(|(_, len)| len).sum();
+    let written = (PUBLISHES * SUBJECT_LEN) as u64;
+    let cap = LOG_MAX_FILES * (LOG_SIZE_LIMIT + LOG_MAX_LINE);
+    eprintln!("log dir after {written} bytes of refused subjects: {total} bytes in {files:?}");
+    assert!(files.len() as u64 <= LOG_MAX_FILES, "{files:?}");
+    assert!(
+        total <= cap,
+        "{total} bytes in {log_dir:?} (cap {cap}): {files:?}"
+    );
+    assert!(
+        files
+            .iter()
+            .any(|(name, _)| name.starts_with("nats-server.log.")),
+        "the log was rotated: {files:?}"
+    );
+    assert!(
+        files.iter().any(|(name, _)| {
+            let text = std::fs::read(log_dir.join(name)).unwrap();
+            text.windows(17).any(|w| w == b"Publish Violation")
+        }),
+        "the refusals are logged"
+    );
+
+    // The appliance keeps serving: healthy, and a fresh connection works.
+    let (ok, report) = status_json(tmp.path()).await;
+    assert!(ok, "{report}");
+    let mut fresh = Probe::connect(&c, &agent.creds).await;
+    fresh.barrier().await;
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_bad_hostname_is_refused_before_anything_is_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let long_label = format!("{}.example", "a".repeat(64));
+    for bad in ["*", "a/b", " ", "", long_label.as_str()] {
+        let out = tokio::time::timeout(
+            TIMEOUT,
+            tokio::process::Command::new(cotald_bin())
+                .args([
+                    "up",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--hostname",
+                    bad,
+                    "--data-dir",
+                ])
+                .arg(&dir)
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .expect("refused at once")
+        .unwrap();
+        assert!(!out.status.success(), "{bad:?} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("{bad:?}")), "{bad:?}: {err}");
+        assert!(err.contains("not a DNS name or an IP address"), "{err}");
+        assert!(!dir.exists(), "{bad:?}: the data dir was created");
+    }
+}
+
+#[tokio::test]
+async fn status_into_a_closed_pipe_exits_quietly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_str().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    for json in [false, true] {
+        let mut args = vec!["status", "--data-dir", dir];
+        if json {
+            args.push("--json");
+        }
+        let out = into_a_closed_pipe(&args).await;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?}: {err}");
+    }
+    c.stop().await;
+    // Not running: the exit code still says so.
+    let out = into_a_closed_pipe(&["status", "--data-dir", dir]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

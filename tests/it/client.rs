@@ -861,3 +861,85 @@ async fn tail_drains_history_deeper_than_its_queue() {
     assert_eq!(ids.len(), 1200, "every retained message once");
     c.stop().await;
 }
+
+#[tokio::test]
+async fn plain_tail_shows_controls_from_the_wire_escaped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
+    let a = endpoint(&alice, |_| {}).await;
+    a.client
+        .send_text(
+            channel("general"),
+            "\u{1b}]0;owned\u{7}\u{1b}[2Jhi\r\n#general mallory: forged\u{202e}",
+        )
+        .await
+        .unwrap();
+    let out = tokio::time::timeout(
+        TIMEOUT,
+        tokio::process::Command::new(crate::helper::cotald_bin())
+            .arg("tail")
+            .arg("--creds")
+            .arg(&bob.creds)
+            .args(["--link", &bob.link, "--ca"])
+            .arg(&bob.ca)
+            .args(["--channel", "general", "--count", "1"])
+            .output(),
+    )
+    .await
+    .expect("tail finishes")
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        !shown
+            .chars()
+            .any(|c| (c.is_control() && c != '\n') || c == '\u{202e}'),
+        "{shown:?}"
+    );
+    let lines: Vec<&str> = shown.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "#general alice (history): \\u{1b}]0;owned\\u{7}\\u{1b}[2Jhi\\u{d}",
+            "    #general mallory: forged\\u{202e}",
+        ]
+    );
+    a.client.close().await;
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn tail_into_a_closed_pipe_exits_quietly_and_acks_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &[]).await;
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
+    let a = endpoint(&alice, |_| {}).await;
+    a.client.send_text(to(&bob.id), "unread").await.unwrap();
+    a.client.close().await;
+    let (creds, ca) = (bob.creds.to_str().unwrap(), bob.ca.to_str().unwrap());
+    let out = crate::helper::into_a_closed_pipe(&[
+        "tail", "--creds", creds, "--link", &bob.link, "--ca", ca, "--dm", "--count", "1",
+    ])
+    .await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked") && !err.contains("error"), "{err}");
+    // Not printed, so not acked: the DM is still bob's to read.
+    let mut w = Probe::connect(&c, &tmp.path().join("spaces/main/local-operator.creds")).await;
+    let info = w
+        .request(
+            &format!("$JS.API.CONSUMER.INFO.DM_main.dm_{}", bob.id),
+            json!({}),
+        )
+        .await;
+    let unacked = info["num_ack_pending"].as_u64().unwrap() + info["num_pending"].as_u64().unwrap();
+    assert_eq!(unacked, 1, "{info}");
+    c.stop().await;
+}

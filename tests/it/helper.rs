@@ -234,6 +234,24 @@ pub async fn mint_raw(
     .unwrap()
 }
 
+/// Runs the real `cotald ARGS…` with its stdout a pipe whose reader is already gone.
+pub async fn into_a_closed_pipe(args: &[&str]) -> std::process::Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    // Not `output()`: it would replace stdout with a pipe of its own.
+    let child = tokio::process::Command::new(cotald_bin())
+        .args(args)
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    tokio::time::timeout(TIMEOUT, child.wait_with_output())
+        .await
+        .expect("exits in time")
+        .unwrap()
+}
+
 /// A client with its event stream, to read the broker's verdicts.
 pub struct Probe {
     pub client: async_nats::Client,

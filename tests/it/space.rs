@@ -275,6 +275,74 @@ async fn mint_refuses_bad_requests_and_writes_nothing() {
     c.stop().await;
 }
 
+/// Every file and directory under `root`, with its size and modification time.
+fn tree(root: &Path) -> Vec<(std::path::PathBuf, u64, std::time::SystemTime)> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_owned()];
+    while let Some(dir) = todo.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let meta = entry.metadata().unwrap();
+            if meta.is_dir() {
+                todo.push(entry.path());
+            }
+            out.push((entry.path(), meta.len(), meta.modified().unwrap()));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn mint_refuses_bad_names_before_writing_anything() {
+    let long = "x".repeat(10_000);
+    let bad = [
+        "",
+        ".",
+        "..",
+        ".hidden",
+        "a/b",
+        "../../escape",
+        "a b",
+        "tab\tname",
+        "esc\u{1b}]0;owned\u{7}",
+        "bidi\u{202e}",
+        &long[..65],
+        &long,
+    ];
+    let refuse_all = |dir: std::path::PathBuf| async move {
+        for name in bad {
+            let out = mint_raw(&dir, name, "main", &[]).await;
+            assert!(!out.status.success(), "{name:?} accepted");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.contains("use 1 to 64 characters from [A-Za-z0-9_.-]"),
+                "{name:?}: {err}"
+            );
+            assert!(err.len() < 300, "a short message: {err}");
+            assert!(!err.contains('\u{1b}'), "{err:?}");
+        }
+    };
+
+    // No data dir yet: none is created.
+    let tmp = tempfile::tempdir().unwrap();
+    let fresh = tmp.path().join("fresh");
+    refuse_all(fresh.clone()).await;
+    assert!(!fresh.exists(), "no data dir created: {:?}", tree(&fresh));
+
+    // The appliance running: nothing new in the spaces.
+    let dir = tmp.path().join("data");
+    let c = Cotald::up(&dir).await;
+    let spaces = tree(&dir.join("spaces"));
+    refuse_all(dir.clone()).await;
+    assert_eq!(tree(&dir.join("spaces")), spaces);
+    c.stop().await;
+
+    // Stopped: the data dir is left exactly as it was, lock file included.
+    let before = tree(&dir);
+    refuse_all(dir.clone()).await;
+    assert_eq!(tree(&dir), before);
+}
+
 #[tokio::test]
 async fn minting_without_the_appliance_provisions_at_the_next_start() {
     let tmp = tempfile::tempdir().unwrap();
