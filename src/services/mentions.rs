@@ -272,7 +272,7 @@ mod tests {
     #[test]
     fn finds_the_mentions_field() {
         assert!(contains(br#"{"mentions":["bob"]}"#, b"\"mentions\""));
-        assert!(!contains(br#"{"text":"mentions"}"#, b"\"mentions\""));
+        assert!(!contains(br#"{"text":"mention me"}"#, b"\"mentions\""));
         assert!(!contains(b"", b"\"mentions\""));
     }
 }

@@ -320,14 +320,24 @@ async fn raw_nats_adversaries_are_rejected_not_surfaced_not_redelivered() {
     assert_eq!(d.kind.as_str(), "channel");
     assert!(b.deliveries.try_notice().is_none(), "no other notice");
 
-    // None of the rejected DM copies is pending or redelivered: they were terminated.
-    let info = raw
-        .request(
-            &format!("$JS.API.CONSUMER.INFO.DM_main.dm_{}", bob.id),
-            json!({}),
-        )
-        .await;
-    assert_eq!(info["num_ack_pending"], 0, "{info}");
+    // None of the rejected DM copies is pending or redelivered: they were terminated (the
+    // terms travel on bob's connection, this check on another: wait until they landed).
+    let info = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let info = raw
+                .request(
+                    &format!("$JS.API.CONSUMER.INFO.DM_main.dm_{}", bob.id),
+                    json!({}),
+                )
+                .await;
+            if info["num_ack_pending"] == 0 {
+                return info;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the terminated copies settle");
     assert_eq!(info["num_redelivered"], 0, "{info}");
     assert_eq!(info["num_pending"], 0, "{info}");
     c.stop().await;
