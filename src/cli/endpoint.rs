@@ -172,6 +172,12 @@ pub(super) async fn tail(args: TailArgs) -> anyhow::Result<ExitCode> {
                 Some(Event::Notice(Notice::ConsumerLost { durable, reason })) => {
                     eprintln!("{durable}: {reason}; rebinding");
                 }
+                Some(Event::Notice(Notice::Gap { channel, .. })) => {
+                    eprintln!(
+                        "#{channel}: the connection dropped and its history may not be read: live \
+                         messages of that moment may be missed"
+                    );
+                }
                 None => break Ok(()),
             },
             _ = &mut interrupted => break Ok(()),

@@ -228,6 +228,7 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
         state,
         out: sink,
         joined: tokio::sync::Mutex::new(Default::default()),
+        history: tokio::sync::Mutex::new(()),
         barrier_refused,
         tasks: Mutex::new(Vec::new()),
         roster: Roster::default(),
@@ -257,6 +258,7 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
         if opts.receive_backstop && super::backstop::granted(&client, grants) {
             super::backstop::start(&client).await?;
         }
+        super::join::start_gap_recovery(&client);
         Ok::<(), ClientError>(())
     };
     if let Err(e) = started.await {

@@ -135,6 +135,15 @@ pub enum Notice {
         /// The channel.
         channel: String,
     },
+    /// Live messages published on a joined channel while the connection was down (since the
+    /// Unix second `since`) may be missed: the channel's history may not be read to recover
+    /// them (§7 `replay = false`), or the read failed.
+    Gap {
+        /// The channel.
+        channel: String,
+        /// Roughly when the connection dropped (Unix seconds).
+        since: i64,
+    },
     /// The DM or anycast consumer failed; the client rebinds it.
     ConsumerLost {
         /// The durable.

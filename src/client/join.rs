@@ -8,6 +8,10 @@
 //! watermark first; this order keeps the same guarantee without the gap (see
 //! `spec/CONFORMANCE.md`).
 //!
+//! After a reconnect, each joined channel is read from shortly before the connection dropped
+//! to the frontier, so that a broker restart leaves no gap where history is readable; where it
+//! is not (`replay = false`), the gap is reported as a notice.
+//!
 //! A join is effective only once the broker accepted the subscribe. The broker reports a
 //! refusal only as an asynchronous permission-violation event; when the credential restricts
 //! subscriptions, a trailing subscribe to a subject it surely cannot read (`_INBOX.…`) is a
@@ -32,6 +36,39 @@ use crate::protocol::{
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 /// History fetch batch size.
 const HISTORY_BATCH: usize = 256;
+
+/// How far before the drop was noticed a reconnect's gap read starts: messages in flight on
+/// a dying connection are lost too, and the broker's clock is not ours.
+const GAP_MARGIN: Duration = Duration::from_secs(5);
+
+/// Closes the live gap of reconnects: when the connection comes back, every joined channel is
+/// read from shortly before it dropped ([`Client::recover_gap`]).
+pub(crate) fn start_gap_recovery(client: &Client) {
+    let task = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let mut state = client.state();
+            let mut dropped_at = None;
+            while state.changed().await.is_ok() {
+                let now = *state.borrow_and_update();
+                match now {
+                    super::ConnectionState::Reconnecting => {
+                        dropped_at.get_or_insert_with(time::OffsetDateTime::now_utc);
+                    }
+                    super::ConnectionState::Connected => {
+                        if let Some(at) = dropped_at.take() {
+                            client.recover_gap(at - GAP_MARGIN).await;
+                        }
+                    }
+                    super::ConnectionState::Disconnected => return,
+                }
+            }
+        })
+    };
+    if let Ok(mut tasks) = client.inner.tasks.lock() {
+        tasks.push(task);
+    }
+}
 
 /// Whether a channel's durable backstop holds for this member (§7).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,6 +174,10 @@ pub(crate) struct Joined {
     pump: Option<AbortOnDrop>,
     watcher: Option<AbortOnDrop>,
     durable: DurableState,
+    /// The live subscription's subject.
+    subject: String,
+    /// Whether the channel's history may be read (effective replay, §7).
+    replay: bool,
 }
 
 /// Removes an unfinished join's reservation if the join fails or its future is dropped.
@@ -179,6 +220,8 @@ impl Client {
                     pump: None,
                     watcher: None,
                     durable: DurableState::NotApplicable,
+                    subject: String::new(),
+                    replay: false,
                 },
             );
         }
@@ -219,7 +262,13 @@ impl Client {
         }));
         let effective = self.effective_config(&pattern).await?;
         let backfilled = if replay == Replay::AsConfigured && effective.replay && watermark > 0 {
-            self.backfill(&subject, watermark, &effective).await?
+            let start = match &effective.replay_window {
+                Some(window) => DeliverPolicy::ByStartTime {
+                    start_time: time::OffsetDateTime::now_utc() - window.duration(),
+                },
+                None => DeliverPolicy::All,
+            };
+            self.backfill(&subject, watermark, start, watermark).await?
         } else {
             0
         };
@@ -231,7 +280,7 @@ impl Client {
             ),
             DeliveryClass::Durable => self.durable_join(&key, watermark).await,
         };
-        let watcher = self.watch_late_refusal(key.clone(), subject, violations);
+        let watcher = self.watch_late_refusal(key.clone(), subject.clone(), violations);
         {
             let mut joined = self.inner.joined.lock().await;
             joined.insert(
@@ -240,6 +289,8 @@ impl Client {
                     pump: Some(pump),
                     watcher: Some(watcher),
                     durable: durable.clone(),
+                    subject,
+                    replay: effective.replay,
                 },
             );
         }
@@ -438,14 +489,17 @@ impl Client {
         Ok(resolve(channel.as_ref(), defaults.as_ref()))
     }
 
-    /// Reads the channel's history up to `watermark` through the pinned single-filter
-    /// `chathist_<id>` consumer (§8), bounded by `replayWindow`; surfaces `historical = true`.
+    /// Reads the channel's history from `start` up to `watermark` through the pinned
+    /// single-filter `chathist_<id>` consumer (§8); surfaces what is at or below `historical`
+    /// with `historical = true`. One history read runs at a time (they share the consumer).
     async fn backfill(
         &self,
         subject: &str,
         watermark: u64,
-        effective: &EffectiveChannelConfig,
+        deliver_policy: DeliverPolicy,
+        historical: u64,
     ) -> Result<usize, ClientError> {
+        let _one_at_a_time = self.inner.history.lock().await;
         fn fail<E: Into<super::BoxError>>(subject: &str) -> impl FnOnce(E) -> ClientError {
             nats_err(format!("history of {subject}"))
         }
@@ -458,12 +512,6 @@ impl Client {
         let name = chat_history_consumer(self.inner.id.as_str());
         // A consumer left behind by an interrupted read would refuse the new filter.
         let _ = stream.delete_consumer(&name).await;
-        let deliver_policy = match &effective.replay_window {
-            Some(window) => DeliverPolicy::ByStartTime {
-                start_time: time::OffsetDateTime::now_utc() - window.duration(),
-            },
-            None => DeliverPolicy::All,
-        };
         let consumer = stream
             .create_consumer(pull::Config {
                 name: Some(name.clone()),
@@ -526,7 +574,7 @@ impl Client {
                 if self
                     .inner
                     .out
-                    .channel_copy(msg.subject.as_str(), &msg.payload, seq <= watermark)
+                    .channel_copy(msg.subject.as_str(), &msg.payload, seq <= historical)
                     .await
                 {
                     surfaced += 1;
@@ -539,6 +587,50 @@ impl Client {
         }
         let _ = stream.delete_consumer(&name).await;
         Ok(surfaced)
+    }
+
+    /// After a reconnect: reads each joined channel from `since` to the frontier, so that what
+    /// was published while the live subscriptions were down is surfaced (deduplicated with
+    /// what did arrive). A channel whose history may not be read reports the gap instead.
+    pub(crate) async fn recover_gap(&self, since: time::OffsetDateTime) {
+        let channels: Vec<(String, String, bool)> = self
+            .inner
+            .joined
+            .lock()
+            .await
+            .iter()
+            .filter(|(_, j)| j.pump.is_some())
+            .map(|(k, j)| (k.clone(), j.subject.clone(), j.replay))
+            .collect();
+        for (channel, subject, replay) in channels {
+            if !replay {
+                self.inner.out.notice(super::deliver::Notice::Gap {
+                    channel,
+                    since: since.unix_timestamp(),
+                });
+                continue;
+            }
+            let read = async {
+                let frontier = self.chat_frontier().await?;
+                self.backfill(
+                    &subject,
+                    frontier,
+                    DeliverPolicy::ByStartTime { start_time: since },
+                    0,
+                )
+                .await
+            };
+            match read.await {
+                Ok(n) => tracing::debug!(channel, surfaced = n, "reconnect gap read"),
+                Err(e) => {
+                    tracing::warn!(channel, error = %e, "reconnect gap not read");
+                    self.inner.out.notice(super::deliver::Notice::Gap {
+                        channel,
+                        since: since.unix_timestamp(),
+                    });
+                }
+            }
+        }
     }
 
     /// Asks the provisioner for durable membership with the join cursor (§7).

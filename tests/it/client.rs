@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use cotald::client::{ClientError, DurableState, JoinError, Notice, Replay};
+use cotald::client::{ClientError, ConnectionState, DurableState, JoinError, Notice, Replay};
 use cotald::protocol::{Channel, InstanceId, PresenceStatus, RejectReason, Routing};
 use serde_json::json;
 
@@ -951,5 +951,123 @@ async fn tail_into_a_closed_pipe_exits_quietly_and_acks_nothing() {
         .await;
     let unacked = info["num_ack_pending"].as_u64().unwrap() + info["num_pending"].as_u64().unwrap();
     assert_eq!(unacked, 1, "{info}");
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_reconnect_leaves_no_gap_on_a_joined_channel() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(
+        tmp.path(),
+        "alice",
+        "main",
+        &["--allow-publish", "lounge,quiet"],
+    )
+    .await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "lounge,quiet"]).await;
+    // Live channels: nothing but the live subscription and the history read can bring a
+    // message to bob. `quiet` may not be read back (replay off): its gap is reported.
+    let machine = crate::helper::Minted {
+        id: String::new(),
+        creds: tmp.path().join("spaces/main/local-operator.creds"),
+        link: alice.link.clone(),
+        ca: alice.ca.clone(),
+    };
+    let op = endpoint(&machine, |o| {
+        o.presence = false;
+        o.receive_dms = false;
+        o.receive_backstop = false;
+    })
+    .await;
+    for (ch, config) in [
+        ("lounge", json!({"deliveryClass": "live"})),
+        ("quiet", json!({"deliveryClass": "live", "replay": false})),
+    ] {
+        op.client
+            .manager::<serde_json::Value>(&cotald::ops::Request::ChannelsSet(
+                cotald::ops::ChannelsSet {
+                    space: None,
+                    channel: ch.into(),
+                    config: serde_json::from_value(config).unwrap(),
+                },
+            ))
+            .await
+            .unwrap();
+    }
+    op.client.close().await;
+
+    // Bob reaches the broker through a relay the test cuts; alice directly.
+    let relay = crate::helper::Relay::start(c.state().listen).await;
+    let via_relay = crate::helper::Minted {
+        link: format!("cotals://{}/main", relay.addr),
+        ..bob
+    };
+    let mut b = endpoint(&via_relay, |_| {}).await;
+    for ch in ["lounge", "quiet"] {
+        b.client.join(ch, Replay::Off).await.unwrap();
+    }
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    let (before, _) = a
+        .client
+        .send_text(channel("lounge"), "before")
+        .await
+        .unwrap();
+    assert_eq!(delivery(&mut b.deliveries).await.message.id, before.id);
+
+    let mut state = b.client.state();
+    relay.close();
+    tokio::time::timeout(
+        TIMEOUT,
+        state.wait_for(|s| *s == ConnectionState::Reconnecting),
+    )
+    .await
+    .expect("bob notices the drop")
+    .unwrap();
+    let mut missed = std::collections::BTreeSet::new();
+    for i in 0..50 {
+        let (m, _) = a
+            .client
+            .send_text(channel("lounge"), &format!("while away {i}"))
+            .await
+            .unwrap();
+        missed.insert(m.id);
+    }
+    a.client
+        .send_text(channel("quiet"), "unrecoverable")
+        .await
+        .unwrap();
+    relay.open();
+
+    let mut surfaced = std::collections::BTreeSet::new();
+    let mut gap_reported = false;
+    tokio::time::timeout(TIMEOUT, async {
+        while !missed.is_subset(&surfaced) || !gap_reported {
+            match b.deliveries.next_event().await.unwrap() {
+                cotald::client::deliver::Event::Message(d) => {
+                    assert!(surfaced.insert(d.message.id.clone()), "surfaced twice");
+                    assert!(!d.historical, "a missed live message is not history");
+                    d.ack().await.unwrap();
+                }
+                cotald::client::deliver::Event::Notice(Notice::Gap { channel, .. }) => {
+                    assert_eq!(channel, "quiet");
+                    gap_reported = true;
+                }
+                cotald::client::deliver::Event::Notice(other) => panic!("{other:?}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "{} of {} messages published while away surfaced; gap reported: {gap_reported}",
+            missed.intersection(&surfaced).count(),
+            missed.len()
+        )
+    });
+    assert!(!surfaced.contains(&before.id), "nothing surfaced twice");
+    for conn in [a, b] {
+        conn.client.close().await;
+    }
     c.stop().await;
 }

@@ -393,3 +393,47 @@ pub async fn notice(d: &mut cotald::client::Deliveries) -> cotald::client::Notic
         .expect("a notice within the timeout")
         .expect("the client is alive")
 }
+
+/// A TCP relay to the broker that the test can cut: a client connected through it loses its
+/// connection (and cannot reconnect) while the relay is closed, and nobody else does.
+pub struct Relay {
+    pub addr: std::net::SocketAddr,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl Relay {
+    /// A relay on a random loopback port to `target`, open.
+    pub async fn start(target: std::net::SocketAddr) -> Relay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (open, watch) = tokio::sync::watch::channel(true);
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !*watch.borrow() {
+                    continue; // dropped: refused while closed
+                }
+                let mut closed = watch.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = closed.wait_for(|open| !*open) => {}
+                    }
+                });
+            }
+        });
+        Relay { addr, open }
+    }
+
+    /// Cuts every relayed connection and refuses new ones until [`Relay::open`].
+    pub fn close(&self) {
+        self.open.send_replace(false);
+    }
+
+    /// Relays again.
+    pub fn open(&self) {
+        self.open.send_replace(true);
+    }
+}
