@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use super::DataDirArg;
 use crate::datadir::RuntimeState;
+use crate::services::{Health, ServiceStatus};
 use crate::supervisor::monitor;
 
 /// Options of `cotald status`.
@@ -86,9 +87,38 @@ fn print_text(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
                 s.broker_restarts
             )?;
             writeln!(out, "  spaces      {}", s.spaces.join(", "))?;
+            for line in service_lines(&s.services) {
+                writeln!(out, "  {line}")?;
+            }
             writeln!(out, "  data dir    {}", r.data_dir)
         }
     }
+}
+
+/// One line per scope: `services    main: presence running, backstop DEGRADED (why), …`.
+fn service_lines(services: &[ServiceStatus]) -> Vec<String> {
+    let mut scopes: Vec<(&str, Vec<String>)> = Vec::new();
+    for s in services {
+        let state = match &s.health {
+            Health::Running => "running".to_owned(),
+            Health::Starting => "starting".to_owned(),
+            Health::Stopped => "stopped".to_owned(),
+            Health::Degraded(why) => format!("DEGRADED ({why})"),
+        };
+        let restarts = match s.restarts {
+            0 => String::new(),
+            n => format!(", {n} restarts"),
+        };
+        let entry = format!("{} {state}{restarts}", s.name);
+        match scopes.iter_mut().find(|(scope, _)| *scope == s.scope) {
+            Some((_, entries)) => entries.push(entry),
+            None => scopes.push((&s.scope, vec![entry])),
+        }
+    }
+    scopes
+        .into_iter()
+        .map(|(scope, entries)| format!("services    {scope}: {}", entries.join(", ")))
+        .collect()
 }
 
 fn process_alive(pid: u32) -> bool {

@@ -46,6 +46,7 @@ use crate::provision::{JetStreamLimits, KeyStore, ProvisionError, SpaceKeys, Tls
 use crate::services::backstop::Backstop;
 use crate::services::manager::Manager;
 use crate::services::members::Members;
+use crate::services::membership::{BrokerView, MembershipFeed};
 use crate::services::mentions::Mentions;
 use crate::services::presence::{PresenceView, PresenceWatch};
 use crate::services::{ServiceSet, ServiceStatus};
@@ -456,7 +457,7 @@ impl Core {
             let manager = Arc::new(Manager::new(
                 space.clone(),
                 identities.clone(),
-                members,
+                members.clone(),
                 backstop.clone(),
             ));
             // The reader and the router need the roster, the manager needs the reader.
@@ -481,6 +482,20 @@ impl Core {
                 .map_err(|e| service_error(name, e))?;
             services
                 .start(manager.clone())
+                .await
+                .map_err(|e| service_error(name, e))?;
+            let account = space.account().to_owned();
+            let view = BrokerView {
+                creds: self
+                    .keys
+                    .system_daemon_creds(&format!("cotald-membership-{name}"), |id| {
+                        crate::binding::acl::membership_daemon(&account, id)
+                    })?,
+                ca: self.ca_cert.clone(),
+                addr: self.local,
+            };
+            services
+                .start(Arc::new(MembershipFeed::new(space.clone(), members, view)))
                 .await
                 .map_err(|e| service_error(name, e))?;
             Ok::<_, DaemonError>(manager)

@@ -25,6 +25,7 @@ use super::claims::{self, AccountLimits, JetStreamLimits, UserJwt, now_secs};
 use super::files::read_private;
 use crate::binding::{Creds, UserPermissions};
 use crate::files::{FileError, private_dir, write_atomic};
+use crate::protocol::InstanceId;
 
 /// The operator and SYS keys, loaded from (or created in) a data dir.
 pub struct KeyStore {
@@ -141,6 +142,31 @@ impl KeyStore {
             &UserPermissions::unrestricted(),
         )?;
         seed_creds(jwt, &self.system_user)
+    }
+
+    /// A SYS-account user with `permissions`, on a key made for this one connection (nothing is
+    /// stored): the appliance's scoped daemons (the membership feed reads one account's
+    /// connections and nothing else).
+    pub fn system_daemon_creds(
+        &self,
+        name: &str,
+        permissions: impl FnOnce(&InstanceId) -> UserPermissions,
+    ) -> Result<Creds, ProvisionError> {
+        let user = KeyPair::new_user();
+        let id = InstanceId::from_user_nkey(&user.public_key())
+            .map_err(|e| ProvisionError::Sign(e.to_string()))?;
+        let jwt = claims::user_jwt(
+            &self.system,
+            &self.system.public_key(),
+            UserJwt {
+                user_public: user.public_key(),
+                name,
+                issued_at: now_secs(),
+                expires: None,
+            },
+            &permissions(&id),
+        )?;
+        seed_creds(jwt, &user)
     }
 
     /// Loads a space's keys, creating them when the space is new.

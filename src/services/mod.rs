@@ -16,6 +16,7 @@
 //! | [`manager`] | `ctl.manager`: durable join/leave, memberships, resume, acks, channel configs | §5, §7, App. B |
 //! | [`backstop`] | the trusted reader: re-authorizes and hands durable copies to members | §4, §8, §9 item 5 |
 //! | [`mentions`] | durable copies of `@mentions` on `live` channels | §4, §5 |
+//! | [`membership`] | the derived membership feed (display only) | §8 |
 //! | [`presence`] | the services' view of who is live (the backstop delivers only to them) | §6 |
 //!
 //! [`members`] is the registry the manager writes and the backstop reads (§7 membership).
@@ -24,6 +25,7 @@ pub mod backoff;
 pub mod backstop;
 pub mod manager;
 pub mod members;
+pub mod membership;
 pub mod mentions;
 pub mod presence;
 

@@ -435,14 +435,50 @@ async fn status_shows_each_service() {
     assert!(out.status.success());
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let services = status["services"].as_array().unwrap();
-    for name in ["presence", "backstop", "manager"] {
+    for name in ["presence", "mentions", "backstop", "manager", "membership"] {
         let s = services
             .iter()
             .find(|s| s["scope"] == "main" && s["name"] == name)
             .unwrap_or_else(|| panic!("{name} in {status}"));
         assert_eq!(s["state"], "running", "{s}");
     }
+    let out = tokio::process::Command::new(crate::helper::cotald_bin())
+        .args(["status", "--data-dir"])
+        .arg(tmp.path())
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(
+            "services    main: presence running, mentions running, backstop running, \
+             manager running, membership running"
+        ),
+        "{text}"
+    );
     c.stop().await;
+}
+
+#[tokio::test]
+async fn a_space_whose_services_cannot_start_fails_up_loudly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    // A members record nobody can read: the manager cannot know who is a member.
+    let js = operator(&c, tmp.path()).await;
+    let members = js.get_key_value("cotal_members_main").await.unwrap();
+    members
+        .put("UBROKEN.general", "{not json".into())
+        .await
+        .unwrap();
+    c.stop().await;
+    let mut again = Cotald::spawn(tmp.path(), &[]);
+    let status = again.wait_exit().await;
+    assert!(!status.success());
+    let stderr = again.drain_stderr().await;
+    assert!(
+        stderr.contains("members registry: UBROKEN.general holds no member record"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test]
@@ -556,5 +592,75 @@ async fn a_mention_on_a_live_channel_reaches_an_offline_authorized_target_once()
     for conn in [a, b, d1, d2, op] {
         conn.client.close().await;
     }
+    c.stop().await;
+}
+
+/// Waits until the feed entry of `id` satisfies `pred` (`None`: no entry).
+async fn feed_until(
+    kv: &async_nats::jetstream::kv::Store,
+    id: &str,
+    what: &str,
+    pred: impl Fn(Option<&cotald::services::membership::MembershipEntry>) -> bool,
+) {
+    use futures_util::StreamExt;
+    let mut watch = kv.watch_with_history(id).await.unwrap();
+    tokio::time::timeout(TIMEOUT, async {
+        while let Some(entry) = watch.next().await {
+            let entry = entry.unwrap();
+            let value = match entry.operation {
+                async_nats::jetstream::kv::Operation::Put => {
+                    Some(serde_json::from_slice(&entry.value).unwrap())
+                }
+                _ => None,
+            };
+            if pred(value.as_ref()) {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the feed never showed {what}"));
+}
+
+#[tokio::test]
+async fn the_membership_feed_shows_live_and_durable_members() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let bob = mint(
+        tmp.path(),
+        "bob",
+        "main",
+        &["--subscribe", "general,team.>"],
+    )
+    .await;
+    let js = operator(&c, tmp.path()).await;
+    let kv = js.get_key_value("cotal_membership_main").await.unwrap();
+    let is = |live: &[&str], durable: &[&str]| {
+        let (live, durable): (Vec<String>, Vec<String>) = (
+            live.iter().map(|s| s.to_string()).collect(),
+            durable.iter().map(|s| s.to_string()).collect(),
+        );
+        move |e: Option<&cotald::services::membership::MembershipEntry>| {
+            e.is_some_and(|e| e.live == live && e.durable == durable && e.observed_at > 0)
+        }
+    };
+
+    join_durable_and_leave_the_room(&bob, "general").await;
+    feed_until(&kv, &bob.id, "a durable member away", is(&[], &["general"])).await;
+
+    let b = endpoint(&bob, |_| {}).await;
+    b.client.join("general", Replay::Off).await.unwrap();
+    b.client.join("team.>", Replay::Off).await.unwrap();
+    feed_until(
+        &kv,
+        &bob.id,
+        "live subscriptions, wildcards kept",
+        is(&["general", "team.>"], &["general"]),
+    )
+    .await;
+    b.client.durable_leave("general").await.unwrap();
+    feed_until(&kv, &bob.id, "the leave", is(&["general", "team.>"], &[])).await;
+    b.client.close().await;
+    feed_until(&kv, &bob.id, "nothing left", |e| e.is_none()).await;
     c.stop().await;
 }
