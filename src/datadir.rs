@@ -94,6 +94,18 @@ pub struct RuntimeState {
     /// The health of every service of every space.
     #[serde(default)]
     pub services: Vec<crate::services::ServiceStatus>,
+    /// The spaces that could not be served at start, and why (the others are served).
+    #[serde(default)]
+    pub unserved: Vec<UnservedSpace>,
+}
+
+/// A space the appliance knows but could not serve.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnservedSpace {
+    /// The space.
+    pub name: String,
+    /// Why, with every cause (the broker's own words where it refused).
+    pub reason: String,
 }
 
 impl DataDir {

@@ -87,6 +87,9 @@ fn print_text(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
                 s.broker_restarts
             )?;
             writeln!(out, "  spaces      {}", s.spaces.join(", "))?;
+            for space in &s.unserved {
+                writeln!(out, "  NOT SERVED  {}: {}", space.name, space.reason)?;
+            }
             for line in service_lines(&s.services) {
                 writeln!(out, "  {line}")?;
             }

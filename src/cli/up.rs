@@ -87,6 +87,9 @@ fn print_ready(info: &ReadyInfo) {
             space.operator_creds.display()
         );
     }
+    for space in &info.unserved {
+        println!("  space {:<12} NOT SERVED: {}", space.name, space.reason);
+    }
     println!("  CA certificate            {}", info.ca_cert.display());
     println!("  data dir                  {dir}");
     println!();

@@ -36,7 +36,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::DialError;
-use crate::datadir::{DataDir, DataDirError, DataDirLock, RuntimeState};
+use crate::datadir::{DataDir, DataDirError, DataDirLock, RuntimeState, UnservedSpace};
 use crate::files::FileError;
 use crate::ops::{CredentialProfile, IdentityRecord};
 use crate::ops::{OpError, SpaceInfo};
@@ -158,6 +158,8 @@ pub struct ReadyInfo {
     pub ca_cert: PathBuf,
     /// The served spaces.
     pub spaces: Vec<SpaceInfo>,
+    /// The spaces that could not be served, and why.
+    pub unserved: Vec<UnservedSpace>,
     /// The child's pid.
     pub broker_pid: u32,
     /// The broker version.
@@ -177,6 +179,8 @@ pub struct Appliance {
 struct Prepared {
     dir: DataDir,
     spaces: BTreeMap<String, SpaceConfig>,
+    /// Spaces already known to be unservable (an unreadable record).
+    unserved: Vec<UnservedSpace>,
     hostnames: Vec<String>,
     ca_cert: PathBuf,
     keys: KeyStore,
@@ -231,9 +235,10 @@ impl Appliance {
         }
         let keys = KeyStore::load_or_create(&dir.keys())?;
         let tls = TlsFiles::ensure(&dir.tls(), &hostnames)?;
-        let mut spaces = store::runtime_spaces(&dir)?;
+        let (mut spaces, mut unserved) = store::runtime_spaces(&dir);
         for (name, config) in &opts.profile.spaces {
             spaces.insert(name.clone(), config.clone());
+            unserved.retain(|u| &u.name != name);
         }
         for name in spaces.keys() {
             keys.ensure_space(name)?;
@@ -267,6 +272,7 @@ impl Appliance {
         let prepared = Prepared {
             dir,
             spaces,
+            unserved,
             hostnames,
             ca_cert: tls.ca_cert,
             keys,
@@ -327,6 +333,7 @@ impl Appliance {
         let Prepared {
             dir,
             spaces,
+            unserved,
             hostnames,
             ca_cert,
             keys,
@@ -360,19 +367,46 @@ impl Appliance {
                 spaces: Vec::new(),
                 broker_restarts: 0,
                 services: Vec::new(),
+                unserved: Vec::new(),
             }),
             root: CancellationToken::new(),
         });
+        // Spaces fail alone: one that cannot be served is reported, the others are served.
+        for space in &unserved {
+            tracing::error!(
+                space = space.name,
+                reason = space.reason,
+                "space not served"
+            );
+        }
+        let mut unserved = unserved;
+        let mut first_error = None;
         for (name, config) in spaces {
             if let Err(e) = core.serve_space(&name, config).await {
-                core.close_spaces().await;
-                return Err(e);
+                let reason = crate::ops::error_text(&e);
+                tracing::error!(space = name, reason, "space not served");
+                unserved.push(UnservedSpace { name, reason });
+                first_error.get_or_insert(e);
             }
         }
-        tracing::info!(
-            spaces = core.spaces.lock().await.len(),
-            "phase: spaces served"
-        );
+        let served = core.spaces.lock().await.len();
+        if served == 0
+            && let Some(e) = first_error
+        {
+            // Nothing to serve: say why rather than run empty.
+            return Err(e);
+        }
+        for space in &unserved {
+            tracing::error!(
+                space = space.name,
+                reason = space.reason,
+                "space not served"
+            );
+        }
+        if let Ok(mut state) = core.state.lock() {
+            state.unserved = unserved;
+        }
+        tracing::info!(spaces = served, "phase: spaces served");
         Ok(core)
     }
 
@@ -559,10 +593,10 @@ impl Core {
     async fn ready_info(&self, supervisor: &Supervisor) -> ReadyInfo {
         let status = supervisor.status().borrow().clone();
         let spaces = self.spaces.lock().await;
-        let version = self
+        let (version, unserved) = self
             .state
             .lock()
-            .map(|s| s.broker_version.clone())
+            .map(|s| (s.broker_version.clone(), s.unserved.clone()))
             .unwrap_or_default();
         ReadyInfo {
             data_dir: self.dir.root().to_owned(),
@@ -575,6 +609,7 @@ impl Core {
                 .collect(),
             broker_pid: status.pid,
             broker_version: version,
+            unserved,
         }
     }
 

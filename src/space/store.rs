@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::datadir::DataDir;
+use crate::datadir::{DataDir, UnservedSpace};
 use crate::files::{self, FileError};
 use crate::ops::IdentityRecord;
 use crate::profile::{DeploymentProfile, SpaceConfig};
@@ -47,11 +47,13 @@ pub fn add_runtime_space(
     )?)
 }
 
-/// The spaces added at runtime, by name.
-pub fn runtime_spaces(dir: &DataDir) -> Result<BTreeMap<String, SpaceConfig>, StoreError> {
+/// The spaces added at runtime, by name; a record that cannot be read is returned apart with
+/// its reason (one damaged file must not keep the other spaces from being served).
+pub fn runtime_spaces(dir: &DataDir) -> (BTreeMap<String, SpaceConfig>, Vec<UnservedSpace>) {
     let mut out = BTreeMap::new();
+    let mut unreadable = Vec::new();
     let Ok(entries) = fs::read_dir(dir.spaces()) else {
-        return Ok(out);
+        return (out, unreadable);
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -63,13 +65,17 @@ pub fn runtime_spaces(dir: &DataDir) -> Result<BTreeMap<String, SpaceConfig>, St
             tracing::warn!(path = %path.display(), reason, "not a space directory; skipped");
             continue;
         }
-        let space: RuntimeSpace = toml::from_str(&text).map_err(|e| StoreError::Malformed {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
-        out.insert(name, SpaceConfig::with_profile(space.profile));
+        match toml::from_str::<RuntimeSpace>(&text) {
+            Ok(space) => {
+                out.insert(name, SpaceConfig::with_profile(space.profile));
+            }
+            Err(e) => unreadable.push(UnservedSpace {
+                name,
+                reason: format!("{} is malformed: {e}", path.display()),
+            }),
+        }
     }
-    Ok(out)
+    (out, unreadable)
 }
 
 /// Records a minted identity.

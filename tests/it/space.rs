@@ -2,6 +2,7 @@
 //! profile, idempotent restarts that report drift instead of overwriting it, runtime spaces,
 //! and `cotald mint` refusals and provisioning.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -366,5 +367,63 @@ async fn minting_without_the_appliance_provisions_at_the_next_start() {
         .request("$JS.API.CONSUMER.INFO.TASK_main.svc_reviewer", json!({}))
         .await;
     assert_eq!(svc["config"]["durable_name"], "svc_reviewer", "{svc}");
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_space_that_cannot_be_served_fails_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let out = cli(tmp.path(), &["space", "add", "lab"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Someone with the space's keys turns Direct Get on for its DMs: serving it would expose
+    // every DM, so the appliance refuses to serve `lab` from now on.
+    let p = Probe::connect(&c, &own(&c, "lab")).await;
+    let js = async_nats::jetstream::new(p.client.clone());
+    let mut config = js
+        .get_stream("DM_lab")
+        .await
+        .unwrap()
+        .cached_info()
+        .config
+        .clone();
+    config.allow_direct = true;
+    js.update_stream(config).await.unwrap();
+    drop(js);
+    p.client.drain().await.unwrap();
+    let listen = c.state().listen.to_string();
+    c.stop().await;
+
+    // A damaged record of another runtime space is reported the same way.
+    std::fs::create_dir_all(tmp.path().join("spaces/broken")).unwrap();
+    std::fs::write(tmp.path().join("spaces/broken/space.toml"), "profile = 7\n").unwrap();
+
+    let mut c = Cotald::spawn(tmp.path(), &["--listen", &listen]);
+    c.wait_stdout("cotald is ready").await;
+    let banner = c.wait_stdout("NOT SERVED").await;
+    assert!(
+        banner.contains("lab") || banner.contains("broken"),
+        "{banner}"
+    );
+    let state = c.state();
+    assert_eq!(state.spaces, ["main"]);
+    let unserved: BTreeMap<_, _> = state
+        .unserved
+        .iter()
+        .map(|u| (u.name.as_str(), u.reason.as_str()))
+        .collect();
+    assert!(unserved["lab"].contains("allow_direct"), "{unserved:?}");
+    assert!(unserved["broken"].contains("malformed"), "{unserved:?}");
+    let status = cli(tmp.path(), &["status"]).await;
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains("NOT SERVED  lab: "), "{text}");
+    // `main` serves: a minted agent connects and round-trips.
+    let alice = mint(tmp.path(), "alice", "main", &[]).await;
+    let mut a = Probe::connect(&c, &alice.creds).await;
+    a.barrier().await;
     c.stop().await;
 }
