@@ -1,10 +1,34 @@
-//! The child nats-server: spawn it from the rendered config, wait until it is ready, restart
-//! it with capped backoff when it dies, stop it gracefully (SIGTERM, then SIGKILL after a
-//! deadline).
+//! The child nats-server: spawn it from the rendered config, wait until it is ready, watch its
+//! health, restart it with capped backoff when it dies or stops being healthy, stop it
+//! gracefully (SIGTERM, then SIGKILL after a deadline).
 //!
 //! Readiness is the ports file (`<argv0>_<pid>.ports`, written once the listeners are bound)
 //! followed by `/healthz` answering 200 (JetStream is up). After the first start the actual
 //! ports are written into the config, so a restarted child listens where clients reconnect.
+//!
+//! # Health
+//!
+//! A broker can be alive and useless: JetStream disabled after a failed write (a full disk;
+//! `/healthz` then answers 503 with the reason), or a process that no longer runs (stopped,
+//! wedged; the kernel still accepts connections on its listening sockets, so clients hang
+//! instead of failing over). Once ready, the child's `/healthz` is probed every
+//! [`PROBE_INTERVAL`] (2 s), each probe bounded by [`PROBE_TIMEOUT`] (1 s); after
+//! [`PROBE_FAILURES`] (3) failures in a row it is killed with SIGKILL (which also ends a stopped
+//! process) and restarted like a child that exited, with the same backoff, on the same ports.
+//! Why these numbers: a healthy broker answers the loopback `/healthz` in milliseconds, so 1 s
+//! is generous even on a loaded machine; one failure can be a pause (a stalled fsync, a
+//! garbage collection), three in a row mean the broker has not answered for more than 4 s, far
+//! beyond any pause, and a failure is acted on within about 7 s. Clients pay for a restart with
+//! a reconnect of about a second, so a blip must not cause one; an unresponsive broker costs
+//! them far more, as their own pings notice it only after minutes. The reason
+//! (`exited: …`, `unhealthy: /healthz answered 503: …`, `unresponsive: no answer to /healthz
+//! within 1s`) is logged and published with the status ([`BrokerRestart`]), which
+//! `cotald status` shows. A broker that keeps failing is retried with the capped backoff (at
+//! most 10 s apart, plus the start's own ready timeout), never in a tight loop; a run counts as
+//! stable only up to the first probe of the failing streak.
+//!
+//! # The child dies with cotald
+//!
 //! The child runs in its own process group (a terminal's Ctrl-C reaches cotald, which then
 //! stops the child in order) and is sent SIGTERM by the kernel if cotald itself dies.
 //!
@@ -35,6 +59,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::files::FileError;
 use crate::services::Backoff;
+use monitor::HealthFailure;
 
 /// Why the broker could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -100,8 +125,19 @@ pub struct BrokerStatus {
     pub client: SocketAddr,
     /// Monitoring listener.
     pub monitor: SocketAddr,
-    /// Restarts after unexpected exits.
+    /// Restarts after unexpected exits and failed health checks.
     pub restarts: u32,
+    /// The last restart, if there was one.
+    pub last_restart: Option<BrokerRestart>,
+}
+
+/// Why and when the broker was last restarted.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BrokerRestart {
+    /// `exited: <status>`, `unhealthy: <what /healthz said>` or `unresponsive: <…>`.
+    pub reason: String,
+    /// When the old child was found dead or was killed (RFC 3339, UTC).
+    pub at: String,
 }
 
 /// Owns the child nats-server for the lifetime of the appliance.
@@ -113,6 +149,14 @@ pub struct Supervisor {
 
 const TAIL_LINES: usize = 30;
 const POLL: Duration = Duration::from_millis(2);
+/// Time between two health probes of a ready broker.
+pub const PROBE_INTERVAL: Duration = Duration::from_secs(2);
+/// How long one probe waits for `/healthz`.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Consecutive failed probes after which the broker is killed and restarted.
+pub const PROBE_FAILURES: u32 = 3;
+/// How long a SIGKILLed child may take to be reaped.
+const KILL_WAIT: Duration = Duration::from_secs(10);
 
 impl Supervisor {
     /// Starts the broker and returns once it is ready.
@@ -133,7 +177,7 @@ impl Supervisor {
         let child = Running::spawn(&spec).await?;
         spec.conf.port = Some(child.client.port());
         spec.conf.monitor_port = Some(child.monitor.port());
-        let (tx, status) = watch::channel(child.status(0));
+        let (tx, status) = watch::channel(child.status(0, None));
         let cancel = CancellationToken::new();
         let task = tokio::spawn(supervise(spec, child, tx, cancel.clone()));
         Ok(Supervisor {
@@ -173,16 +217,31 @@ async fn supervise(
     let mut backoff = Backoff::default();
     loop {
         let started = Instant::now();
-        let exit = tokio::select! {
+        // What ended the child, and how long it ran well (to its exit, or to the first probe
+        // of the failing streak).
+        let (reason, lasted) = tokio::select! {
             () = cancel.cancelled() => {
                 child.stop(spec.stop_deadline).await;
                 return;
             }
-            exit = child.process.wait() => exit,
+            exit = child.process.wait() => {
+                let exit = exit.map_or_else(|e| e.to_string(), describe);
+                tracing::warn!(pid = child.pid, status = %exit, "nats-server exited unexpectedly");
+                (format!("exited: {exit}"), started.elapsed())
+            }
+            (failure, since) = failing_health(child.monitor) => {
+                tracing::warn!(
+                    pid = child.pid,
+                    reason = %failure,
+                    probes = PROBE_FAILURES,
+                    "nats-server failed its health probes; killing it"
+                );
+                child.kill().await;
+                (failure.to_string(), since.saturating_duration_since(started))
+            }
         };
-        let exit = exit.map_or_else(|e| e.to_string(), describe);
-        tracing::warn!(pid = child.pid, status = %exit, "nats-server exited unexpectedly");
-        backoff.ran_for(started.elapsed());
+        let at = rfc3339_now();
+        backoff.ran_for(lasted);
         child = loop {
             let delay = backoff.next_delay();
             tokio::select! {
@@ -196,14 +255,64 @@ async fn supervise(
             match attempt {
                 Ok(next) => break next,
                 Err(e) => {
-                    tracing::error!(error = %e, "nats-server restart failed; retrying")
+                    tracing::error!(error = %e, %reason, "nats-server restart failed; retrying")
                 }
             }
         };
         restarts += 1;
-        tracing::info!(pid = child.pid, restarts, after = %exit, "nats-server restarted");
-        let _ = status.send(child.status(restarts));
+        tracing::info!(pid = child.pid, restarts, %reason, %at, "nats-server restarted");
+        let _ = status.send(child.status(restarts, Some(BrokerRestart { reason, at })));
     }
+}
+
+/// Probes `/healthz` every [`PROBE_INTERVAL`] and returns once [`PROBE_FAILURES`] probes in a
+/// row failed: the last failure, and when the first of them was sent.
+async fn failing_health(monitor: SocketAddr) -> (HealthFailure, Instant) {
+    let mut probes =
+        tokio::time::interval_at(tokio::time::Instant::now() + PROBE_INTERVAL, PROBE_INTERVAL);
+    probes.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut first_failure = None;
+    let mut failures = 0;
+    loop {
+        probes.tick().await;
+        let sent = Instant::now();
+        match monitor::check(monitor, PROBE_TIMEOUT).await {
+            Ok(()) => {
+                if failures > 0 {
+                    tracing::info!(failures, "nats-server answers its health probe again");
+                }
+                failures = 0;
+                first_failure = None;
+            }
+            Err(failure) => {
+                failures += 1;
+                let since = *first_failure.get_or_insert(sent);
+                if failures >= PROBE_FAILURES {
+                    return (failure, since);
+                }
+                tracing::warn!(
+                    reason = %failure,
+                    failures,
+                    of = PROBE_FAILURES,
+                    "nats-server health probe failed"
+                );
+            }
+        }
+    }
+}
+
+/// Now, as RFC 3339 in UTC to the second.
+fn rfc3339_now() -> String {
+    let t = time::OffsetDateTime::now_utc();
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
 }
 
 /// One spawned child.
@@ -323,12 +432,31 @@ impl Running {
         })
     }
 
-    fn status(&self, restarts: u32) -> BrokerStatus {
+    fn status(&self, restarts: u32, last_restart: Option<BrokerRestart>) -> BrokerStatus {
         BrokerStatus {
             pid: self.pid,
             client: self.client,
             monitor: self.monitor,
             restarts,
+            last_restart,
+        }
+    }
+
+    /// SIGKILL (it ends a stopped process too) and reap, bounded by [`KILL_WAIT`].
+    async fn kill(&mut self) {
+        let _ = self.process.start_kill();
+        match tokio::time::timeout(KILL_WAIT, self.process.wait()).await {
+            Ok(status) => {
+                let status = status.map_or_else(|e| e.to_string(), describe);
+                tracing::info!(pid = self.pid, %status, "nats-server killed");
+            }
+            // Stuck in the kernel (a hung disk): the restart then finds its ports taken and
+            // retries with backoff; tokio reaps the process whenever it ends.
+            Err(_) => tracing::error!(
+                pid = self.pid,
+                after = ?KILL_WAIT,
+                "nats-server is still there after SIGKILL"
+            ),
         }
     }
 
