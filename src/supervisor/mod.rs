@@ -30,7 +30,19 @@
 //! # The child dies with cotald
 //!
 //! The child runs in its own process group (a terminal's Ctrl-C reaches cotald, which then
-//! stops the child in order) and is sent SIGTERM by the kernel if cotald itself dies.
+//! stops the child in order) and gets `PR_SET_PDEATHSIG` = SIGKILL: if cotald dies without its
+//! orderly shutdown, the kernel kills the broker at once. SIGTERM would ask for a graceful stop
+//! that nobody bounds any more, and a JetStream shutdown with many consumers can hold the port
+//! for more than 20 s, so the next `up` failed with "port in use". A SIGKILL adds no new risk:
+//! cotald dying unannounced is already a crash, which the JetStream store must survive anyway
+//! (the health watch above kills the broker too). The child checks after the `prctl` that
+//! cotald is still its parent, since a parent that died before would never send the signal.
+//!
+//! A broker may still outlive its cotald (one started by an earlier version that asked for
+//! SIGTERM, or by hand on the data dir's config). [`Supervisor::start`] therefore first ends
+//! any broker of the same executable and config that the ports files name: checked through
+//! `/proc`, SIGTERM, then SIGKILL after 5 s; a process that is not ours is never touched (see
+//! `leftover.rs`).
 //!
 //! The broker writes and rotates its own log file (see [`LOG_SIZE_LIMIT`]): a rotation renames
 //! the file under any other writer, so cotald never appends to it. What the broker still
@@ -39,6 +51,7 @@
 
 mod binary;
 mod conf;
+mod leftover;
 pub mod monitor;
 
 pub use binary::{BUNDLED_SHA256, BUNDLED_VERSION, BrokerBinary};
@@ -161,6 +174,7 @@ const KILL_WAIT: Duration = Duration::from_secs(10);
 impl Supervisor {
     /// Starts the broker and returns once it is ready.
     pub async fn start(mut spec: BrokerSpec) -> Result<Self, SupervisorError> {
+        leftover::end_leftovers(&spec.conf.ports_file_dir, &spec.executable, &spec.conf_path).await;
         for (host, port) in [
             (spec.conf.host, spec.conf.port),
             (spec.conf.monitor_host, spec.conf.monitor_port),
@@ -344,11 +358,17 @@ impl Running {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .process_group(0);
-        // SAFETY: prctl is async-signal-safe; the closure allocates nothing.
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: prctl and getppid are async-signal-safe; the closure allocates nothing.
         unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                // cotald died between the fork and the prctl: the signal will never come.
+                // (An OS error code: building any other error would allocate.)
+                if libc::getppid() != parent {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
                 }
                 Ok(())
             });

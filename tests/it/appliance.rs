@@ -347,6 +347,83 @@ async fn an_unresponsive_broker_is_killed_and_restarted() {
 }
 
 #[tokio::test]
+async fn a_killed_cotald_leaves_no_broker_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut first = Cotald::up(tmp.path()).await;
+    let before = first.state();
+    first.signal(libc::SIGKILL);
+    first.wait_exit().await;
+
+    // At once, on the same port.
+    let listen = before.listen.to_string();
+    let mut second = Cotald::spawn(tmp.path(), &["--listen", &listen]);
+    second.wait_stdout("cotald is ready").await;
+    assert!(gone(before.broker_pid), "the old broker is gone");
+    let after = second.state();
+    assert_eq!(after.listen, before.listen);
+    assert_ne!(after.broker_pid, before.broker_pid);
+    second.stop().await;
+}
+
+#[tokio::test]
+async fn up_ends_a_broker_of_its_data_dir_left_running() {
+    let tmp = tempfile::tempdir().unwrap();
+    Cotald::up(tmp.path()).await.stop().await;
+
+    // A broker of this data dir without its cotald: its own executable on its own config.
+    let bin = std::fs::read_dir(tmp.path().join("bin"))
+        .unwrap()
+        .next()
+        .expect("the installed nats-server")
+        .unwrap()
+        .path();
+    let mut leftover = tokio::process::Command::new(bin)
+        .arg("-c")
+        .arg(tmp.path().join("run/nats-server.conf"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = leftover.id().unwrap();
+    // Nothing signals that it has bound its listeners but the ports file it writes then.
+    let suffix = format!("_{pid}.ports");
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let ports: serde_json::Value = loop {
+        let written = std::fs::read_dir(tmp.path().join("run"))
+            .unwrap()
+            .flatten()
+            .find(|e| e.file_name().to_string_lossy().ends_with(&suffix))
+            .and_then(|e| std::fs::read(e.path()).ok())
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        if let Some(ports) = written {
+            break ports;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no ports file from the leftover broker"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let url = ports["nats"][0].as_str().unwrap();
+    let port = url.rsplit_once(':').unwrap().1;
+
+    // `up` on the port it holds: it ends the leftover, then starts its own.
+    let listen = format!("127.0.0.1:{port}");
+    let mut c = Cotald::spawn(tmp.path(), &["--listen", &listen]);
+    let line = c.wait_stderr("was left running").await;
+    assert!(line.contains(&pid.to_string()), "{line}");
+    c.wait_stdout("cotald is ready").await;
+    tokio::time::timeout(TIMEOUT, leftover.wait())
+        .await
+        .expect("the leftover broker exited")
+        .unwrap();
+    assert_eq!(c.state().listen.to_string(), listen);
+    c.stop().await;
+}
+
+#[tokio::test]
 async fn sigterm_exits_zero_and_leaves_no_child() {
     let tmp = tempfile::tempdir().unwrap();
     let mut c = Cotald::up(tmp.path()).await;
