@@ -89,8 +89,11 @@ pub struct RuntimeState {
     pub monitor: SocketAddr,
     /// The served spaces.
     pub spaces: Vec<String>,
-    /// How many times the broker was restarted after dying.
+    /// How many times the broker was restarted after dying or failing its health probes.
     pub broker_restarts: u32,
+    /// Why and when the broker was last restarted, if it was.
+    #[serde(default)]
+    pub broker_last_restart: Option<crate::supervisor::BrokerRestart>,
     /// The health of every service of every space.
     #[serde(default)]
     pub services: Vec<crate::services::ServiceStatus>,
@@ -355,7 +358,11 @@ mod tests {
             listen: "127.0.0.1:4222".parse().unwrap(),
             monitor: "127.0.0.1:8222".parse().unwrap(),
             spaces: vec!["main".into()],
-            broker_restarts: 0,
+            broker_restarts: 1,
+            broker_last_restart: Some(crate::supervisor::BrokerRestart {
+                reason: "unresponsive: no answer to /healthz within 1s".into(),
+                at: "2026-12-03T09:00:00Z".into(),
+            }),
             services: Vec::new(),
         };
         dir.write_state(&state).unwrap();

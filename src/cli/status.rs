@@ -86,6 +86,9 @@ fn print_text(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
                 s.broker_pid,
                 s.broker_restarts
             )?;
+            if let Some(last) = &s.broker_last_restart {
+                writeln!(out, "  last restart {} ({})", last.at, last.reason)?;
+            }
             writeln!(out, "  spaces      {}", s.spaces.join(", "))?;
             for space in &s.unserved {
                 writeln!(out, "  NOT SERVED  {}: {}", space.name, space.reason)?;

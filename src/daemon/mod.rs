@@ -366,6 +366,7 @@ impl Appliance {
                 monitor: status.monitor,
                 spaces: Vec::new(),
                 broker_restarts: 0,
+                broker_last_restart: None,
                 services: Vec::new(),
                 unserved: Vec::new(),
             }),

@@ -31,6 +31,7 @@ impl StateTracker {
         if let Ok(mut state) = self.core.state.lock() {
             state.broker_pid = now.pid;
             state.broker_restarts = now.restarts;
+            state.broker_last_restart = now.last_restart;
             state.services = services;
         }
         self.core

@@ -1,12 +1,48 @@
-//! The child nats-server: spawn it from the rendered config, wait until it is ready, restart
-//! it with capped backoff when it dies, stop it gracefully (SIGTERM, then SIGKILL after a
-//! deadline).
+//! The child nats-server: spawn it from the rendered config, wait until it is ready, watch its
+//! health, restart it with capped backoff when it dies or stops being healthy, stop it
+//! gracefully (SIGTERM, then SIGKILL after a deadline).
 //!
 //! Readiness is the ports file (`<argv0>_<pid>.ports`, written once the listeners are bound)
 //! followed by `/healthz` answering 200 (JetStream is up). After the first start the actual
 //! ports are written into the config, so a restarted child listens where clients reconnect.
+//!
+//! # Health
+//!
+//! A broker can be alive and useless: JetStream disabled after a failed write (a full disk;
+//! `/healthz` then answers 503 with the reason), or a process that no longer runs (stopped,
+//! wedged; the kernel still accepts connections on its listening sockets, so clients hang
+//! instead of failing over). Once ready, the child's `/healthz` is probed every
+//! [`PROBE_INTERVAL`] (2 s), each probe bounded by [`PROBE_TIMEOUT`] (1 s); after
+//! [`PROBE_FAILURES`] (3) failures in a row it is killed with SIGKILL (which also ends a stopped
+//! process) and restarted like a child that exited, with the same backoff, on the same ports.
+//! Why these numbers: a healthy broker answers the loopback `/healthz` in milliseconds, so 1 s
+//! is generous even on a loaded machine; one failure can be a pause (a stalled fsync, a
+//! garbage collection), three in a row mean the broker has not answered for more than 4 s, far
+//! beyond any pause, and a failure is acted on within about 7 s. Clients pay for a restart with
+//! a reconnect of about a second, so a blip must not cause one; an unresponsive broker costs
+//! them far more, as their own pings notice it only after minutes. The reason
+//! (`exited: …`, `unhealthy: /healthz answered 503: …`, `unresponsive: no answer to /healthz
+//! within 1s`) is logged and published with the status ([`BrokerRestart`]), which
+//! `cotald status` shows. A broker that keeps failing is retried with the capped backoff (at
+//! most 10 s apart, plus the start's own ready timeout), never in a tight loop; a run counts as
+//! stable only up to the first probe of the failing streak.
+//!
+//! # The child dies with cotald
+//!
 //! The child runs in its own process group (a terminal's Ctrl-C reaches cotald, which then
-//! stops the child in order) and is sent SIGTERM by the kernel if cotald itself dies.
+//! stops the child in order) and gets `PR_SET_PDEATHSIG` = SIGKILL: if cotald dies without its
+//! orderly shutdown, the kernel kills the broker at once. SIGTERM would ask for a graceful stop
+//! that nobody bounds any more, and a JetStream shutdown with many consumers can hold the port
+//! for more than 20 s, so the next `up` failed with "port in use". A SIGKILL adds no new risk:
+//! cotald dying unannounced is already a crash, which the JetStream store must survive anyway
+//! (the health watch above kills the broker too). The child checks after the `prctl` that
+//! cotald is still its parent, since a parent that died before would never send the signal.
+//!
+//! A broker may still outlive its cotald (one started by an earlier version that asked for
+//! SIGTERM, or by hand on the data dir's config). [`Supervisor::start`] therefore first ends
+//! any broker of the same executable and config that the ports files name: checked through
+//! `/proc`, SIGTERM, then SIGKILL after 5 s; a process that is not ours is never touched (see
+//! `leftover.rs`).
 //!
 //! The broker writes and rotates its own log file (see [`LOG_SIZE_LIMIT`]): a rotation renames
 //! the file under any other writer, so cotald never appends to it. What the broker still
@@ -15,6 +51,7 @@
 
 mod binary;
 mod conf;
+mod leftover;
 pub mod monitor;
 
 pub use binary::{BUNDLED_SHA256, BUNDLED_VERSION, BrokerBinary};
@@ -35,6 +72,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::files::FileError;
 use crate::services::Backoff;
+use monitor::HealthFailure;
 
 /// Why the broker could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -100,8 +138,19 @@ pub struct BrokerStatus {
     pub client: SocketAddr,
     /// Monitoring listener.
     pub monitor: SocketAddr,
-    /// Restarts after unexpected exits.
+    /// Restarts after unexpected exits and failed health checks.
     pub restarts: u32,
+    /// The last restart, if there was one.
+    pub last_restart: Option<BrokerRestart>,
+}
+
+/// Why and when the broker was last restarted.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BrokerRestart {
+    /// `exited: <status>`, `unhealthy: <what /healthz said>` or `unresponsive: <…>`.
+    pub reason: String,
+    /// When the old child was found dead or was killed (RFC 3339, UTC).
+    pub at: String,
 }
 
 /// Owns the child nats-server for the lifetime of the appliance.
@@ -113,10 +162,19 @@ pub struct Supervisor {
 
 const TAIL_LINES: usize = 30;
 const POLL: Duration = Duration::from_millis(2);
+/// Time between two health probes of a ready broker.
+pub const PROBE_INTERVAL: Duration = Duration::from_secs(2);
+/// How long one probe waits for `/healthz`.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Consecutive failed probes after which the broker is killed and restarted.
+pub const PROBE_FAILURES: u32 = 3;
+/// How long a SIGKILLed child may take to be reaped.
+const KILL_WAIT: Duration = Duration::from_secs(10);
 
 impl Supervisor {
     /// Starts the broker and returns once it is ready.
     pub async fn start(mut spec: BrokerSpec) -> Result<Self, SupervisorError> {
+        leftover::end_leftovers(&spec.conf.ports_file_dir, &spec.executable, &spec.conf_path).await;
         for (host, port) in [
             (spec.conf.host, spec.conf.port),
             (spec.conf.monitor_host, spec.conf.monitor_port),
@@ -133,7 +191,7 @@ impl Supervisor {
         let child = Running::spawn(&spec).await?;
         spec.conf.port = Some(child.client.port());
         spec.conf.monitor_port = Some(child.monitor.port());
-        let (tx, status) = watch::channel(child.status(0));
+        let (tx, status) = watch::channel(child.status(0, None));
         let cancel = CancellationToken::new();
         let task = tokio::spawn(supervise(spec, child, tx, cancel.clone()));
         Ok(Supervisor {
@@ -173,16 +231,31 @@ async fn supervise(
     let mut backoff = Backoff::default();
     loop {
         let started = Instant::now();
-        let exit = tokio::select! {
+        // What ended the child, and how long it ran well (to its exit, or to the first probe
+        // of the failing streak).
+        let (reason, lasted) = tokio::select! {
             () = cancel.cancelled() => {
                 child.stop(spec.stop_deadline).await;
                 return;
             }
-            exit = child.process.wait() => exit,
+            exit = child.process.wait() => {
+                let exit = exit.map_or_else(|e| e.to_string(), describe);
+                tracing::warn!(pid = child.pid, status = %exit, "nats-server exited unexpectedly");
+                (format!("exited: {exit}"), started.elapsed())
+            }
+            (failure, since) = failing_health(child.monitor) => {
+                tracing::warn!(
+                    pid = child.pid,
+                    reason = %failure,
+                    probes = PROBE_FAILURES,
+                    "nats-server failed its health probes; killing it"
+                );
+                child.kill().await;
+                (failure.to_string(), since.saturating_duration_since(started))
+            }
         };
-        let exit = exit.map_or_else(|e| e.to_string(), describe);
-        tracing::warn!(pid = child.pid, status = %exit, "nats-server exited unexpectedly");
-        backoff.ran_for(started.elapsed());
+        let at = rfc3339_now();
+        backoff.ran_for(lasted);
         child = loop {
             let delay = backoff.next_delay();
             tokio::select! {
@@ -196,14 +269,64 @@ async fn supervise(
             match attempt {
                 Ok(next) => break next,
                 Err(e) => {
-                    tracing::error!(error = %e, "nats-server restart failed; retrying")
+                    tracing::error!(error = %e, %reason, "nats-server restart failed; retrying")
                 }
             }
         };
         restarts += 1;
-        tracing::info!(pid = child.pid, restarts, after = %exit, "nats-server restarted");
-        let _ = status.send(child.status(restarts));
+        tracing::info!(pid = child.pid, restarts, %reason, %at, "nats-server restarted");
+        let _ = status.send(child.status(restarts, Some(BrokerRestart { reason, at })));
     }
+}
+
+/// Probes `/healthz` every [`PROBE_INTERVAL`] and returns once [`PROBE_FAILURES`] probes in a
+/// row failed: the last failure, and when the first of them was sent.
+async fn failing_health(monitor: SocketAddr) -> (HealthFailure, Instant) {
+    let mut probes =
+        tokio::time::interval_at(tokio::time::Instant::now() + PROBE_INTERVAL, PROBE_INTERVAL);
+    probes.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut first_failure = None;
+    let mut failures = 0;
+    loop {
+        probes.tick().await;
+        let sent = Instant::now();
+        match monitor::check(monitor, PROBE_TIMEOUT).await {
+            Ok(()) => {
+                if failures > 0 {
+                    tracing::info!(failures, "nats-server answers its health probe again");
+                }
+                failures = 0;
+                first_failure = None;
+            }
+            Err(failure) => {
+                failures += 1;
+                let since = *first_failure.get_or_insert(sent);
+                if failures >= PROBE_FAILURES {
+                    return (failure, since);
+                }
+                tracing::warn!(
+                    reason = %failure,
+                    failures,
+                    of = PROBE_FAILURES,
+                    "nats-server health probe failed"
+                );
+            }
+        }
+    }
+}
+
+/// Now, as RFC 3339 in UTC to the second.
+fn rfc3339_now() -> String {
+    let t = time::OffsetDateTime::now_utc();
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
 }
 
 /// One spawned child.
@@ -235,11 +358,17 @@ impl Running {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .process_group(0);
-        // SAFETY: prctl is async-signal-safe; the closure allocates nothing.
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: prctl and getppid are async-signal-safe; the closure allocates nothing.
         unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                // cotald died between the fork and the prctl: the signal will never come.
+                // (An OS error code: building any other error would allocate.)
+                if libc::getppid() != parent {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
                 }
                 Ok(())
             });
@@ -323,12 +452,31 @@ impl Running {
         })
     }
 
-    fn status(&self, restarts: u32) -> BrokerStatus {
+    fn status(&self, restarts: u32, last_restart: Option<BrokerRestart>) -> BrokerStatus {
         BrokerStatus {
             pid: self.pid,
             client: self.client,
             monitor: self.monitor,
             restarts,
+            last_restart,
+        }
+    }
+
+    /// SIGKILL (it ends a stopped process too) and reap, bounded by [`KILL_WAIT`].
+    async fn kill(&mut self) {
+        let _ = self.process.start_kill();
+        match tokio::time::timeout(KILL_WAIT, self.process.wait()).await {
+            Ok(status) => {
+                let status = status.map_or_else(|e| e.to_string(), describe);
+                tracing::info!(pid = self.pid, %status, "nats-server killed");
+            }
+            // Stuck in the kernel (a hung disk): the restart then finds its ports taken and
+            // retries with backoff; tokio reaps the process whenever it ends.
+            Err(_) => tracing::error!(
+                pid = self.pid,
+                after = ?KILL_WAIT,
+                "nats-server is still there after SIGKILL"
+            ),
         }
     }
 

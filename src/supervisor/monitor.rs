@@ -1,5 +1,6 @@
-//! The broker's monitoring endpoint (loopback HTTP): readiness (`/healthz`) and identity
-//! (`/varz`). A dozen lines of HTTP/1.0 are enough for two local GETs; no HTTP stack needed.
+//! The broker's monitoring endpoint (loopback HTTP): readiness and health (`/healthz`) and
+//! identity (`/varz`). A dozen lines of HTTP/1.0 are enough for two local GETs; no HTTP stack
+//! needed.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -42,11 +43,59 @@ pub async fn get(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Re
     })?
 }
 
-/// Whether `/healthz` answers 200 (the server and JetStream are up).
+/// Why `/healthz` did not say healthy; the text is the reason the supervisor logs and records
+/// when it restarts the broker for it.
+#[derive(Debug, thiserror::Error)]
+pub enum HealthFailure {
+    /// The broker answered, and not with 200 (JetStream disabled after a write failed, such as
+    /// a full disk, or not recovered).
+    #[error("unhealthy: /healthz answered {status}: {said}")]
+    Unhealthy {
+        /// The HTTP status.
+        status: u16,
+        /// Its `error` field, else the body (at most [`SAID_MAX`] characters).
+        said: String,
+    },
+    /// Nothing came back in time (a stopped or wedged broker: the kernel still accepts the
+    /// connection on its behalf).
+    #[error("unresponsive: no answer to /healthz within {timeout:?}")]
+    NoAnswer {
+        /// The probe's bound.
+        timeout: Duration,
+    },
+    /// The monitoring listener could not be reached or hung up.
+    #[error("unresponsive: /healthz: {0}")]
+    Unreachable(std::io::Error),
+}
+
+/// How much of an unhealthy answer is kept.
+pub const SAID_MAX: usize = 200;
+
+/// Asks `/healthz` once, bounded by `timeout`: `Ok` when it answers 200 (the server and
+/// JetStream are up).
+pub async fn check(addr: SocketAddr, timeout: Duration) -> Result<(), HealthFailure> {
+    match get(addr, "/healthz", timeout).await {
+        Ok(r) if r.status == 200 => Ok(()),
+        Ok(r) => {
+            let said = serde_json::from_str::<serde_json::Value>(&r.body)
+                .ok()
+                .and_then(|v| v.get("error")?.as_str().map(str::to_owned))
+                .unwrap_or_else(|| r.body.trim().to_owned());
+            Err(HealthFailure::Unhealthy {
+                status: r.status,
+                said: said.chars().take(SAID_MAX).collect(),
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+            Err(HealthFailure::NoAnswer { timeout })
+        }
+        Err(e) => Err(HealthFailure::Unreachable(e)),
+    }
+}
+
+/// Whether `/healthz` answers 200 within 2 s.
 pub async fn healthy(addr: SocketAddr) -> bool {
-    get(addr, "/healthz", Duration::from_secs(2))
-        .await
-        .is_ok_and(|r| r.status == 200)
+    check(addr, Duration::from_secs(2)).await.is_ok()
 }
 
 /// The `version` reported by `/varz`.

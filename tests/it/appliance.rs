@@ -7,7 +7,8 @@ use futures_util::StreamExt;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::helper::{
-    Cotald, Probe, TIMEOUT, alive, cotald_bin, into_a_closed_pipe, mint, mint_user, wait_event,
+    Cotald, Probe, TIMEOUT, alive, cotald_bin, gone, into_a_closed_pipe, mint, mint_user,
+    wait_event,
 };
 
 async fn round_trip(client: &async_nats::Client, subject: &str) {
@@ -218,6 +219,207 @@ async fn killed_broker_is_restarted_and_clients_reconnect() {
     );
     assert_eq!(after.broker_restarts, 1);
     assert!(!alive(before.broker_pid));
+    c.stop().await;
+}
+
+/// Polls the state file (nothing else signals its writes) until `pred` holds; bounded.
+async fn wait_state(
+    c: &Cotald,
+    what: &str,
+    pred: impl Fn(&cotald::datadir::RuntimeState) -> bool,
+) -> cotald::datadir::RuntimeState {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let state = c.state();
+        if pred(&state) {
+            return state;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "state.json never showed {what}: {state:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// A process stopped with SIGSTOP; if it is still there, stopped, when this is dropped (the
+/// test failed before the appliance killed it), it is killed, so nothing is left behind.
+struct Stopped(u32);
+
+impl Stopped {
+    fn stop(pid: u32) -> Stopped {
+        // SAFETY: plain syscall on the broker child.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.0)).unwrap_or_default();
+        let stopped = stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['T', 't']));
+        if stopped {
+            // SAFETY: plain syscalls on the process this guard stopped.
+            unsafe {
+                libc::kill(self.0 as i32, libc::SIGKILL);
+                libc::kill(self.0 as i32, libc::SIGCONT);
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_unresponsive_broker_is_killed_and_restarted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Cotald::up(tmp.path()).await;
+    let creds = mint_user(tmp.path(), "main", &tmp.path().join("u.creds"));
+    let Probe { client, mut events } = Probe::connect(&c, &creds).await;
+    let mut sub = client.subscribe("cotal.main.after").await.unwrap();
+    let before = c.state();
+    assert_eq!(before.broker_last_restart, None);
+
+    // Stopped, the broker keeps its ports and the kernel accepts connections for it, but
+    // /healthz never answers.
+    let stopped = Stopped::stop(before.broker_pid);
+    let line = c.wait_stderr("nats-server restarted").await;
+    assert!(
+        line.contains("unresponsive: no answer to /healthz"),
+        "the restart names the reason: {line}"
+    );
+    assert!(
+        gone(before.broker_pid),
+        "the stopped broker was killed and reaped"
+    );
+    drop(stopped);
+
+    wait_event(&mut events, "disconnect", |e| {
+        matches!(e, async_nats::Event::Disconnected)
+    })
+    .await;
+    wait_event(&mut events, "reconnect", |e| {
+        matches!(e, async_nats::Event::Connected)
+    })
+    .await;
+    client
+        .publish("cotal.main.after", "back".into())
+        .await
+        .unwrap();
+    let msg = tokio::time::timeout(TIMEOUT, sub.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&msg.payload[..], b"back");
+    let mut fresh = Probe::connect(&c, &creds).await;
+    fresh.barrier().await;
+
+    let after = wait_state(&c, "the new broker", |s| s.broker_pid != before.broker_pid).await;
+    assert_eq!(after.listen, before.listen, "the new broker keeps the port");
+    let (ok, report) = status_json(tmp.path()).await;
+    assert!(ok, "healthy again: {report}");
+    assert_eq!(report["broker_restarts"], 1);
+    let reason = report["broker_last_restart"]["reason"].as_str().unwrap();
+    assert!(reason.starts_with("unresponsive: "), "{report}");
+    assert!(
+        report["broker_last_restart"]["at"]
+            .as_str()
+            .is_some_and(|at| at.ends_with('Z')),
+        "{report}"
+    );
+    let text = tokio::time::timeout(
+        TIMEOUT,
+        tokio::process::Command::new(cotald_bin())
+            .args(["status", "--data-dir"])
+            .arg(tmp.path())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("status answers in time")
+    .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("last restart") && text.contains(reason),
+        "{text}"
+    );
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_killed_cotald_leaves_no_broker_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut first = Cotald::up(tmp.path()).await;
+    let before = first.state();
+    first.signal(libc::SIGKILL);
+    first.wait_exit().await;
+
+    // At once, on the same port.
+    let listen = before.listen.to_string();
+    let mut second = Cotald::spawn(tmp.path(), &["--listen", &listen]);
+    second.wait_stdout("cotald is ready").await;
+    assert!(gone(before.broker_pid), "the old broker is gone");
+    let after = second.state();
+    assert_eq!(after.listen, before.listen);
+    assert_ne!(after.broker_pid, before.broker_pid);
+    second.stop().await;
+}
+
+#[tokio::test]
+async fn up_ends_a_broker_of_its_data_dir_left_running() {
+    let tmp = tempfile::tempdir().unwrap();
+    Cotald::up(tmp.path()).await.stop().await;
+
+    // A broker of this data dir without its cotald: its own executable on its own config.
+    let bin = std::fs::read_dir(tmp.path().join("bin"))
+        .unwrap()
+        .next()
+        .expect("the installed nats-server")
+        .unwrap()
+        .path();
+    let mut leftover = tokio::process::Command::new(bin)
+        .arg("-c")
+        .arg(tmp.path().join("run/nats-server.conf"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = leftover.id().unwrap();
+    // Nothing signals that it has bound its listeners but the ports file it writes then.
+    let suffix = format!("_{pid}.ports");
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let ports: serde_json::Value = loop {
+        let written = std::fs::read_dir(tmp.path().join("run"))
+            .unwrap()
+            .flatten()
+            .find(|e| e.file_name().to_string_lossy().ends_with(&suffix))
+            .and_then(|e| std::fs::read(e.path()).ok())
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        if let Some(ports) = written {
+            break ports;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no ports file from the leftover broker"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let url = ports["nats"][0].as_str().unwrap();
+    let port = url.rsplit_once(':').unwrap().1;
+
+    // `up` on the port it holds: it ends the leftover, then starts its own.
+    let listen = format!("127.0.0.1:{port}");
+    let mut c = Cotald::spawn(tmp.path(), &["--listen", &listen]);
+    let line = c.wait_stderr("was left running").await;
+    assert!(line.contains(&pid.to_string()), "{line}");
+    c.wait_stdout("cotald is ready").await;
+    tokio::time::timeout(TIMEOUT, leftover.wait())
+        .await
+        .expect("the leftover broker exited")
+        .unwrap();
+    assert_eq!(c.state().listen.to_string(), listen);
     c.stop().await;
 }
 

@@ -194,6 +194,18 @@ pub fn alive(pid: u32) -> bool {
     unsafe { libc::kill(pid as i32, 0) == 0 }
 }
 
+/// Whether a process is gone: no such pid, or only its exit status is left (a zombie, which an
+/// orphan stays until init reaps it).
+pub fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // `pid (comm) state …`: comm may hold spaces and parentheses, the state follows the last.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => true,
+    }
+}
+
 /// What `cotald mint --json` prints.
 #[derive(Debug, serde::Deserialize)]
 pub struct Minted {

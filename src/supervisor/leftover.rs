@@ -1,0 +1,208 @@
+//! A broker of this data dir that outlived its cotald: `up` ends it before starting its own.
+//!
+//! The parent-death signal (SIGKILL, see the parent module) makes this rare, but not
+//! impossible: a broker started by an earlier cotald that asked for SIGTERM may still be
+//! shutting down its JetStream, and a broker can be started by hand on the data dir's config.
+//! Such a process holds the ports and the JetStream store, so the next start would fail with
+//! "port in use" or fight over the store.
+//!
+//! The candidates are the pids the brokers of this data dir recorded themselves: the ports
+//! files (`<argv0>_<pid>.ports`) in the ports file dir, which a broker deletes only at the very
+//! end of its shutdown and cotald only right before spawning a child. A pid is ours only when
+//! `/proc/<pid>` shows our executable (its `exe` link or its `argv[0]`) run with `-c` and our
+//! config path: pids are reused, and a process that is not ours is never signalled. The check
+//! is repeated through a pidfd, which pins the process, so the signals cannot reach a process
+//! that took the pid meanwhile. The leftover gets SIGTERM (it may flush), then SIGKILL after
+//! [`STOP_DEADLINE`]: it is already the remains of a crash, and `up` must not hang on it.
+
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+
+/// How long a leftover broker may take to stop after SIGTERM before it is killed.
+const STOP_DEADLINE: Duration = Duration::from_secs(5);
+/// How long to wait for a killed leftover to be gone.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// Ends every broker that `executable -c conf` left running, as recorded in `ports_dir`.
+pub(super) async fn end_leftovers(ports_dir: &Path, executable: &Path, conf: &Path) {
+    for pid in recorded_pids(ports_dir) {
+        if pid == std::process::id() || !is_our_broker(pid, executable, conf) {
+            continue;
+        }
+        if let Err(e) = end(pid, executable, conf).await {
+            tracing::warn!(
+                pid,
+                error = %e,
+                "cannot end the nats-server of this data dir that was left running"
+            );
+        }
+    }
+}
+
+/// The pids named by the ports files in `dir`.
+fn recorded_pids(dir: &Path) -> Vec<u32> {
+    let mut pids: Vec<u32> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".ports")?
+                .rsplit_once('_')?
+                .1
+                .parse()
+                .ok()
+        })
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
+/// Whether `pid` runs `executable` (its `exe`, or its `argv[0]`) with `-c conf`: a broker of
+/// this data dir. Relative paths on its command line are taken from its working directory.
+fn is_our_broker(pid: u32, executable: &Path, conf: &Path) -> bool {
+    let proc = PathBuf::from(format!("/proc/{pid}"));
+    let Ok(cmdline) = std::fs::read(proc.join("cmdline")) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = cmdline
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .collect();
+    let cwd = std::fs::read_link(proc.join("cwd")).ok();
+    let resolve = |arg: &[u8]| {
+        use std::os::unix::ffi::OsStrExt;
+        let path = Path::new(std::ffi::OsStr::from_bytes(arg));
+        canonical(&match &cwd {
+            Some(cwd) if path.is_relative() => cwd.join(path),
+            _ => path.to_owned(),
+        })
+    };
+    let executable = canonical(executable);
+    let exe_matches = std::fs::read_link(proc.join("exe")).is_ok_and(|exe| {
+        // A binary replaced since it was started shows as "<path> (deleted)".
+        let text = exe.to_string_lossy();
+        canonical(Path::new(text.strip_suffix(" (deleted)").unwrap_or(&text))) == executable
+    });
+    let argv0_matches = args.first().is_some_and(|a| resolve(a) == executable);
+    let conf = canonical(conf);
+    let conf_matches = args
+        .windows(2)
+        .any(|w| w[0] == b"-c" && resolve(w[1]) == conf);
+    (exe_matches || argv0_matches) && conf_matches
+}
+
+fn canonical(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned())
+}
+
+/// SIGTERM, then SIGKILL after [`STOP_DEADLINE`], through a pidfd. A pid that is gone, or
+/// turns out not to be ours once pinned, is left alone.
+async fn end(pid: u32, executable: &Path, conf: &Path) -> std::io::Result<()> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ESRCH) => Ok(()),
+            _ => Err(e),
+        };
+    }
+    // SAFETY: a descriptor pidfd_open just returned, owned by nobody else.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+    if !is_our_broker(pid, executable, conf) {
+        return Ok(());
+    }
+    // SAFETY: the AsyncFd owns the descriptor from here on; an OwnedFd always names it.
+    let exited = unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }?;
+    tracing::warn!(
+        pid,
+        conf = %conf.display(),
+        "a nats-server of this data dir was left running; stopping it (SIGTERM)"
+    );
+    send(&exited, libc::SIGTERM)?;
+    if tokio::time::timeout(STOP_DEADLINE, exited.readable())
+        .await
+        .is_ok()
+    {
+        tracing::info!(pid, "the nats-server left running has stopped");
+        return Ok(());
+    }
+    tracing::warn!(
+        pid,
+        deadline = ?STOP_DEADLINE,
+        "the nats-server left running ignored SIGTERM; killing it"
+    );
+    send(&exited, libc::SIGKILL)?;
+    let _exited = tokio::time::timeout(KILL_WAIT, exited.readable())
+        .await
+        .map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("still there {KILL_WAIT:?} after SIGKILL"),
+            )
+        })??;
+    tracing::info!(pid, "the nats-server left running was killed");
+    Ok(())
+}
+
+fn send(pidfd: &AsyncFd<OwnedFd>, signal: libc::c_int) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: pidfd_send_signal on a pidfd we own, without siginfo.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    match rc {
+        0 => Ok(()),
+        _ => match std::io::Error::last_os_error() {
+            // Exited meanwhile: what we wanted.
+            e if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+            e => Err(e),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_that_is_not_our_broker_is_not_ours() {
+        let tmp = tempfile::tempdir().unwrap();
+        let conf = tmp.path().join("nats-server.conf");
+        std::fs::write(&conf, "").unwrap();
+        let me = std::process::id();
+        let exe = std::env::current_exe().unwrap();
+        // Our own executable, but not run with our config.
+        assert!(!is_our_broker(me, &exe, &conf));
+        // Another executable.
+        assert!(!is_our_broker(me, Path::new("/usr/bin/nats-server"), &conf));
+        // No such process (pid 0 has no /proc entry).
+        assert!(!is_our_broker(0, &exe, &conf));
+    }
+
+    #[test]
+    fn recorded_pids_are_read_from_ports_file_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        for name in [
+            "nats-server_12.ports",
+            "nats_server_7.ports",
+            "x_abc.ports",
+            "nats-server_9.conf",
+        ] {
+            std::fs::write(tmp.path().join(name), "{}").unwrap();
+        }
+        assert_eq!(recorded_pids(tmp.path()), [7, 12]);
+        assert!(recorded_pids(&tmp.path().join("missing")).is_empty());
+    }
+}
