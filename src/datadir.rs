@@ -364,6 +364,10 @@ mod tests {
                 at: "2026-12-03T09:00:00Z".into(),
             }),
             services: Vec::new(),
+            unserved: vec![UnservedSpace {
+                name: "lab".into(),
+                reason: "space `lab` refused".into(),
+            }],
         };
         dir.write_state(&state).unwrap();
         assert_eq!(dir.read_state().unwrap(), Some(state));
