@@ -5,7 +5,9 @@
 //! For each membership interval (§7: `joinCursor < seq ≤ leaveCursor`) this reader owns one
 //! durable pull consumer on CHAT, filtered to that channel and starting after the join cursor
 //! (`bk_<member>_<generation>_<channel hash>`); the consumer *is* the member's pending backlog,
-//! kept by JetStream across crashes. Publishing costs the same with 1 or 100 members. The only
+//! kept by JetStream across crashes. A publish is stored once whatever the number of members
+//! (broker CPU does grow with them: every store and every eviction touches each matching
+//! consumer; `docs/benchmarks.md` measures it). The only
 //! copies written are `@mention` copies on live channels, stored once per target in
 //! `INBOX_<space>` and read through `bkm_<member>`.
 //!
