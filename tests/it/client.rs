@@ -677,18 +677,7 @@ async fn endpoint_semantics() {
     assert!(reply.error.unwrap().contains("unknown op `ping`"));
     // A typed error when nobody serves the service (the machine operator may publish on any
     // ctl subject; nobody serves `nobody`).
-    let operator = crate::helper::Minted {
-        id: String::new(),
-        creds: tmp.path().join("spaces/main/local-operator.creds"),
-        link: alice.link.clone(),
-        ca: alice.ca.clone(),
-    };
-    let op = endpoint(&operator, |o| {
-        o.presence = false;
-        o.receive_dms = false;
-        o.receive_backstop = false;
-    })
-    .await;
+    let op = crate::helper::operator_endpoint(tmp.path(), &alice, false).await;
     let err = op
         .client
         .control(
@@ -968,33 +957,14 @@ async fn a_reconnect_leaves_no_gap_on_a_joined_channel() {
     let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "lounge,quiet"]).await;
     // Live channels: nothing but the live subscription and the history read can bring a
     // message to bob. `quiet` may not be read back (replay off): its gap is reported.
-    let machine = crate::helper::Minted {
-        id: String::new(),
-        creds: tmp.path().join("spaces/main/local-operator.creds"),
-        link: alice.link.clone(),
-        ca: alice.ca.clone(),
-    };
-    let op = endpoint(&machine, |o| {
-        o.presence = false;
-        o.receive_dms = false;
-        o.receive_backstop = false;
-    })
+    let op = crate::helper::operator_endpoint(tmp.path(), &alice, false).await;
+    crate::helper::set_channel(&op, "lounge", json!({"deliveryClass": "live"})).await;
+    crate::helper::set_channel(
+        &op,
+        "quiet",
+        json!({"deliveryClass": "live", "replay": false}),
+    )
     .await;
-    for (ch, config) in [
-        ("lounge", json!({"deliveryClass": "live"})),
-        ("quiet", json!({"deliveryClass": "live", "replay": false})),
-    ] {
-        op.client
-            .manager::<serde_json::Value>(&cotald::ops::Request::ChannelsSet(
-                cotald::ops::ChannelsSet {
-                    space: None,
-                    channel: ch.into(),
-                    config: serde_json::from_value(config).unwrap(),
-                },
-            ))
-            .await
-            .unwrap();
-    }
     op.client.close().await;
 
     // Bob reaches the broker through a relay the test cuts; alice directly.

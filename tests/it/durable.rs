@@ -493,27 +493,8 @@ async fn a_mention_on_a_live_channel_reaches_an_offline_authorized_target_once()
     let dup1 = mint(tmp.path(), "dup", "main", &["--subscribe", "lounge"]).await;
     let dup2 = mint(tmp.path(), "dup2", "main", &["--subscribe", "lounge"]).await;
     // `lounge` is live (the space default is durable): only mentions are kept for the absent.
-    let machine = Minted {
-        id: String::new(),
-        creds: tmp.path().join("spaces/main/local-operator.creds"),
-        link: alice.link.clone(),
-        ca: alice.ca.clone(),
-    };
-    let op = endpoint(&machine, |o| {
-        o.receive_backstop = false;
-        o.receive_dms = false;
-    })
-    .await;
-    op.client
-        .manager::<serde_json::Value>(&cotald::ops::Request::ChannelsSet(
-            cotald::ops::ChannelsSet {
-                space: None,
-                channel: "lounge".into(),
-                config: serde_json::from_value(json!({"deliveryClass": "live"})).unwrap(),
-            },
-        ))
-        .await
-        .unwrap();
+    let op = crate::helper::operator_endpoint(tmp.path(), &alice, true).await;
+    crate::helper::set_channel(&op, "lounge", json!({"deliveryClass": "live"})).await;
     // Two live instances both called "dup": a mention of "dup" is ambiguous.
     let named_dup = |o: &mut cotald::client::ConnectOptions| {
         o.name = Some("dup".into());

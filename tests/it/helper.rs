@@ -449,3 +449,42 @@ impl Relay {
         self.open.send_replace(true);
     }
 }
+
+/// The machine operator's own endpoint in `main` (unrestricted; it has no DM durable and no
+/// backstop), reached like `like`. `presence` says whether it heartbeats and watches the roster.
+pub async fn operator_endpoint(
+    data_dir: &Path,
+    like: &Minted,
+    presence: bool,
+) -> cotald::client::Connection {
+    let machine = Minted {
+        id: String::new(),
+        creds: data_dir.join("spaces/main/local-operator.creds"),
+        link: like.link.clone(),
+        ca: like.ca.clone(),
+    };
+    endpoint(&machine, |o| {
+        o.presence = presence;
+        o.receive_dms = false;
+        o.receive_backstop = false;
+    })
+    .await
+}
+
+/// Writes a channel's config through the manager (`channels-set`, as the machine operator).
+pub async fn set_channel(
+    op: &cotald::client::Connection,
+    channel: &str,
+    config: serde_json::Value,
+) {
+    op.client
+        .manager::<serde_json::Value>(&cotald::ops::Request::ChannelsSet(
+            cotald::ops::ChannelsSet {
+                space: None,
+                channel: channel.into(),
+                config: serde_json::from_value(config).unwrap(),
+            },
+        ))
+        .await
+        .unwrap();
+}
