@@ -1,15 +1,20 @@
 //! The trusted backstop reader (§8, §9 item 5): the durable half of a `durable` channel, and
 //! the delivery of `@mention` copies.
 //!
-//! **No write amplification.** A message on a durable channel is stored once, in `CHAT_<space>`.
-//! For each membership interval (§7: `joinCursor < seq ≤ leaveCursor`) this reader owns one
-//! durable pull consumer on CHAT, filtered to that channel and starting after the join cursor
-//! (`bk_<member>_<generation>_<channel hash>`); the consumer *is* the member's pending backlog,
-//! kept by JetStream across crashes. A publish is stored once whatever the number of members
-//! (broker CPU does grow with them: every store and every eviction touches each matching
-//! consumer; `docs/benchmarks.md` measures it). The only
-//! copies written are `@mention` copies on live channels, stored once per target in
-//! `INBOX_<space>` and read through `bkm_<member>`.
+//! **No write amplification, no cost for the absent.** A message on a durable channel is stored
+//! once, in `CHAT_<space>`, which keeps it within its retention (§4 "within retention"). A
+//! member's backlog is not a copy but a position: each membership interval (§7:
+//! `joinCursor < seq ≤ leaveCursor`) records in the members registry how far it was delivered
+//! (`delivered`). Only while the member has a session does this reader hold a pull consumer
+//! for the interval (`bk_<member>_<generation>_<channel hash>`), filtered to the channel and
+//! starting after that position; when the session ends, the consumer's ack floor is saved as
+//! the new position and the consumer deleted. nats-server touches every matching consumer on
+//! each store and each eviction, so a consumer per *absent* member would make every publish
+//! cost more with each member (measured in `docs/benchmarks.md`); with consumers only for the
+//! members that are connected, absent members cost the broker nothing. A crash leaves the
+//! consumers in place (their positions are newer than the saved ones); the reader parks them at
+//! its next start. The only copies written are `@mention` copies on live channels, stored once
+//! per target in `INBOX_<space>` and read through `bkm_<member>`.
 //!
 //! **Re-authorized per message.** Before content leaves the broker, each entry is checked
 //! against the member's *current* read ACL (the identity record the appliance minted, §9 item
@@ -26,8 +31,7 @@
 //! pending in JetStream, redelivered after `ack_wait`.
 //!
 //! **Only for members that are there.** Nothing is pulled for a member without a session: a
-//! session starts with the member's `resume` and ends when its heartbeats stop, so an absent
-//! member costs nothing but its consumers, bounded by the stream's retention.
+//! session starts with the member's `resume` and ends when its heartbeats stop.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -130,22 +134,15 @@ struct Session {
     token: CancellationToken,
     started: Instant,
     held: Arc<Mutex<HashMap<String, Held>>>,
-    pumps: Mutex<HashMap<String, CancellationToken>>,
+    /// Consumer name → its pump.
+    pumps: Mutex<HashMap<String, PumpHandle>>,
 }
 
-impl Session {
-    /// Ends the session: its pumps stop, every held copy is nak'ed for the next session.
-    async fn end(&self) {
-        self.token.cancel();
-        let held: Vec<Held> = self
-            .held
-            .lock()
-            .map(|mut h| h.drain().map(|(_, v)| v).collect())
-            .unwrap_or_default();
-        for h in held {
-            let _ = h.message.ack_with(AckKind::Nak(None)).await;
-        }
-    }
+/// A running pump as its session sees it.
+struct PumpHandle {
+    token: CancellationToken,
+    /// (channel, generation) of an interval's pump; `None` for the mention pump.
+    interval: Option<(String, u64)>,
 }
 
 /// The trusted reader of one space.
@@ -177,9 +174,9 @@ impl Backstop {
         }
     }
 
-    /// Creates (or finds) the consumer of one membership interval: the manager calls it when
-    /// the membership is recorded, so the backlog is kept from then on, reader running or not.
-    pub async fn ensure_interval(
+    /// Creates (or finds) the consumer of one membership interval, from the member's saved
+    /// position on: it exists only while the member has a session (see the module doc).
+    async fn ensure_interval(
         &self,
         channel: &str,
         member: &str,
@@ -190,7 +187,7 @@ impl Backstop {
             durable_name: Some(name.clone()),
             filter_subject: format!("{}.chat.*.{channel}", self.space.names().prefix()),
             deliver_policy: DeliverPolicy::ByStartSequence {
-                start_sequence: interval.join_cursor + 1,
+                start_sequence: interval.join_cursor.max(interval.delivered) + 1,
             },
             ack_policy: AckPolicy::Explicit,
             ack_wait: ACK_WAIT,
@@ -290,7 +287,7 @@ impl Backstop {
             .await
             .insert(member.to_owned(), fresh.clone());
         if let Some(old) = old {
-            old.end().await;
+            self.end_session(member, &old).await;
         }
         self.start_pumps(member, &fresh, &tracker).await;
         // Held copies get their `ack_wait` extended while the session lasts.
@@ -355,6 +352,10 @@ impl Backstop {
             }
         }
         for (consumer, source) in wanted {
+            let interval = match &source {
+                Source::Chat { channel, interval } => Some((channel.clone(), interval.generation)),
+                Source::Mention => None,
+            };
             let token = {
                 let Ok(mut pumps) = session.pumps.lock() else {
                     continue;
@@ -363,9 +364,21 @@ impl Backstop {
                     continue;
                 }
                 let token = session.token.child_token();
-                pumps.insert(consumer.clone(), token.clone());
+                pumps.insert(
+                    consumer.clone(),
+                    PumpHandle {
+                        token: token.clone(),
+                        interval,
+                    },
+                );
                 token
             };
+            if let Source::Chat { channel, interval } = &source
+                && let Err(e) = self.ensure_interval(channel, member, interval).await
+            {
+                tracing::warn!(member, channel, error = %e, "backstop consumer not created; retried at the next session");
+                continue;
+            }
             let pump = Pump {
                 space: self.space.clone(),
                 identities: self.identities.clone(),
@@ -388,9 +401,9 @@ impl Backstop {
     async fn stop_pump(&self, member: &str, consumer: &str) {
         if let Some(session) = self.sessions.lock().await.get(member)
             && let Ok(mut pumps) = session.pumps.lock()
-            && let Some(token) = pumps.remove(consumer)
+            && let Some(pump) = pumps.remove(consumer)
         {
-            token.cancel();
+            pump.token.cancel();
         }
     }
 
@@ -429,7 +442,7 @@ impl Backstop {
     /// backlog is gone from the store.
     pub async fn forget(&self, member: &str) {
         if let Some(session) = self.sessions.lock().await.remove(member) {
-            session.end().await;
+            self.end_session(member, &session).await;
         }
         for record in self.members.of(member) {
             for interval in &record.intervals {
@@ -452,6 +465,67 @@ impl Backstop {
                 ))
                 .await;
         }
+    }
+
+    /// Ends a session: its pumps stop, every held copy is nak'ed for the next session, and each
+    /// interval's position is saved and its consumer deleted (an absent member costs the broker
+    /// nothing).
+    async fn end_session(&self, member: &str, session: &Session) {
+        session.token.cancel();
+        let held: Vec<Held> = session
+            .held
+            .lock()
+            .map(|mut h| h.drain().map(|(_, v)| v).collect())
+            .unwrap_or_default();
+        for h in held {
+            let _ = h.message.ack_with(AckKind::Nak(None)).await;
+        }
+        let intervals: Vec<(String, u64)> = session
+            .pumps
+            .lock()
+            .map(|mut p| p.drain().filter_map(|(_, pump)| pump.interval).collect())
+            .unwrap_or_default();
+        for (channel, generation) in intervals {
+            self.park(member, &channel, generation).await;
+        }
+    }
+
+    /// Saves an interval's position (its consumer's ack floor: every entry up to it is
+    /// handled) in the members registry, then deletes the consumer. A failure to save only
+    /// means entries are handed over again (at least once).
+    async fn park(&self, member: &str, channel: &str, generation: u64) {
+        let name = interval_consumer(member, channel, generation);
+        let Ok(stream) = self
+            .space
+            .jetstream()
+            .get_stream(self.space.names().chat_stream())
+            .await
+        else {
+            return;
+        };
+        let Ok(info) = stream.consumer_info(&name).await else {
+            return;
+        };
+        let floor = info.ack_floor.stream_sequence;
+        let saved = self
+            .members
+            .update::<std::convert::Infallible>(member, channel, |stored| {
+                Ok(stored.map(|mut r| {
+                    for i in r
+                        .intervals
+                        .iter_mut()
+                        .filter(|i| i.generation == generation)
+                    {
+                        i.delivered = i.delivered.max(floor);
+                    }
+                    r
+                }))
+            })
+            .await;
+        if let Err(e) = saved {
+            tracing::warn!(member, channel, error = %e, "backstop position not saved; entries will be handed over again");
+        }
+        let _ = stream.delete_consumer(&name).await;
     }
 
     /// Ends the sessions of members whose heartbeats stopped (or who said `offline`).
@@ -477,7 +551,7 @@ impl Backstop {
                 {
                     sessions.remove(&member);
                     drop(sessions);
-                    session.end().await;
+                    self.end_session(&member, &session).await;
                     tracing::debug!(
                         space = self.space.name(),
                         member,
@@ -496,6 +570,14 @@ impl Service for Backstop {
     }
 
     async fn run(&self, ctx: Context) -> Result<(), ServiceError> {
+        // Consumers left by a crash belong to sessions that are gone: park them, so that only
+        // members who come back (and `resume`) have one.
+        for record in self.members.all() {
+            for interval in &record.intervals {
+                self.park(&record.member, &record.channel, interval.generation)
+                    .await;
+            }
+        }
         let tracker = TaskTracker::new();
         if let Ok(mut running) = self.running.lock() {
             *running = Some((ctx.token().clone(), tracker.clone()));
@@ -511,10 +593,9 @@ impl Service for Backstop {
         if let Ok(mut running) = self.running.lock() {
             *running = None;
         }
-        let sessions: Vec<Arc<Session>> =
-            self.sessions.lock().await.drain().map(|(_, s)| s).collect();
-        for s in sessions {
-            s.end().await;
+        let sessions: Vec<(String, Arc<Session>)> = self.sessions.lock().await.drain().collect();
+        for (member, s) in sessions {
+            self.end_session(&member, &s).await;
         }
         tracker.close();
         tracker.wait().await;

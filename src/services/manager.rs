@@ -9,8 +9,8 @@
 //!   current read ACL, §9 item 6) and the op to be one `ctl` carries.
 //!
 //! Durable membership (§7): `durable-join` records a new interval from the caller's join
-//! cursor in the members registry and creates its consumer, so the backlog is kept from that
-//! moment; a rejoin while joined returns the open membership unchanged; a rejoin after a leave
+//! cursor in the members registry (the stream keeps the messages; the trusted reader reads
+//! them from the member's position whenever it is connected); a rejoin while joined returns the open membership unchanged; a rejoin after a leave
 //! takes a new cursor (the gap is not durably redelivered). `durable-leave` closes the interval
 //! at the current CHAT frontier, and works whatever the caller's ACL is now (leave is the only
 //! thing that ends a membership).
@@ -214,6 +214,7 @@ impl Manager {
                             generation: record.generation,
                             join_cursor: req.cursor,
                             leave_cursor: None,
+                            delivered: 0,
                         });
                         record
                     }
@@ -224,6 +225,7 @@ impl Manager {
                             generation: 1,
                             join_cursor: req.cursor,
                             leave_cursor: None,
+                            delivered: 0,
                         }],
                         generation: 1,
                     },
@@ -241,20 +243,6 @@ impl Manager {
                 "the membership was not recorded".into(),
             ));
         };
-        if let Err(e) = self.backstop.ensure_interval(&channel, member, &open).await {
-            // Without its consumer the interval would promise a backlog nobody keeps.
-            let generation = open.generation;
-            let _ = self
-                .members
-                .update::<std::convert::Infallible>(member, &channel, |stored| {
-                    Ok(stored.and_then(|mut r| {
-                        r.intervals.retain(|i| i.generation != generation);
-                        (!r.intervals.is_empty()).then_some(r)
-                    }))
-                })
-                .await;
-            return Err(e.into());
-        }
         self.backstop.memberships_changed(member).await;
         tracing::info!(
             space = self.space.name(),

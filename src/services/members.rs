@@ -31,6 +31,10 @@ pub struct Interval {
     /// The CHAT frontier at leave; `None` while open.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leave_cursor: Option<u64>,
+    /// The member's saved position: every entry of the interval up to this stream sequence is
+    /// handled (delivered and acknowledged, or not due). Saved when its session ends.
+    #[serde(default)]
+    pub delivered: u64,
 }
 
 impl Interval {
@@ -275,6 +279,7 @@ mod tests {
             generation: 1,
             join_cursor: 10,
             leave_cursor: None,
+            delivered: 0,
         };
         assert!(!open.contains(10));
         assert!(open.contains(11));
@@ -296,6 +301,7 @@ mod tests {
                 generation: 2,
                 join_cursor: 5,
                 leave_cursor: None,
+                delivered: 0,
             }],
             generation: 2,
         };

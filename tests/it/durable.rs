@@ -106,17 +106,83 @@ async fn a_returning_member_gets_its_backlog_exactly_once_in_order() {
 
     let a = endpoint(&alice, |o| o.presence = false).await;
     let stored = publish(&a, "general", "m", 0..1000).await;
+    // While bob is away the broker holds no consumer for him: his backlog is a position.
+    let js = operator(&c, tmp.path()).await;
+    let chat = js.get_stream("CHAT_main").await.unwrap();
+    assert!(
+        chat.consumer_info(interval_consumer(&bob.id, "general", 1))
+            .await
+            .is_err(),
+        "no consumer for an absent member"
+    );
 
     // Bob comes back: no join, no history read; the backlog is delivered by the backstop.
     let mut b = endpoint(&bob, |_| {}).await;
     let got = receive(&mut b, 1000).await;
     assert_eq!(got, stored, "all 1,000, once each, in stream order");
     // Nothing more is due: the reader's consumer is drained once the acks land.
-    let js = operator(&c, tmp.path()).await;
     drained(&js, &interval_consumer(&bob.id, "general", 1)).await;
     // And a new message still flows, once.
     publish(&a, "general", "after", 0..1).await;
     assert_eq!(receive(&mut b, 1).await, ["after0"]);
+    for conn in [a, b] {
+        conn.client.close().await;
+    }
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_member_resumes_where_it_left_off() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+    join_durable_and_leave_the_room(&bob, "general").await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    let stored = publish(&a, "general", "m", 0..1000).await;
+    let js = operator(&c, tmp.path()).await;
+    let chat = js.get_stream("CHAT_main").await.unwrap();
+    let consumer = interval_consumer(&bob.id, "general", 1);
+
+    // Bob handles 300, his acks land, he goes away: his position is saved, his consumer gone.
+    let mut b = endpoint(&bob, |_| {}).await;
+    assert_eq!(receive(&mut b, 300).await, stored[..300]);
+    let mut last = 0;
+    tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let info = chat.consumer_info(&consumer).await.unwrap();
+            last = info.ack_floor.stream_sequence;
+            if info.ack_floor.consumer_sequence >= 300 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("bob's 300 acks land");
+    b.client.close().await;
+    tokio::time::timeout(TIMEOUT, async {
+        while chat.consumer_info(&consumer).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the session ends with bob's presence");
+    let members = js.get_key_value("cotal_members_main").await.unwrap();
+    let record: serde_json::Value = serde_json::from_slice(
+        &members
+            .get(format!("{}.general", bob.id))
+            .await
+            .unwrap()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record["intervals"][0]["delivered"], last, "{record}");
+
+    // A new connection (no memory of what it surfaced) gets exactly the other 700.
+    let mut b = endpoint(&bob, |_| {}).await;
+    assert_eq!(receive(&mut b, 700).await, stored[300..]);
+    drained(&js, &consumer).await;
     for conn in [a, b] {
         conn.client.close().await;
     }
@@ -385,9 +451,23 @@ async fn a_revoked_identity_cannot_connect_and_its_backlog_is_gone() {
     let a = endpoint(&alice, |o| o.presence = false).await;
     publish(&a, "general", "m", 0..10).await;
     let js = operator(&c, tmp.path()).await;
+    let members = js.get_key_value("cotal_members_main").await.unwrap();
+    let key = format!("{}.general", bob.id);
+    assert!(
+        members.get(&key).await.unwrap().is_some(),
+        "bob is a member"
+    );
     let chat = js.get_stream("CHAT_main").await.unwrap();
     let consumer = interval_consumer(&bob.id, "general", 1);
-    assert_eq!(chat.consumer_info(&consumer).await.unwrap().num_pending, 10);
+    // Bob is connected (his reader consumer exists) when he is revoked.
+    let _b = endpoint(&bob, |_| {}).await;
+    tokio::time::timeout(TIMEOUT, async {
+        while chat.consumer_info(&consumer).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("bob's session reads his backlog");
 
     let out = tokio::process::Command::new(crate::helper::cotald_bin())
         .args(["revoke", "bob", "--space", "main", "--data-dir"])
@@ -409,13 +489,8 @@ async fn a_revoked_identity_cannot_connect_and_its_backlog_is_gone() {
         chat.consumer_info(&consumer).await.is_err(),
         "its backlog consumer is deleted"
     );
-    let members = js.get_key_value("cotal_members_main").await.unwrap();
     assert!(
-        members
-            .get(format!("{}.general", bob.id))
-            .await
-            .unwrap()
-            .is_none(),
+        members.get(&key).await.unwrap().is_none(),
         "its membership is gone"
     );
     a.client.close().await;
