@@ -397,13 +397,6 @@ impl Appliance {
             // Nothing to serve: say why rather than run empty.
             return Err(e);
         }
-        for space in &unserved {
-            tracing::error!(
-                space = space.name,
-                reason = space.reason,
-                "space not served"
-            );
-        }
         if let Ok(mut state) = core.state.lock() {
             state.unserved = unserved;
         }

@@ -3,7 +3,8 @@
 //! gracefully (SIGTERM, then SIGKILL after a deadline).
 //!
 //! Readiness is the ports file (`<argv0>_<pid>.ports`, written once the listeners are bound)
-//! followed by `/healthz` answering 200 (JetStream is up). After the first start the actual
+//! followed by `/healthz` answering 200 (the server and JetStream are up; accounts are not asked
+//! about, see [`monitor::check`]). After the first start the actual
 //! ports are written into the config, so a restarted child listens where clients reconnect.
 //!
 //! # Health

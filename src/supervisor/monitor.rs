@@ -71,10 +71,17 @@ pub enum HealthFailure {
 /// How much of an unhealthy answer is kept.
 pub const SAID_MAX: usize = 200;
 
+/// What is asked: the server and its JetStream, not every account's streams
+/// (`js-server-only`). An account the resolver cannot load (a damaged file in `jwt/`) or one
+/// stream that cannot be recovered fails the full check, yet the broker serves everything
+/// else; cotald pushes every account right after readiness (which repairs the resolver's
+/// copy) and reports a space it cannot serve on its own. Restarting the broker cures neither.
+const HEALTHZ: &str = "/healthz?js-server-only=true";
+
 /// Asks `/healthz` once, bounded by `timeout`: `Ok` when it answers 200 (the server and
 /// JetStream are up).
 pub async fn check(addr: SocketAddr, timeout: Duration) -> Result<(), HealthFailure> {
-    match get(addr, "/healthz", timeout).await {
+    match get(addr, HEALTHZ, timeout).await {
         Ok(r) if r.status == 200 => Ok(()),
         Ok(r) => {
             let said = serde_json::from_str::<serde_json::Value>(&r.body)

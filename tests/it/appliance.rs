@@ -649,3 +649,25 @@ async fn status_into_a_closed_pipe_exits_quietly() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[tokio::test]
+async fn a_damaged_account_file_in_the_resolver_does_not_stop_the_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    c.stop().await;
+    let mut damaged = 0;
+    for entry in std::fs::read_dir(tmp.path().join("jwt")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "jwt") {
+            std::fs::write(&path, "garbage").unwrap();
+            damaged += 1;
+        }
+    }
+    assert!(damaged > 0, "the resolver keeps account files");
+    // The broker is ready although it cannot load the accounts; cotald pushes them again.
+    let c = Cotald::up(tmp.path()).await;
+    let alice = crate::helper::mint(tmp.path(), "alice", "main", &[]).await;
+    let mut a = Probe::connect(&c, &alice.creds).await;
+    a.barrier().await;
+    c.stop().await;
+}
