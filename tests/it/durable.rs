@@ -720,3 +720,84 @@ async fn the_membership_feed_shows_live_and_durable_members() {
     feed_until(&kv, &bob.id, "nothing left", |e| e.is_none()).await;
     c.stop().await;
 }
+
+/// Runs `cotald ARGS… --creds --link --ca` of `m`, bounded.
+async fn endpoint_cli(args: &[&str], m: &Minted) -> std::process::Output {
+    tokio::time::timeout(
+        TIMEOUT,
+        tokio::process::Command::new(crate::helper::cotald_bin())
+            .args(args)
+            .arg("--creds")
+            .arg(&m.creds)
+            .args(["--link", &m.link, "--ca"])
+            .arg(&m.ca)
+            .output(),
+    )
+    .await
+    .expect("the command finishes")
+    .unwrap()
+}
+
+#[tokio::test]
+async fn join_tail_and_leave_from_the_command_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+
+    let out = endpoint_cli(&["join", "general"], &bob).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "joined durable general"
+    );
+
+    // Exiting was not leaving: what is posted now is kept for bob, and tail delivers it even
+    // without history.
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    let stored = publish(&a, "general", "kept ", 0..3).await;
+    let out = endpoint_cli(&["tail", "--no-history", "--count", "3", "--json"], &bob).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let texts: Vec<&str> = printed
+        .iter()
+        .map(|p| p["parts"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts, stored);
+    assert!(printed.iter().all(|p| p["durable"] == true), "{printed:?}");
+    // tail acked what it printed: the reader holds nothing for bob any more.
+    let js = operator(&c, tmp.path()).await;
+    drained(&js, &interval_consumer(&bob.id, "general", 1)).await;
+
+    let out = endpoint_cli(&["leave", "general"], &bob).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("left durable general (leave cursor "),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let again = endpoint_cli(&["leave", "general"], &bob).await;
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("not durable-joined to general"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    a.client.close().await;
+    c.stop().await;
+}
