@@ -231,16 +231,21 @@ impl Backstop {
         Ok(())
     }
 
+    /// `CHAT_<space>`, where the intervals' consumers live (`None` when it cannot be reached;
+    /// the callers then leave things as they are, to be done again later).
+    async fn chat(&self) -> Option<jetstream::stream::Stream> {
+        self.space
+            .jetstream()
+            .get_stream(self.space.names().chat_stream())
+            .await
+            .ok()
+    }
+
     /// Deletes one interval's consumer (its backlog was delivered, or the identity is gone).
     pub async fn delete_interval(&self, member: &str, channel: &str, generation: u64) {
         let name = interval_consumer(member, channel, generation);
         self.stop_pump(member, &name).await;
-        if let Ok(stream) = self
-            .space
-            .jetstream()
-            .get_stream(self.space.names().chat_stream())
-            .await
-        {
+        if let Some(stream) = self.chat().await {
             let _ = stream.delete_consumer(&name).await;
         }
     }
@@ -250,12 +255,7 @@ impl Backstop {
     /// so anything pending is newer, and the interval is kept to be safe).
     pub async fn drained_at_leave(&self, member: &str, channel: &str, interval: &Interval) -> bool {
         let name = interval_consumer(member, channel, interval.generation);
-        let Ok(stream) = self
-            .space
-            .jetstream()
-            .get_stream(self.space.names().chat_stream())
-            .await
-        else {
+        let Some(stream) = self.chat().await else {
             return false;
         };
         match stream.consumer_info(&name).await {
@@ -495,12 +495,7 @@ impl Backstop {
     /// means entries are handed over again (at least once).
     async fn park(&self, member: &str, channel: &str, generation: u64) {
         let name = interval_consumer(member, channel, generation);
-        let Ok(stream) = self
-            .space
-            .jetstream()
-            .get_stream(self.space.names().chat_stream())
-            .await
-        else {
+        let Some(stream) = self.chat().await else {
             return;
         };
         let Ok(info) = stream.consumer_info(&name).await else {
