@@ -45,7 +45,7 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::members::{Interval, MemberRecord, Members};
+use super::members::{Interval, Members};
 use super::presence::PresenceView;
 use super::{Context, Health, Service, ServiceError};
 use crate::ops::{COPY_SUBJECT, COPY_TOKEN, IdentityRecord, backstop_inbox};
@@ -504,8 +504,8 @@ impl Backstop {
         let floor = info.ack_floor.stream_sequence;
         let saved = self
             .members
-            .update::<std::convert::Infallible>(member, channel, |stored| {
-                Ok(stored.map(|mut r| {
+            .update(member, channel, |stored| {
+                stored.map(|mut r| {
                     for i in r
                         .intervals
                         .iter_mut()
@@ -514,7 +514,7 @@ impl Backstop {
                         i.delivered = i.delivered.max(floor);
                     }
                     r
-                }))
+                })
             })
             .await;
         if let Err(e) = saved {
@@ -819,12 +819,7 @@ impl Pump {
         let generation = interval.generation;
         let removed = self
             .members
-            .update::<std::convert::Infallible>(&self.member, channel, |stored| {
-                Ok(stored.and_then(|mut r: MemberRecord| {
-                    r.intervals.retain(|i| i.generation != generation);
-                    (!r.intervals.is_empty()).then_some(r)
-                }))
-            })
+            .remove_interval(&self.member, channel, generation)
             .await;
         if let Err(e) = removed {
             tracing::warn!(member = self.member, channel, error = %e, "drained interval not removed");

@@ -205,8 +205,8 @@ impl Manager {
         let member = caller.id.as_str();
         let stored = self
             .members
-            .update::<std::convert::Infallible>(member, &channel, |stored| {
-                Ok(Some(match stored {
+            .update(member, &channel, |stored| {
+                Some(match stored {
                     Some(record) if record.open().is_some() => record,
                     Some(mut record) => {
                         record.generation += 1;
@@ -229,10 +229,9 @@ impl Manager {
                         }],
                         generation: 1,
                     },
-                }))
+                })
             })
-            .await?
-            .unwrap_or_else(|never| match never {});
+            .await?;
         let Some(record) = stored else {
             return Err(ManagerError::Refused(
                 "the membership was not recorded".into(),
@@ -267,7 +266,7 @@ impl Manager {
         let frontier = self.space.chat_frontier().await?;
         let stored = self
             .members
-            .update(member, &channel, |stored| {
+            .try_update(member, &channel, |stored| {
                 let mut record = stored.filter(|r| r.open().is_some()).ok_or_else(|| {
                     ManagerError::Refused(format!("not durable-joined to {channel}"))
                 })?;
@@ -296,14 +295,8 @@ impl Manager {
                 .delete_interval(member, &channel, generation)
                 .await;
             self.members
-                .update::<std::convert::Infallible>(member, &channel, |stored| {
-                    Ok(stored.and_then(|mut r| {
-                        r.intervals.retain(|i| i.generation != generation);
-                        (!r.intervals.is_empty()).then_some(r)
-                    }))
-                })
-                .await?
-                .unwrap_or_else(|never| match never {});
+                .remove_interval(member, &channel, generation)
+                .await?;
         }
         tracing::info!(
             space = self.space.name(),
@@ -339,9 +332,8 @@ impl Manager {
         self.backstop.forget(member).await;
         for record in self.members.of(member) {
             self.members
-                .update::<std::convert::Infallible>(member, &record.channel, |_| Ok(None))
-                .await?
-                .unwrap_or_else(|never| match never {});
+                .update(member, &record.channel, |_| None)
+                .await?;
         }
         Ok(())
     }

@@ -185,7 +185,39 @@ impl Members {
     /// Changes the record of (member, channel) with `change` (given the stored record, it
     /// returns the new one, or `None` to delete it), as a compare-and-set retried on conflict.
     /// Returns what was stored.
-    pub async fn update<E>(
+    pub async fn update(
+        &self,
+        member: &str,
+        channel: &str,
+        mut change: impl FnMut(Option<MemberRecord>) -> Option<MemberRecord>,
+    ) -> Result<Option<MemberRecord>, MembersError> {
+        let stored = self
+            .try_update::<std::convert::Infallible>(member, channel, |r| Ok(change(r)))
+            .await?;
+        Ok(stored.unwrap_or_else(|never| match never {}))
+    }
+
+    /// Removes one interval of (member, channel) (its backlog is delivered); the record goes
+    /// with its last interval.
+    pub async fn remove_interval(
+        &self,
+        member: &str,
+        channel: &str,
+        generation: u64,
+    ) -> Result<(), MembersError> {
+        self.update(member, channel, |stored| {
+            stored.and_then(|mut r| {
+                r.intervals.retain(|i| i.generation != generation);
+                (!r.intervals.is_empty()).then_some(r)
+            })
+        })
+        .await
+        .map(drop)
+    }
+
+    /// [`Members::update`] with a change that may refuse (`Err` is returned as it is, nothing
+    /// written).
+    pub async fn try_update<E>(
         &self,
         member: &str,
         channel: &str,
