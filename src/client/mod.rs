@@ -39,7 +39,7 @@ use crate::protocol::{
 pub use connect::{ConnectOptions, Connection, DialError, dial, nats_options};
 pub use deliver::{Anomaly, Deliveries, Delivery, Notice};
 pub use join::{DurableState, JoinError, JoinReport, Replay};
-pub use presence::{Peer, Roster};
+pub use presence::{Peer, ResolveError, Roster};
 
 /// What the connection is doing (surfaced, never silent).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

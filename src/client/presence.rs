@@ -17,8 +17,8 @@ use tokio::sync::Notify;
 
 use super::{Client, ClientError, ConnectionState, nats_err};
 use crate::protocol::{
-    AttentionMode, Channel, ChannelMode, EpochMillis, HEARTBEAT_INTERVAL, LIVENESS_WINDOW,
-    Presence, PresenceStatus, accept_presence_record, effective_status,
+    AttentionMode, Channel, ChannelMode, EpochMillis, HEARTBEAT_INTERVAL, InstanceId,
+    LIVENESS_WINDOW, Presence, PresenceStatus, accept_presence_record, effective_status,
 };
 
 /// One peer as last seen.
@@ -44,6 +44,7 @@ impl Peer {
 #[derive(Clone, Default)]
 pub struct Roster {
     peers: Arc<Mutex<BTreeMap<String, Peer>>>,
+    loaded: Arc<AtomicBool>,
     stale: Arc<AtomicBool>,
     changed: Arc<Notify>,
     updates: Arc<AtomicU64>,
@@ -86,6 +87,67 @@ impl Roster {
         self.changed.notified().await;
     }
 
+    /// Waits until the watch has read every record the directory held when it started, so
+    /// that a peer missing from [`Roster::peers`] is absent, not merely not read yet.
+    pub async fn loaded(&self) {
+        loop {
+            let changed = self.changed.notified();
+            if self.loaded.load(Ordering::Acquire) {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    /// The instance `who` names: an instance id as given, or the one peer whose card name is
+    /// `who`. Peers that are online are preferred over those that are not, so an agent that
+    /// restarted with a new credential under the same name is found, not its old record.
+    pub fn resolve(&self, who: &str) -> Result<InstanceId, ResolveError> {
+        if let Ok(id) = InstanceId::from_user_nkey(who) {
+            return Ok(id);
+        }
+        let named: Vec<(String, PresenceStatus)> = self
+            .peers()
+            .into_iter()
+            .filter(|(_, p)| p.presence.card.name == who)
+            .map(|(id, p)| (id, p.status()))
+            .collect();
+        let online: Vec<(String, PresenceStatus)> = named
+            .iter()
+            .filter(|(_, s)| *s != PresenceStatus::Offline)
+            .cloned()
+            .collect();
+        let chosen = match (online.as_slice(), named.as_slice()) {
+            ([one], _) | ([], [one]) => one.0.clone(),
+            ([], []) => {
+                return Err(ResolveError::Unknown {
+                    name: who.to_owned(),
+                    known: self
+                        .peers()
+                        .values()
+                        .map(|p| p.presence.card.name.clone())
+                        .collect(),
+                });
+            }
+            _ => {
+                return Err(ResolveError::Ambiguous {
+                    name: who.to_owned(),
+                    candidates: named,
+                });
+            }
+        };
+        InstanceId::from_user_nkey(&chosen).map_err(|_| ResolveError::Unknown {
+            name: who.to_owned(),
+            known: Default::default(),
+        })
+    }
+
+    fn mark_loaded(&self) {
+        if !self.loaded.swap(true, Ordering::AcqRel) {
+            self.changed.notify_waiters();
+        }
+    }
+
     fn apply(&self, key: &str, peer: Option<Peer>) {
         if let Ok(mut peers) = self.peers.lock() {
             match peer {
@@ -101,6 +163,40 @@ impl Roster {
         }
         self.updates.fetch_add(1, Ordering::Relaxed);
         self.changed.notify_waiters();
+    }
+}
+
+/// Why a name does not pick out one instance.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    /// Nobody in the roster has this name.
+    #[error("nobody named `{name}` is in the space's roster{}", known_names(known))]
+    Unknown {
+        /// The name asked for.
+        name: String,
+        /// The names the roster knows.
+        known: std::collections::BTreeSet<String>,
+    },
+    /// Several instances have this name and none of them alone is online.
+    #[error(
+        "`{name}` names {} instances; give the id of the one you mean: {}",
+        candidates.len(),
+        candidates.iter().map(|(id, s)| format!("{id} ({})", s.as_str())).collect::<Vec<_>>().join(", ")
+    )]
+    Ambiguous {
+        /// The name asked for.
+        name: String,
+        /// Each instance with that name, and its status.
+        candidates: Vec<(String, PresenceStatus)>,
+    },
+}
+
+fn known_names(known: &std::collections::BTreeSet<String>) -> String {
+    if known.is_empty() {
+        String::new()
+    } else {
+        let names: Vec<&str> = known.iter().map(String::as_str).collect();
+        format!(" (known: {})", names.join(", "))
     }
 }
 
@@ -283,13 +379,24 @@ async fn watch(client: Client) {
                 .map_err(|e| e.to_string())
         };
         match consumer.await {
-            Ok(consumer) => match consumer.messages().await {
-                Ok(mut messages) => {
+            Ok(consumer) => match (
+                consumer.cached_info().num_pending,
+                consumer.messages().await,
+            ) {
+                (pending, Ok(mut messages)) => {
                     roster.stale.store(false, Ordering::Relaxed);
+                    if pending == 0 {
+                        roster.mark_loaded();
+                    }
                     loop {
                         tokio::select! {
                             next = messages.next() => match next {
-                                Some(Ok(msg)) => apply(&roster, &bucket, &msg),
+                                Some(Ok(msg)) => {
+                                    apply(&roster, &bucket, &msg);
+                                    if msg.info().is_ok_and(|i| i.pending == 0) {
+                                        roster.mark_loaded();
+                                    }
+                                }
                                 Some(Err(e)) => tracing::debug!(error = %e, "roster watch error"),
                                 None => break,
                             },
@@ -309,7 +416,7 @@ async fn watch(client: Client) {
                         }
                     }
                 }
-                Err(e) => tracing::debug!(error = %e, "roster watch not started"),
+                (_, Err(e)) => tracing::debug!(error = %e, "roster watch not started"),
             },
             Err(e) => tracing::debug!(error = %e, "roster consumer not created"),
         }

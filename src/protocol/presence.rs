@@ -116,6 +116,18 @@ pub enum PresenceStatus {
     Offline,
 }
 
+impl PresenceStatus {
+    /// The wire word (§6).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PresenceStatus::Idle => "idle",
+            PresenceStatus::Waiting => "waiting",
+            PresenceStatus::Working => "working",
+            PresenceStatus::Offline => "offline",
+        }
+    }
+}
+
 /// Global attention mode (§6); advisory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -1041,3 +1041,59 @@ async fn a_reconnect_leaves_no_gap_on_a_joined_channel() {
     }
     c.stop().await;
 }
+
+#[tokio::test]
+async fn names_resolve_through_the_loaded_roster() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &[]).await;
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
+    let twin_a = mint(tmp.path(), "twin-a", "main", &[]).await;
+    let twin_b = mint(tmp.path(), "twin-b", "main", &[]).await;
+    let b = endpoint(&bob, |_| {}).await;
+    let twin = |o: &mut cotald::client::ConnectOptions| o.name = Some("twin".into());
+    let ta = endpoint(&twin_a, twin).await;
+    let tb = endpoint(&twin_b, twin).await;
+
+    // Alice connects after the others announced themselves: once loaded, her roster holds them
+    // without waiting for a heartbeat.
+    let a = endpoint(&alice, |_| {}).await;
+    let roster = a.client.roster();
+    tokio::time::timeout(TIMEOUT, roster.loaded())
+        .await
+        .expect("the roster loads");
+    assert_eq!(roster.resolve("bob").unwrap().as_str(), bob.id);
+    assert_eq!(
+        roster.resolve(&twin_a.id).unwrap().as_str(),
+        twin_a.id,
+        "an id is taken as given"
+    );
+    match roster.resolve("carol") {
+        Err(cotald::client::ResolveError::Unknown { known, .. }) => {
+            assert!(known.contains("bob") && known.contains("twin"), "{known:?}");
+        }
+        other => panic!("an unknown name is an error listing the names: {other:?}"),
+    }
+    let ambiguous = roster.resolve("twin").unwrap_err();
+    let text = ambiguous.to_string();
+    assert!(
+        text.contains(&twin_a.id) && text.contains(&twin_b.id),
+        "both candidates are listed: {text}"
+    );
+
+    // When one of the two has gone offline, the name picks the one online.
+    tb.client.close().await;
+    loop {
+        if roster.resolve("twin").is_ok() {
+            break;
+        }
+        tokio::time::timeout(TIMEOUT, roster.changed())
+            .await
+            .expect("twin_b's offline record arrives");
+    }
+    assert_eq!(roster.resolve("twin").unwrap().as_str(), twin_a.id);
+    for conn in [a, b, ta] {
+        conn.client.close().await;
+    }
+    c.stop().await;
+}
