@@ -47,6 +47,34 @@ fn main() {
     println!("cargo:rustc-env=COTALD_NATS_SERVER_PATH={}", dest.display());
     println!("cargo:rustc-env=COTALD_NATS_SERVER_SHA256={sha}");
     println!("cargo:rustc-env=COTALD_NATS_SERVER_VERSION={version}");
+    println!("cargo:rustc-env=COTALD_GIT_REVISION={}", git_revision());
+}
+
+/// The commit being built, for `cotald --version`: `COTALD_GIT_REVISION` when the builder
+/// sets it (a release tarball has no `.git`), else `git describe`, else `unknown`. The build
+/// script reruns when HEAD moves, so the revision printed is the one built.
+fn git_revision() -> String {
+    println!("cargo:rerun-if-env-changed=COTALD_GIT_REVISION");
+    if let Ok(rev) = env::var("COTALD_GIT_REVISION") {
+        return rev;
+    }
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .map(|s| s.trim().to_owned())
+    };
+    for watched in ["HEAD", "index"] {
+        if let Some(path) = git(&["rev-parse", "--git-path", watched])
+            && Path::new(&path).exists()
+        {
+            println!("cargo:rerun-if-changed={path}");
+        }
+    }
+    git(&["describe", "--always", "--dirty", "--abbrev=12"]).unwrap_or_else(|| "unknown".into())
 }
 
 fn from_override(src: &Path, dest: &Path) -> (String, String) {

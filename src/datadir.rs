@@ -14,6 +14,7 @@
 //!     creds/                 `.creds` files `cotald mint` wrote
 //!   jwt/                 the broker's account resolver store
 //!   jetstream/           JetStream storage
+//!   served.json          where the appliance last listened and what it served (kept)
 //!   run/                 nats-server.conf, ports file, admin.sock and state.json (while running)
 //!   log/nats-server.log  the broker's log (rotated by the broker)
 //! ```
@@ -100,6 +101,20 @@ pub struct RuntimeState {
     /// The spaces that could not be served at start, and why (the others are served).
     #[serde(default)]
     pub unserved: Vec<UnservedSpace>,
+}
+
+/// What the appliance of this data dir last served, kept across runs (`served.json`): a port
+/// picked with `--listen HOST:0` is picked again at the next start, so the join links handed
+/// out stay valid; with no appliance running, `mint` prints a link that works and `space
+/// list` answers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LastServed {
+    /// The client listener as bound.
+    pub listen: SocketAddr,
+    /// The `host:port` join links name.
+    pub link_host: String,
+    /// The spaces served.
+    pub spaces: Vec<crate::ops::SpaceInfo>,
 }
 
 /// A space the appliance knows but could not serve.
@@ -267,6 +282,19 @@ impl DataDir {
         Ok(DataDirLock { _file: file })
     }
 
+    /// Blocks until no appliance holds this data dir: its lock is released when its process
+    /// exits, however it exits.
+    pub fn wait_unlocked(&self) -> Result<(), DataDirError> {
+        let path = self.lock_path();
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(source) => return Err(FileError::new(&path, "opening", source).into()),
+        };
+        file.lock_shared()
+            .map_err(|source| FileError::new(&path, "waiting for", source).into())
+    }
+
     /// Whether some process holds the lock right now (without taking it for long).
     pub fn is_locked(&self) -> Result<bool, DataDirError> {
         let path = self.lock_path();
@@ -304,6 +332,23 @@ impl DataDir {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(FileError::new(&path, "reading", source).into()),
         }
+    }
+
+    /// Records what the appliance serves (atomically); kept after it stops.
+    pub fn write_last_served(&self, served: &LastServed) -> Result<(), DataDirError> {
+        let path = self.root.join("served.json");
+        let json = serde_json::to_vec_pretty(served).map_err(|source| DataDirError::BadState {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(files::write_atomic(&path, &json, 0o600)?)
+    }
+
+    /// What the appliance last served, if it ever served and the record is readable (an
+    /// unreadable record is as good as none: the next start writes it again).
+    pub fn read_last_served(&self) -> Option<LastServed> {
+        let bytes = fs::read(self.root.join("served.json")).ok()?;
+        serde_json::from_slice(&bytes).ok()
     }
 
     /// Removes the runtime state (clean shutdown).

@@ -13,6 +13,7 @@
 //! | --- | --- | --- | --- | --- |
 //! | `space-add` | [`SpaceAdd`] | ✓ | | [`SpaceInfo`] |
 //! | `space-list` | — | ✓ | | `[SpaceInfo]` |
+//! | `shutdown` | — | ✓ | | [`Stopping`] |
 //! | `mint` | [`MintRequest`] | ✓ (also with no appliance running) | | [`MintReply`] |
 //! | `revoke` | [`Revoke`] | ✓ | | [`IdentityRecord`] |
 //! | `channels-set` | [`ChannelsSet`] | ✓ | admin identities | the stored [`ChannelConfig`] |
@@ -56,6 +57,8 @@ pub enum Request {
     SpaceAdd(SpaceAdd),
     /// The served spaces.
     SpaceList,
+    /// Stop the appliance gracefully, as SIGTERM does; replies before it stops.
+    Shutdown,
     /// Mint a credential; re-minting an existing name replaces (and revokes) its credential.
     Mint(MintRequest),
     /// End an identity: its credential is revoked, its connections closed, its durables and
@@ -80,6 +83,7 @@ impl Request {
     pub const OPS: &'static [&'static str] = &[
         "space-add",
         "space-list",
+        "shutdown",
         "mint",
         "revoke",
         "channels-set",
@@ -95,6 +99,7 @@ impl Request {
         match self {
             Request::SpaceAdd(_) => "space-add",
             Request::SpaceList => "space-list",
+            Request::Shutdown => "shutdown",
             Request::Mint(_) => "mint",
             Request::Revoke(_) => "revoke",
             Request::ChannelsSet(_) => "channels-set",
@@ -109,9 +114,11 @@ impl Request {
     /// Whether `transport` carries this op (the table in the module doc).
     pub fn served_on(&self, transport: Transport) -> bool {
         match self {
-            Request::SpaceAdd(_) | Request::SpaceList | Request::Mint(_) | Request::Revoke(_) => {
-                transport == Transport::AdminSocket
-            }
+            Request::SpaceAdd(_)
+            | Request::SpaceList
+            | Request::Shutdown
+            | Request::Mint(_)
+            | Request::Revoke(_) => transport == Transport::AdminSocket,
             Request::ChannelsSet(_) => true,
             Request::DurableJoin(_)
             | Request::DurableLeave(_)
@@ -232,6 +239,13 @@ pub struct SpaceAdd {
     pub name: String,
     /// Its deployment profile.
     pub profile: DeploymentProfile,
+}
+
+/// The reply to `shutdown`: the appliance that is stopping.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Stopping {
+    /// The pid of the `cotald` process.
+    pub pid: u32,
 }
 
 /// One served space.

@@ -1,9 +1,11 @@
 //! The `cotald` command line: thin over the library. Errors become `anyhow` here, at the edge.
 
+mod down;
 mod endpoint;
 mod membership;
 mod mint;
 mod revoke;
+mod shell;
 mod space;
 mod status;
 mod up;
@@ -11,7 +13,7 @@ mod up;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::datadir::DataDir;
 use crate::supervisor::BrokerBinary;
@@ -22,13 +24,43 @@ use crate::supervisor::BrokerBinary;
 /// chain (operator, one account per space) and TLS. Agents join with a link such as
 /// `cotals://127.0.0.1:4222/main`, a `.creds` file and the CA certificate.
 #[derive(Debug, Parser)]
-#[command(name = "cotald", version, about, long_about = None, propagate_version = true)]
+#[command(
+    name = "cotald",
+    version,
+    long_version = LONG_VERSION,
+    about,
+    long_about = None,
+    propagate_version = true
+)]
 pub struct Cli {
     /// More log output on stderr (-v info, -vv debug, -vvv trace; RUST_LOG overrides).
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
+    /// How log lines on stderr look: `text` (coloured only on a terminal, never with NO_COLOR
+    /// set) or `json` (one object per line, for log collectors).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// What `cotald --version` prints: the build, the broker it bundles and the spec it speaks.
+const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("COTALD_GIT_REVISION"),
+    ")\nnats-server ",
+    env!("COTALD_NATS_SERVER_VERSION"),
+    " (bundled)\nCotal Wire Specification v0.3",
+);
+
+/// The format of log lines on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// The subcommands.
@@ -40,7 +72,10 @@ pub enum Command {
     /// were written, and what to try next. Keys and certificates are created on the first run
     /// and reused afterwards, so credentials handed out stay valid across restarts.
     Up(up::UpArgs),
-    /// Report whether the appliance of a data dir is running and healthy (exit 0 only then).
+    /// Report whether the appliance of a data dir is running and healthy.
+    ///
+    /// Exit 0 when it is running and its broker healthy; 1 when it is not running, still
+    /// starting, or unhealthy (the text says which).
     Status(status::StatusArgs),
     /// Mint a credential (`.creds`) for an agent, observer or admin of a space.
     ///
@@ -72,6 +107,15 @@ pub enum Command {
     /// Works after your credential's read ACL narrowed; messages published before the leave
     /// are still delivered.
     Leave(membership::LeaveArgs),
+    /// Stop the appliance of a data dir gracefully and wait until it has exited.
+    ///
+    /// The same as Ctrl-C on `cotald up`: services stop, clients are told, the broker flushes
+    /// JetStream and exits. Exit 0 once stopped, or when nothing was running.
+    Down(down::DownArgs),
+    /// Print a shell completion script: `cotald completions bash > ~/.local/share/bash-completion/completions/cotald`.
+    Completions(shell::CompletionsArgs),
+    /// Print the manual page (roff): `cotald man | man -l -`.
+    Man,
 }
 
 /// The data dir option every local command takes.
@@ -94,7 +138,11 @@ impl DataDirArg {
 
 /// Runs the parsed command. `embedded` is the broker compiled into the executable.
 pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
-    install_tracing(cli.verbose, matches!(cli.command, Command::Up(_)));
+    install_tracing(
+        cli.verbose,
+        cli.log_format,
+        matches!(cli.command, Command::Up(_)),
+    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -116,6 +164,9 @@ pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
             Command::Tail(args) => endpoint::tail(args).await,
             Command::Join(args) => membership::join(args).await,
             Command::Leave(args) => membership::leave(args).await,
+            Command::Down(args) => down::run(args).await,
+            Command::Completions(args) => shell::completions(args),
+            Command::Man => shell::man(),
         }
     });
     match result {
@@ -152,7 +203,10 @@ fn stdout(
     }
 }
 
-fn install_tracing(verbose: u8, serving: bool) {
+/// Logs go to stderr: coloured only when it is a terminal and `NO_COLOR` is unset
+/// (<https://no-color.org>), so files and journals get plain text.
+fn install_tracing(verbose: u8, format: LogFormat, serving: bool) {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let level = match (verbose, serving) {
         (0, true) => "info",
@@ -163,8 +217,37 @@ fn install_tracing(verbose: u8, serving: bool) {
     };
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(format!("{level},async_nats=warn")));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => {
+            let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+            builder
+                .with_ansi(std::io::stderr().is_terminal() && !no_color)
+                .try_init()
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_long_version_names_the_spec_this_build_implements() {
+        let spec = format!(
+            "Cotal Wire Specification v{}",
+            crate::protocol::SPEC_VERSION
+        );
+        assert!(LONG_VERSION.contains(&spec), "{LONG_VERSION}");
+        assert!(LONG_VERSION.contains(crate::supervisor::BUNDLED_VERSION));
+    }
+
+    #[test]
+    fn the_command_line_model_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
 }

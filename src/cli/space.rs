@@ -1,4 +1,5 @@
-//! `cotald space add|list`: spaces of a running appliance.
+//! `cotald space add|list`: spaces of a running appliance; `list` also answers when it is
+//! stopped, from what it recorded as served (`served.json` in the data dir).
 
 use std::process::ExitCode;
 
@@ -30,7 +31,7 @@ enum SpaceCommand {
         #[arg(long, value_enum, default_value = "local")]
         profile: DeploymentProfile,
     },
-    /// List the spaces the running appliance serves.
+    /// List the spaces the appliance serves (when it is stopped: those it served last).
     List {
         /// Print JSON.
         #[arg(long)]
@@ -50,11 +51,23 @@ pub(super) async fn run(args: SpaceArgs) -> anyhow::Result<ExitCode> {
         ),
         SpaceCommand::List { json } => (Request::SpaceList, *json),
     };
-    let Some(data) = admin::call(&dir, &req).await? else {
-        bail!(
+    let data = match admin::call(&dir, &req).await? {
+        Some(data) => data,
+        // Stopped: the spaces it served last are what it serves at the next start.
+        None if matches!(args.command, SpaceCommand::List { .. }) => {
+            let Some(last) = dir.read_last_served() else {
+                bail!(
+                    "no cotald has served data dir {} yet; start it with `cotald up`",
+                    dir.root().display()
+                );
+            };
+            eprintln!("cotald is not running; the spaces it served last:");
+            serde_json::to_value(last.spaces)?
+        }
+        None => bail!(
             "no cotald is running on data dir {}; start it with `cotald up`",
             dir.root().display()
-        );
+        ),
     };
     match args.command {
         SpaceCommand::Add { .. } => {

@@ -69,7 +69,11 @@ pub(super) async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
 
 fn print_text(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
     match (&r.state, r.running, r.healthy) {
-        (_, false, _) => writeln!(out, "cotald is not running (data dir {})", r.data_dir),
+        (_, false, _) => writeln!(
+            out,
+            "cotald is not running (data dir {}); start it with `cotald up`",
+            r.data_dir
+        ),
         (None, true, _) => writeln!(out, "cotald is starting (data dir {})", r.data_dir),
         (Some(s), true, healthy) => {
             writeln!(

@@ -90,19 +90,40 @@ fn print_ready(info: &ReadyInfo) {
     for space in &info.unserved {
         println!("  space {:<12} NOT SERVED: {}", space.name, space.reason);
     }
+    if info.listen.ip().is_unspecified() {
+        let host = info.link_host.rsplit_once(':').map_or("", |(h, _)| h);
+        if host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+        {
+            println!(
+                "  remote peers              cannot use these links (they name loopback): \
+                 restart with --hostname NAME, a name or address they dial"
+            );
+        } else {
+            println!(
+                "  remote peers              dial {} (in the certificate); add other names \
+                 with --hostname NAME",
+                info.link_host
+            );
+        }
+    }
     println!("  CA certificate            {}", info.ca_cert.display());
     println!("  data dir                  {dir}");
     println!();
     println!("Next:");
-    println!("  cotald status --data-dir {dir}");
+    // The data dir option, only when it is not the one every command finds by itself.
+    let data_dir = match crate::datadir::DataDir::default_root() {
+        Ok(default) if default == info.data_dir => String::new(),
+        _ => format!(" --data-dir {dir}"),
+    };
     if let Some(space) = info.spaces.first() {
         println!(
-            "  nats --server tls://{} --tlsca {} --creds {} sub 'cotal.{}.>'",
-            info.listen,
-            info.ca_cert.display(),
-            space.operator_creds.display(),
+            "  cotald mint alice --space {} --allow-publish general{data_dir}   # a credential for an agent",
             space.name
         );
     }
-    println!("Stop with Ctrl-C (or SIGTERM).");
+    println!("  cotald status{data_dir}");
+    println!("  cotald down{data_dir}");
+    println!("Stop with Ctrl-C, SIGTERM or `cotald down`.");
 }

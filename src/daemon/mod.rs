@@ -36,7 +36,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::DialError;
-use crate::datadir::{DataDir, DataDirError, DataDirLock, RuntimeState, UnservedSpace};
+use crate::datadir::{DataDir, DataDirError, DataDirLock, LastServed, RuntimeState, UnservedSpace};
 use crate::files::FileError;
 use crate::ops::{CredentialProfile, IdentityRecord};
 use crate::ops::{OpError, SpaceInfo};
@@ -52,7 +52,7 @@ use crate::services::presence::{PresenceView, PresenceWatch};
 use crate::services::{ServiceSet, ServiceStatus};
 use crate::space::store::{self, StoreError};
 use crate::space::{Identities, MintError, Space, SpaceError};
-use crate::supervisor::{BrokerBinary, BrokerSpec, ServerConf, Supervisor, SupervisorError};
+use crate::supervisor::{self, BrokerBinary, BrokerSpec, ServerConf, Supervisor, SupervisorError};
 
 /// What `cotald up` needs.
 #[derive(Debug, Clone)]
@@ -152,6 +152,8 @@ pub struct ReadyInfo {
     pub data_dir: PathBuf,
     /// Client listener.
     pub listen: SocketAddr,
+    /// The `host:port` join links name.
+    pub link_host: String,
     /// Monitoring listener.
     pub monitor: SocketAddr,
     /// The CA certificate clients trust.
@@ -209,6 +211,8 @@ pub(crate) struct Core {
     state: std::sync::Mutex<RuntimeState>,
     /// Cancels every service of the appliance.
     root: CancellationToken,
+    /// Cancelled when an operator asks the appliance to stop (`cotald down`).
+    pub(crate) stop: CancellationToken,
 }
 
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -227,11 +231,25 @@ impl Appliance {
         let broker_version = opts.broker.version().unwrap_or("unknown").to_owned();
 
         let broker = &opts.profile.broker;
-        let listen = opts.listen.unwrap_or(broker.listen);
+        let listen = keep_picked_port(opts.listen.unwrap_or(broker.listen), &dir);
+        supervisor::claim(
+            &dir.run(),
+            &executable,
+            &dir.broker_conf(),
+            &[listen, broker.monitor],
+        )
+        .await?;
         let mut hostnames = broker.hostnames.clone();
         hostnames.extend(opts.hostnames.iter().cloned());
         if !listen.ip().is_unspecified() && !listen.ip().is_loopback() {
             hostnames.push(listen.ip().to_string());
+        }
+        if listen.ip().is_unspecified()
+            && hostnames.is_empty()
+            && let Some(outward) = outward_address(listen.ip())
+        {
+            // Links must name a host remote peers can dial and the certificate covers.
+            hostnames.push(outward.to_string());
         }
         let keys = KeyStore::load_or_create(&dir.keys())?;
         let tls = TlsFiles::ensure(&dir.tls(), &hostnames)?;
@@ -371,6 +389,7 @@ impl Appliance {
                 unserved: Vec::new(),
             }),
             root: CancellationToken::new(),
+            stop: CancellationToken::new(),
         });
         // Spaces fail alone: one that cannot be served is reported, the others are served.
         for space in &unserved {
@@ -400,6 +419,7 @@ impl Appliance {
         if let Ok(mut state) = core.state.lock() {
             state.unserved = unserved;
         }
+        core.record_served().await?;
         tracing::info!(spaces = served, "phase: spaces served");
         Ok(core)
     }
@@ -409,9 +429,13 @@ impl Appliance {
         &self.info
     }
 
-    /// Serves until `shutdown` resolves, then tears down in reverse order.
+    /// Serves until `shutdown` resolves or an operator asks it to stop (`cotald down`), then
+    /// tears down in reverse order.
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) {
-        shutdown.await;
+        tokio::select! {
+            () = shutdown => {}
+            () = self.core.stop.cancelled() => {}
+        }
         tracing::info!("phase: shutting down");
         self.stop().await;
         tracing::info!("phase: stopped");
@@ -595,6 +619,7 @@ impl Core {
         ReadyInfo {
             data_dir: self.dir.root().to_owned(),
             listen: status.client,
+            link_host: self.link_host.clone(),
             monitor: status.monitor,
             ca_cert: self.ca_cert.clone(),
             spaces: spaces
@@ -605,6 +630,28 @@ impl Core {
             broker_version: version,
             unserved,
         }
+    }
+
+    /// Records where the appliance listens and what it serves, for the next start and for the
+    /// commands that run while it is stopped.
+    pub(crate) async fn record_served(&self) -> Result<(), DaemonError> {
+        let listen = match self.state.lock() {
+            Ok(state) => state.listen,
+            Err(poisoned) => poisoned.into_inner().listen,
+        };
+        let spaces = self
+            .spaces
+            .lock()
+            .await
+            .values()
+            .map(|s| self.space_info(&s.space))
+            .collect::<Result<_, _>>()?;
+        self.dir.write_last_served(&LastServed {
+            listen,
+            link_host: self.link_host.clone(),
+            spaces,
+        })?;
+        Ok(())
     }
 
     fn link(&self, space: &str, channels: &[String]) -> Result<String, DaemonError> {
@@ -696,6 +743,50 @@ async fn push_account(
     }
     tracing::debug!(space, reply = %body, "account pushed");
     Ok(())
+}
+
+/// `listen` as given, except that a port 0 becomes the port this data dir's appliance picked
+/// last time on the same address, when that port is free: the join links handed out then
+/// stay valid. When it is taken, a new port is picked and the warning says the links change.
+fn keep_picked_port(listen: SocketAddr, dir: &DataDir) -> SocketAddr {
+    let Some(last) = dir.read_last_served() else {
+        return listen;
+    };
+    if listen.port() != 0 || last.listen.ip() != listen.ip() {
+        return listen;
+    }
+    match std::net::TcpListener::bind(last.listen) {
+        Ok(_) => last.listen,
+        Err(e) => {
+            tracing::warn!(
+                port = last.listen.port(),
+                error = %e,
+                "the port picked last time is taken; a new one is picked, and join links \
+                 handed out before name the old one"
+            );
+            listen
+        }
+    }
+}
+
+/// The address of this machine that others on its network most likely dial: the source
+/// address of its default route, found by connecting a UDP socket (which sends nothing).
+/// `None` when there is no route (an offline machine): links then name loopback.
+fn outward_address(family: IpAddr) -> Option<IpAddr> {
+    let (bind, probe): (SocketAddr, SocketAddr) = match family {
+        IpAddr::V4(_) => (
+            (Ipv4Addr::UNSPECIFIED, 0).into(),
+            (Ipv4Addr::new(192, 0, 2, 1), 9).into(),
+        ),
+        IpAddr::V6(_) => (
+            (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+            ("2001:db8::1".parse::<std::net::Ipv6Addr>().ok()?, 9).into(),
+        ),
+    };
+    let socket = std::net::UdpSocket::bind(bind).ok()?;
+    socket.connect(probe).ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_unspecified() && !ip.is_loopback()).then_some(ip)
 }
 
 /// The address the appliance itself dials: loopback when the listener is a wildcard.

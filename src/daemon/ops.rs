@@ -8,7 +8,7 @@ use super::{Core, DaemonError, join_link};
 use crate::datadir::DataDir;
 use crate::ops::{
     ChannelsSet, IdentityRecord, MintReply, MintRequest, OpError, Request, Revoke, SpaceAdd,
-    SpaceInfo,
+    SpaceInfo, Stopping,
 };
 use crate::profile::SpaceConfig;
 use crate::provision::{KeyStore, now_secs};
@@ -24,6 +24,13 @@ impl Core {
         match req {
             Request::SpaceAdd(add) => json(self.add_space(add).await?),
             Request::SpaceList => json(self.list_spaces().await?),
+            Request::Shutdown => {
+                tracing::info!("shutdown requested on the admin socket");
+                self.stop.cancel();
+                json(Stopping {
+                    pid: std::process::id(),
+                })
+            }
             Request::Mint(req) => json(self.mint(&req).await?),
             Request::Revoke(req) => json(self.revoke(&req).await?),
             Request::ChannelsSet(req) => json(self.channels_set(req).await?),
@@ -54,6 +61,7 @@ impl Core {
             .await?;
         store::add_runtime_space(&self.dir, name, add.profile)?;
         self.write_state()?;
+        self.record_served().await?;
         tracing::info!(space = name, profile = ?add.profile, "space added");
         Ok(info)
     }
@@ -164,12 +172,17 @@ pub fn execute_offline(dir: &DataDir, req: &Request) -> Result<Value, DaemonErro
         .map_err(|_| DaemonError::UnknownSpace(req.space.clone()))?;
     let identities = Identities::load(dir, &req.space);
     let minted = identity::mint_identity(&space, &identities, req)?;
-    let listen = crate::profile::Profile::embedded()
-        .map_err(|e| DaemonError::Invalid(e.to_string()))?
-        .broker
-        .listen;
+    // Where the appliance listened last time (and will again), else the default profile's.
+    let link_host = match dir.read_last_served() {
+        Some(last) => last.link_host,
+        None => crate::profile::Profile::embedded()
+            .map_err(|e| DaemonError::Invalid(e.to_string()))?
+            .broker
+            .listen
+            .to_string(),
+    };
     json(MintReply {
-        link: join_link(&listen.to_string(), &req.space, &minted.record.subscribe)?,
+        link: join_link(&link_host, &req.space, &minted.record.subscribe)?,
         creds: minted.creds.render(),
         replaced: minted.replaced.is_some(),
         record: minted.record,

@@ -57,3 +57,6 @@ pub use subject::{
     ParsedSubject, SpaceSubjects, SubjectError, SubjectKind, SubjectParseError, Token, TokenSlot,
     check_application_subject, parse_subject, sanitize, subject_matches,
 };
+
+/// The version of the Cotal Wire Specification this crate implements.
+pub const SPEC_VERSION: &str = "0.3";

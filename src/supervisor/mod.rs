@@ -40,7 +40,7 @@
 //! cotald is still its parent, since a parent that died before would never send the signal.
 //!
 //! A broker may still outlive its cotald (one started by an earlier version that asked for
-//! SIGTERM, or by hand on the data dir's config). [`Supervisor::start`] therefore first ends
+//! SIGTERM, or by hand on the data dir's config). [`claim`], run before a start, therefore ends
 //! any broker of the same executable and config that the ports files name: checked through
 //! `/proc`, SIGTERM, then SIGKILL after 5 s; a process that is not ours is never touched (see
 //! `leftover.rs`).
@@ -167,28 +167,34 @@ const POLL: Duration = Duration::from_millis(2);
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(2);
 /// How long one probe waits for `/healthz`.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Ends any broker that the data dir of `run_dir` left running (see `leftover.rs`), then
+/// checks that each address to listen on (port 0: any) is free. Run before anything is
+/// generated, so that a taken port is reported at once and costs nothing.
+pub async fn claim(
+    run_dir: &Path,
+    executable: &Path,
+    conf_path: &Path,
+    addrs: &[SocketAddr],
+) -> Result<(), SupervisorError> {
+    leftover::end_leftovers(run_dir, executable, conf_path).await;
+    for &addr in addrs.iter().filter(|a| a.port() != 0) {
+        if let Err(e) = std::net::TcpListener::bind(addr)
+            && e.kind() == std::io::ErrorKind::AddrInUse
+        {
+            return Err(SupervisorError::PortInUse { addr });
+        }
+    }
+    Ok(())
+}
+
 /// Consecutive failed probes after which the broker is killed and restarted.
 pub const PROBE_FAILURES: u32 = 3;
 /// How long a SIGKILLed child may take to be reaped.
 const KILL_WAIT: Duration = Duration::from_secs(10);
 
 impl Supervisor {
-    /// Starts the broker and returns once it is ready.
+    /// Starts the broker and returns once it is ready. The caller has run [`claim`] first.
     pub async fn start(mut spec: BrokerSpec) -> Result<Self, SupervisorError> {
-        leftover::end_leftovers(&spec.conf.ports_file_dir, &spec.executable, &spec.conf_path).await;
-        for (host, port) in [
-            (spec.conf.host, spec.conf.port),
-            (spec.conf.monitor_host, spec.conf.monitor_port),
-        ] {
-            if let Some(port) = port.filter(|&p| p != 0) {
-                let addr = SocketAddr::new(host, port);
-                if let Err(e) = std::net::TcpListener::bind(addr)
-                    && e.kind() == std::io::ErrorKind::AddrInUse
-                {
-                    return Err(SupervisorError::PortInUse { addr });
-                }
-            }
-        }
         let child = Running::spawn(&spec).await?;
         spec.conf.port = Some(child.client.port());
         spec.conf.monitor_port = Some(child.monitor.port());

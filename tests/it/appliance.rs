@@ -7,8 +7,8 @@ use futures_util::StreamExt;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::helper::{
-    Cotald, Probe, TIMEOUT, alive, cotald_bin, gone, into_a_closed_pipe, mint, mint_user,
-    wait_event,
+    Cotald, Probe, TIMEOUT, alive, cotald_bin, cotald_in, gone, into_a_closed_pipe, mint,
+    mint_user, wait_event,
 };
 
 async fn round_trip(client: &async_nats::Client, subject: &str) {
@@ -669,5 +669,165 @@ async fn a_damaged_account_file_in_the_resolver_does_not_stop_the_start() {
     let alice = crate::helper::mint(tmp.path(), "alice", "main", &[]).await;
     let mut a = Probe::connect(&c, &alice.creds).await;
     a.barrier().await;
+    c.stop().await;
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test]
+async fn down_stops_the_appliance_and_a_picked_port_is_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Cotald::up(tmp.path()).await;
+    let first = c.state();
+    let broker = first.broker_pid;
+
+    let down = cotald_in(tmp.path(), &["down"]).await;
+    assert!(down.status.success(), "{}", text(&down.stderr));
+    assert!(
+        text(&down.stdout).contains(&format!("cotald stopped (pid {})", first.pid)),
+        "{}",
+        text(&down.stdout)
+    );
+    // `down` returns once the appliance has exited: nothing of it is left.
+    let exited = tokio::time::timeout(std::time::Duration::from_secs(1), c.child.wait())
+        .await
+        .expect("cotald has exited when `down` returns")
+        .unwrap();
+    assert!(exited.success(), "a requested stop exits 0");
+    assert!(gone(broker), "its broker is gone too");
+
+    // Stopped: `down` has nothing to do, `status` says so in words and exits 1, `space list`
+    // answers from what was served, and an offline mint names the port that will be reused.
+    let again = cotald_in(tmp.path(), &["down"]).await;
+    assert!(again.status.success());
+    assert!(
+        text(&again.stdout).contains("nothing to stop"),
+        "{}",
+        text(&again.stdout)
+    );
+    let status = cotald_in(tmp.path(), &["status"]).await;
+    assert_eq!(status.status.code(), Some(1));
+    assert!(
+        text(&status.stdout).contains("not running") && text(&status.stdout).contains("cotald up"),
+        "{}",
+        text(&status.stdout)
+    );
+    let list = cotald_in(tmp.path(), &["space", "list"]).await;
+    assert!(list.status.success(), "{}", text(&list.stderr));
+    assert!(
+        text(&list.stdout).starts_with("main "),
+        "{}",
+        text(&list.stdout)
+    );
+    assert!(text(&list.stderr).contains("not running"));
+    let port = first.listen.port();
+    let minted = mint(tmp.path(), "alice", "main", &[]).await;
+    assert!(
+        minted.link.contains(&format!("127.0.0.1:{port}/main")),
+        "an offline mint names the port picked last time: {}",
+        minted.link
+    );
+
+    // `--listen 127.0.0.1:0` again: the same port, so that link works.
+    let c = Cotald::up(tmp.path()).await;
+    assert_eq!(c.state().listen.port(), port);
+    let conn = crate::helper::endpoint(&minted, |_| {}).await;
+    conn.client.close().await;
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_taken_port_is_found_before_any_key_is_generated() {
+    let tmp = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = cotald_in(tmp.path(), &["up", "--listen", &addr]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains(&format!("{addr} is already in use")),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!tmp.path().join("keys").exists(), "keys were generated");
+    assert!(
+        !tmp.path().join("tls").exists(),
+        "TLS material was generated"
+    );
+}
+
+#[tokio::test]
+async fn version_completions_man_page_and_plain_logs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |args: &'static [&'static str]| async move {
+        tokio::process::Command::new(cotald_bin())
+            .args(args)
+            .output()
+            .await
+            .unwrap()
+    };
+    let version = run(&["--version"]).await;
+    let v = text(&version.stdout);
+    assert!(
+        v.contains(&format!(
+            "nats-server {}",
+            cotald::supervisor::BUNDLED_VERSION
+        )),
+        "{v}"
+    );
+    assert!(v.contains("Cotal Wire Specification v0.3"), "{v}");
+    for (shell, args) in [
+        ("bash", &["completions", "bash"]),
+        ("zsh", &["completions", "zsh"]),
+        ("fish", &["completions", "fish"]),
+    ] {
+        let script = run(args).await;
+        assert!(script.status.success(), "{shell}");
+        assert!(
+            text(&script.stdout).contains("mint"),
+            "{shell} completes subcommands"
+        );
+    }
+    let man = run(&["man"]).await;
+    assert!(text(&man.stdout).contains(".TH cotald 1"));
+
+    // Logs into a pipe carry no colour codes; --log-format json prints one object per line.
+    let mut c = Cotald::spawn(tmp.path(), &["--log-format", "json"]);
+    let line = c.wait_stderr("phase: ready").await;
+    let record: serde_json::Value = serde_json::from_str(&line).expect("a JSON log line");
+    assert_eq!(record["fields"]["message"], "phase: ready", "{line}");
+    c.wait_stdout("cotald is ready").await;
+    c.stop().await;
+    let mut plain = Cotald::up(tmp.path()).await;
+    let line = plain.wait_stderr("phase: ready").await;
+    assert!(!line.contains('\u{1b}'), "ANSI in a pipe: {line:?}");
+    plain.stop().await;
+}
+
+#[tokio::test]
+async fn a_wildcard_listener_links_an_address_peers_can_dial() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Cotald::spawn(tmp.path(), &["--listen", "0.0.0.0:0"]);
+    let remote = c.wait_stdout("remote peers").await;
+    let last = cotald::datadir::DataDir::new(tmp.path())
+        .read_last_served()
+        .expect("served.json is written");
+    let host = last.link_host.rsplit_once(':').unwrap().0.to_owned();
+    match host.parse::<std::net::IpAddr>() {
+        Ok(ip) if ip.is_loopback() => {
+            // No route off this machine: the banner says how to name one.
+            assert!(remote.contains("--hostname"), "{remote}");
+        }
+        _ => {
+            assert!(remote.contains(&last.link_host), "{remote}");
+            // The certificate covers the address the links name: a minted agent connects
+            // through it, TLS verified against the CA.
+            let minted = mint(tmp.path(), "remote", "main", &[]).await;
+            assert!(minted.link.contains(&last.link_host), "{}", minted.link);
+            let conn = crate::helper::endpoint(&minted, |_| {}).await;
+            conn.client.close().await;
+        }
+    }
     c.stop().await;
 }

@@ -488,3 +488,19 @@ pub async fn set_channel(
         .await
         .unwrap();
 }
+
+/// Runs the real `cotald ARGS… --data-dir DIR` to completion (bounded).
+pub async fn cotald_in(data_dir: &Path, args: &[&str]) -> std::process::Output {
+    tokio::time::timeout(
+        TIMEOUT,
+        Command::new(cotald_bin())
+            .args(args)
+            .arg("--data-dir")
+            .arg(data_dir)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("cotald finishes")
+    .unwrap()
+}
