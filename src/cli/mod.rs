@@ -1,5 +1,6 @@
 //! The `cotald` command line: thin over the library. Errors become `anyhow` here, at the edge.
 
+mod bench;
 mod down;
 mod endpoint;
 mod membership;
@@ -112,6 +113,13 @@ pub enum Command {
     /// The same as Ctrl-C on `cotald up`: services stop, clients are told, the broker flushes
     /// JetStream and exits. Exit 0 once stopped, or when nothing was running.
     Down(down::DownArgs),
+    /// Measure cotald against raw NATS on an appliance of its own, and print the figures.
+    ///
+    /// Starts `cotald up` on a fresh temporary data dir, runs each case through cotald's
+    /// client and through a raw async-nats baseline on the same broker, interleaved, and
+    /// prints min/median/max and the ratio cotald/baseline. Takes several minutes (`--quick`:
+    /// about two).
+    Bench(bench::BenchArgs),
     /// Print a shell completion script: `cotald completions bash > ~/.local/share/bash-completion/completions/cotald`.
     Completions(shell::CompletionsArgs),
     /// Print the manual page (roff): `cotald man | man -l -`.
@@ -165,6 +173,7 @@ pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
             Command::Join(args) => membership::join(args).await,
             Command::Leave(args) => membership::leave(args).await,
             Command::Down(args) => down::run(args).await,
+            Command::Bench(args) => bench::run(args).await,
             Command::Completions(args) => shell::completions(args),
             Command::Man => shell::man(),
         }

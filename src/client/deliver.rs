@@ -22,7 +22,7 @@ use super::{Client, ClientError, nats_err};
 use crate::protocol::{CotalMessage, DeliveryKind, RejectReason, accept_delivery};
 
 /// How many DM or anycast copies are pulled ahead of the application.
-const PULL_BATCH: usize = 16;
+const PULL_BATCH: usize = 64;
 
 /// How many message ids the dedup window remembers.
 const SEEN_CAPACITY: usize = 65_536;
@@ -86,12 +86,16 @@ impl Delivery {
         !matches!(self.ack, Ack::None)
     }
 
-    /// Confirms the message was handled; it will not be delivered again. A no-op for live and
-    /// backfill copies. A durable copy's acknowledgement is batched with others and sent to the
-    /// trusted reader without waiting for it.
+    /// Confirms the message was handled, so that it is not delivered again. A no-op for live
+    /// and backfill copies. Nothing waits for the broker's confirmation: a DM or anycast ack
+    /// is sent on the connection, a durable copy's is batched with others for the trusted
+    /// reader. An acknowledgement lost to a broken connection means the copy is delivered
+    /// again (after `ack_wait`, or on the next connection), which at-least-once allows (§4);
+    /// waiting for a confirmation of every ack would cost a round trip per message and
+    /// guarantee nothing more.
     pub async fn ack(self) -> Result<(), ClientError> {
         match self.ack {
-            Ack::Stream(m) => m.double_ack().await.map_err(nats_err("ack")),
+            Ack::Stream(m) => m.ack().await.map_err(nats_err("ack")),
             Ack::Backstop(token) => {
                 token.ack();
                 Ok(())

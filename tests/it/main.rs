@@ -3,6 +3,7 @@
 
 mod acl;
 mod appliance;
+mod bench;
 mod client;
 mod durable;
 mod helper;

@@ -1,0 +1,938 @@
+//! The cases of `cotald bench`, each beside its raw async-nats baseline (module doc of
+//! [`super`]). Every payload is the JSON of a message as `Client::send` builds it, with a
+//! [`TEXT_LEN`]-byte text, so both sides move the same bytes.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use async_nats::jetstream::{self, consumer::pull, message::PublishMessage};
+use futures_util::{StreamExt, TryStreamExt};
+use serde_json::json;
+
+use super::{Bench, Better, CaseResult, Minted, SPACE, Sizes, bounded};
+use crate::client::{Client, Connection, Delivery, DurableState, Replay};
+use crate::protocol::{Channel, CotalMessage, DeliveryKind, InstanceId, Part, Routing};
+
+/// Text length of every message.
+const TEXT_LEN: usize = 256;
+/// Publishes in flight in the pipelined cases.
+const IN_FLIGHT: usize = 256;
+/// `CHAT_<space>` keeps 1,000 messages per (sender, channel) subject (§8): a backlog larger
+/// than that needs more senders.
+const PER_SUBJECT: usize = 1_000;
+/// Pull batch of the raw catch-up.
+const RAW_BATCH: usize = 256;
+/// Concurrent member connections while memberships are set up.
+const JOIN_CONCURRENCY: usize = 8;
+
+type CaseFuture<'a> = Pin<Box<dyn Future<Output = anyhow::Result<Vec<CaseResult>>> + 'a>>;
+
+/// A case: the result names it produces, and how to run it.
+pub(super) struct Case {
+    pub(super) names: &'static [&'static str],
+    pub(super) run: for<'a> fn(&'a Bench, Sizes) -> CaseFuture<'a>,
+}
+
+/// Every case that runs on the shared appliance, in order.
+pub(super) const ALL: &[Case] = &[
+    Case {
+        names: &["live_throughput"],
+        run: |b, s| Box::pin(live_throughput(b, s)),
+    },
+    Case {
+        names: &["live_latency_p50", "live_latency_p99"],
+        run: |b, s| Box::pin(live_latency(b, s)),
+    },
+    Case {
+        names: &["dm_throughput"],
+        run: |b, s| Box::pin(dm_throughput(b, s)),
+    },
+    Case {
+        names: &["durable_publish_100_members"],
+        run: |b, s| Box::pin(durable_publish(b, s)),
+    },
+    Case {
+        names: &["catchup_10k"],
+        run: |b, s| Box::pin(catch_up(b, s)),
+    },
+    Case {
+        names: &["durable_end_to_end"],
+        run: |b, s| Box::pin(durable_end_to_end(b, s)),
+    },
+];
+
+fn text() -> String {
+    "cotald bench text "
+        .chars()
+        .cycle()
+        .take(TEXT_LEN)
+        .collect()
+}
+
+fn rate(n: usize, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64()
+}
+
+fn channel(name: &str) -> anyhow::Result<Channel> {
+    Ok(Channel::new(name)?)
+}
+
+/// The raw payload: a message from `from` as `Client::send` builds it.
+fn payload(from: &Client, routing: Routing) -> anyhow::Result<bytes::Bytes> {
+    let message = CotalMessage::new(SPACE, from.endpoint(), routing, vec![Part::text(text())]);
+    Ok(message.to_json()?.into())
+}
+
+/// Measures each side `runs` times after one warm-up of each, alternating which goes first.
+async fn interleaved<C, B, CF, BF>(
+    runs: usize,
+    mut cotald: C,
+    mut baseline: B,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)>
+where
+    C: FnMut(bool) -> CF,
+    B: FnMut(bool) -> BF,
+    CF: Future<Output = anyhow::Result<f64>>,
+    BF: Future<Output = anyhow::Result<f64>>,
+{
+    cotald(true).await?;
+    baseline(true).await?;
+    let (mut c, mut b) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
+    for run in 0..runs {
+        if run % 2 == 0 {
+            c.push(cotald(false).await?);
+            b.push(baseline(false).await?);
+        } else {
+            b.push(baseline(false).await?);
+            c.push(cotald(false).await?);
+        }
+    }
+    Ok((c, b))
+}
+
+/// Sets a channel's delivery class through the manager, as the machine operator.
+async fn set_class(bench: &Bench, ch: &str, class: &str) -> anyhow::Result<()> {
+    let op = bench
+        .connect(&bench.operator, |o| {
+            o.receive_backstop = false;
+            o.receive_dms = false;
+            o.presence = false;
+        })
+        .await?;
+    let request = crate::ops::Request::ChannelsSet(serde_json::from_value(json!({
+        "channel": ch,
+        "config": {"deliveryClass": class},
+    }))?);
+    bounded(
+        "channels-set",
+        op.client.manager::<serde_json::Value>(&request),
+    )
+    .await??;
+    op.client.close().await;
+    Ok(())
+}
+
+/// `n` sends of the bench text, round robin over `clients` and `routes`, [`IN_FLIGHT`] at a
+/// time; returns the lowest stream sequence.
+async fn send_many(clients: &[&Client], routes: &[Routing], n: usize) -> anyhow::Result<u64> {
+    let text = text();
+    let text = &text;
+    bounded(
+        "publishing",
+        futures_util::stream::iter(0..n)
+            .map(|i| {
+                let client = clients[i % clients.len()];
+                let routing = routes[i % routes.len()].clone();
+                async move { client.send_text(routing, text).await.map(|(_, seq)| seq) }
+            })
+            .buffer_unordered(IN_FLIGHT)
+            .try_fold(u64::MAX, |low, seq| std::future::ready(Ok(low.min(seq)))),
+    )
+    .await?
+    .context("publish")
+}
+
+/// `n` raw JetStream publishes of `payload` on `subject`, each with its own `Nats-Msg-Id` (as
+/// cotald sends them), [`IN_FLIGHT`] at a time, acks awaited.
+async fn raw_publish(
+    js: &jetstream::Context,
+    subject: &str,
+    payload: &bytes::Bytes,
+    n: usize,
+) -> anyhow::Result<()> {
+    let prefix = crate::protocol::new_message_id();
+    bounded(
+        "raw publishing",
+        futures_util::stream::iter(0..n)
+            .map(|i| {
+                let message = PublishMessage::build()
+                    .payload(payload.clone())
+                    .message_id(format!("{prefix}.{i}"));
+                async move { js.send_publish(subject.to_owned(), message).await?.await }
+            })
+            .buffer_unordered(IN_FLIGHT)
+            .try_for_each(|_| std::future::ready(Ok(()))),
+    )
+    .await?
+    .context("raw publish")
+}
+
+async fn next(conn: &mut Connection) -> anyhow::Result<Delivery> {
+    bounded("a delivery", conn.deliveries.next())
+        .await?
+        .context("the client closed")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Live channels.
+
+const CH_LIVE: &str = "bench-live";
+const CH_RAW: &str = "bench-raw";
+
+/// A live channel's publisher and subscriber, and the raw pair beside them.
+struct LivePair {
+    publisher: Connection,
+    subscriber: Connection,
+    raw_js: jetstream::Context,
+    raw_subject: String,
+    raw_payload: bytes::Bytes,
+    raw_sub: async_nats::Subscriber,
+}
+
+impl LivePair {
+    async fn new(bench: &Bench, tag: &str) -> anyhow::Result<LivePair> {
+        set_class(bench, CH_LIVE, "live").await?;
+        set_class(bench, CH_RAW, "live").await?;
+        let from = bench
+            .mint(
+                &format!("bench-{tag}-pub"),
+                json!({"allow_publish": [CH_LIVE]}),
+            )
+            .await?;
+        let to = bench
+            .mint(&format!("bench-{tag}-sub"), json!({"subscribe": [CH_LIVE]}))
+            .await?;
+        let publisher = bench.sender(&from).await?;
+        let subscriber = bench.connect(&to, |_| {}).await?;
+        subscriber.client.join(CH_LIVE, Replay::Off).await?;
+        // The raw side: the operator publishes on its own subject of another live channel; a
+        // plain core subscription receives.
+        let raw_subject = format!("cotal.{SPACE}.chat.{}.{CH_RAW}", bench.operator.id);
+        let raw_payload = payload(&publisher.client, Routing::channel(&channel(CH_RAW)?))?;
+        let receiver = bench.raw_as(&bench.operator).await?;
+        let raw_sub = receiver.subscribe(raw_subject.clone()).await?;
+        receiver.flush().await?;
+        Ok(LivePair {
+            publisher,
+            subscriber,
+            raw_js: jetstream::new(bench.raw.clone()),
+            raw_subject,
+            raw_payload,
+            raw_sub,
+        })
+    }
+
+    async fn close(self) {
+        self.publisher.client.close().await;
+        self.subscriber.client.close().await;
+    }
+}
+
+async fn live_throughput(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
+    let n = sizes.messages;
+    let pair = tokio::sync::Mutex::new(LivePair::new(bench, "tput").await?);
+    let route = [Routing::channel(&channel(CH_LIVE)?)];
+    let figures = interleaved(
+        sizes.runs,
+        |warm| {
+            let n = if warm { n / 10 } else { n };
+            let pair = &pair;
+            let route = &route;
+            async move {
+                let mut pair = pair.lock().await;
+                let LivePair {
+                    publisher,
+                    subscriber,
+                    ..
+                } = &mut *pair;
+                let senders = [&publisher.client];
+                let start = Instant::now();
+                let sending = send_many(&senders, route, n);
+                let receiving = async {
+                    let mut got = 0;
+                    while got < n {
+                        if next(subscriber).await?.channel.as_deref() == Some(CH_LIVE) {
+                            got += 1;
+                        }
+                    }
+                    anyhow::Ok(())
+                };
+                let (sent, received) = tokio::join!(sending, receiving);
+                sent?;
+                received?;
+                Ok(rate(n, start.elapsed()))
+            }
+        },
+        |warm| {
+            let n = if warm { n / 10 } else { n };
+            let pair = &pair;
+            async move {
+                let mut pair = pair.lock().await;
+                let LivePair {
+                    raw_js,
+                    raw_subject,
+                    raw_payload,
+                    raw_sub,
+                    ..
+                } = &mut *pair;
+                let start = Instant::now();
+                let sending = raw_publish(raw_js, raw_subject, raw_payload, n);
+                let receiving = async {
+                    for _ in 0..n {
+                        bounded("a raw message", raw_sub.next())
+                            .await?
+                            .context("raw subscription closed")?;
+                    }
+                    anyhow::Ok(())
+                };
+                let (sent, received) = tokio::join!(sending, receiving);
+                sent?;
+                received?;
+                Ok(rate(n, start.elapsed()))
+            }
+        },
+    )
+    .await?;
+    pair.into_inner().close().await;
+    Ok(vec![CaseResult::new(
+        "live_throughput",
+        "msg/s",
+        Better::Higher,
+        figures,
+        "JetStream publish with Nats-Msg-Id, acks pipelined -> core subscriber",
+        ">= 0.9",
+    )])
+}
+
+async fn live_latency(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
+    let samples = sizes.samples;
+    let pair = tokio::sync::Mutex::new(LivePair::new(bench, "lat").await?);
+    let ch = channel(CH_LIVE)?;
+    // Each repetition yields (p50, p99) in µs; the two results share the repetitions.
+    let cotald_runs = std::cell::RefCell::new(Vec::new());
+    let raw_runs = std::cell::RefCell::new(Vec::new());
+    interleaved(
+        sizes.runs,
+        |warm| {
+            let (pair, ch, out) = (&pair, &ch, &cotald_runs);
+            async move {
+                let mut pair = pair.lock().await;
+                let LivePair {
+                    publisher,
+                    subscriber,
+                    ..
+                } = &mut *pair;
+                let mut lat = Vec::with_capacity(samples);
+                let text = text();
+                for _ in 0..if warm { samples / 10 } else { samples } {
+                    let start = Instant::now();
+                    let send = publisher.client.send_text(Routing::channel(ch), &text);
+                    let surfaced = async {
+                        next(subscriber).await?;
+                        anyhow::Ok(start.elapsed())
+                    };
+                    let (sent, surfaced) = tokio::join!(send, surfaced);
+                    sent?;
+                    lat.push(surfaced?);
+                }
+                if !warm {
+                    out.borrow_mut().push(percentiles(lat));
+                }
+                Ok(0.0)
+            }
+        },
+        |warm| {
+            let (pair, out) = (&pair, &raw_runs);
+            async move {
+                let mut pair = pair.lock().await;
+                let LivePair {
+                    raw_js,
+                    raw_subject,
+                    raw_payload,
+                    raw_sub,
+                    ..
+                } = &mut *pair;
+                let mut lat = Vec::with_capacity(samples);
+                for i in 0..if warm { samples / 10 } else { samples } {
+                    let start = Instant::now();
+                    let message = PublishMessage::build()
+                        .payload(raw_payload.clone())
+                        .message_id(format!("{}.{i}", crate::protocol::new_message_id()));
+                    let send = async {
+                        raw_js
+                            .send_publish(raw_subject.clone(), message)
+                            .await?
+                            .await?;
+                        anyhow::Ok(())
+                    };
+                    let surfaced = async {
+                        bounded("a raw message", raw_sub.next())
+                            .await?
+                            .context("raw subscription closed")?;
+                        anyhow::Ok(start.elapsed())
+                    };
+                    let (sent, surfaced) = tokio::join!(send, surfaced);
+                    sent?;
+                    lat.push(surfaced?);
+                }
+                if !warm {
+                    out.borrow_mut().push(percentiles(lat));
+                }
+                Ok(0.0)
+            }
+        },
+    )
+    .await?;
+    pair.into_inner().close().await;
+    let (c, r) = (cotald_runs.into_inner(), raw_runs.into_inner());
+    let pick = |runs: &[(f64, f64)], p99: bool| -> Vec<f64> {
+        runs.iter().map(|&(a, b)| if p99 { b } else { a }).collect()
+    };
+    let baseline = "JetStream publish with Nats-Msg-Id -> core subscriber, one at a time";
+    Ok(vec![
+        CaseResult::new(
+            "live_latency_p50",
+            "µs",
+            Better::Lower,
+            (pick(&c, false), pick(&r, false)),
+            baseline,
+            "<= 1.2",
+        ),
+        CaseResult::new(
+            "live_latency_p99",
+            "µs",
+            Better::Lower,
+            (pick(&c, true), pick(&r, true)),
+            baseline,
+            "<= 2.0",
+        ),
+    ])
+}
+
+/// p50 and p99 in µs.
+fn percentiles(mut lat: Vec<Duration>) -> (f64, f64) {
+    lat.sort();
+    let at = |q: f64| {
+        let i = ((lat.len() as f64 * q).ceil() as usize).clamp(1, lat.len()) - 1;
+        lat[i].as_secs_f64() * 1e6
+    };
+    (at(0.50), at(0.99))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Direct messages.
+
+async fn dm_throughput(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
+    let n = sizes.messages / 2;
+    let from = bench.mint("bench-dm-from", json!({})).await?;
+    let to = bench.mint("bench-dm-to", json!({})).await?;
+    let raw_target = bench.mint("bench-dm-raw", json!({})).await?;
+    let sender = bench.sender(&from).await?;
+    let receiver =
+        tokio::sync::Mutex::new(bench.connect(&to, |o| o.receive_backstop = false).await?);
+    let route = [Routing::to(&InstanceId::from_user_nkey(&to.id)?)];
+    let raw_js = jetstream::new(bench.raw.clone());
+    let raw_subject = format!("cotal.{SPACE}.inst.{}.{}", raw_target.id, bench.operator.id);
+    let raw_payload = payload(
+        &sender.client,
+        Routing::to(&InstanceId::from_user_nkey(&raw_target.id)?),
+    )?;
+    let figures = interleaved(
+        sizes.runs,
+        |warm| {
+            let n = if warm { n / 10 } else { n };
+            let (sender, receiver, route) = (&sender, &receiver, &route);
+            async move {
+                let mut receiver = receiver.lock().await;
+                let senders = [&sender.client];
+                let start = Instant::now();
+                let sending = send_many(&senders, route, n);
+                let receiving = async {
+                    let mut got = 0;
+                    while got < n {
+                        let d = next(&mut receiver).await?;
+                        if d.kind == DeliveryKind::Dm {
+                            got += 1;
+                        }
+                        d.ack().await?;
+                    }
+                    anyhow::Ok(())
+                };
+                let (sent, received) = tokio::join!(sending, receiving);
+                sent?;
+                received?;
+                Ok(rate(n, start.elapsed()))
+            }
+        },
+        |warm| {
+            let n = if warm { n / 10 } else { n };
+            let (raw_js, raw_subject, raw_payload) = (&raw_js, &raw_subject, &raw_payload);
+            let filter = format!("cotal.{SPACE}.inst.{}.*", raw_target.id);
+            async move {
+                // A fresh consumer from the next message on: the earlier runs are not read.
+                let stream = raw_js.get_stream(format!("DM_{SPACE}")).await?;
+                let name = format!("bench_dm_{}", crate::protocol::new_message_id());
+                let consumer = stream
+                    .create_consumer(pull::Config {
+                        name: Some(name.clone()),
+                        filter_subject: filter,
+                        deliver_policy: jetstream::consumer::DeliverPolicy::New,
+                        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                        inactive_threshold: Duration::from_secs(60),
+                        ..Default::default()
+                    })
+                    .await?;
+                let start = Instant::now();
+                let sending = raw_publish(raw_js, raw_subject, raw_payload, n);
+                let receiving = async {
+                    let mut messages = consumer.messages().await?;
+                    for _ in 0..n {
+                        let msg = bounded("a raw DM", messages.next())
+                            .await?
+                            .context("raw consumer closed")?
+                            .map_err(|e| anyhow::anyhow!("{e}"))?;
+                        msg.ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+                    }
+                    anyhow::Ok(())
+                };
+                let (sent, received) = tokio::join!(sending, receiving);
+                sent?;
+                received?;
+                let elapsed = start.elapsed();
+                let _ = stream.delete_consumer(&name).await;
+                Ok(rate(n, elapsed))
+            }
+        },
+    )
+    .await?;
+    sender.client.close().await;
+    receiver.into_inner().client.close().await;
+    Ok(vec![CaseResult::new(
+        "dm_throughput",
+        "msg/s",
+        Better::Higher,
+        figures,
+        "JetStream publish -> pull consumer, each message acked",
+        ">= 0.8",
+    )])
+}
+
+// ---------------------------------------------------------------------------------------------
+// Durable channels.
+
+const CH_ONE: &str = "bench-one";
+const CH_CROWD: &str = "bench-crowd";
+const CH_CATCH: &str = "bench-catch";
+
+/// Connects without the backstop, joins `ch` durably without history, disconnects: the
+/// membership stays, kept by the trusted reader alone.
+async fn join_and_leave(bench: &Bench, member: &Minted, ch: &str) -> anyhow::Result<()> {
+    let conn = bench
+        .connect(member, |o| o.receive_backstop = false)
+        .await?;
+    let report = bounded("durable join", conn.client.join(ch, Replay::Off)).await??;
+    if report.durable != DurableState::Established {
+        bail!("the durable join of {ch} was not established: {report:?}");
+    }
+    conn.client.close().await;
+    Ok(())
+}
+
+async fn durable_publish(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
+    let n = sizes.messages;
+    let publisher = bench
+        .mint("bench-pub", json!({"allow_publish": [CH_ONE, CH_CROWD]}))
+        .await?;
+    let solo = bench
+        .mint("bench-solo", json!({"subscribe": [CH_ONE]}))
+        .await?;
+    join_and_leave(bench, &solo, CH_ONE).await?;
+    let mut crowd = Vec::with_capacity(sizes.members);
+    for i in 0..sizes.members {
+        crowd.push(
+            bench
+                .mint(
+                    &format!("bench-member{i:03}"),
+                    json!({"subscribe": [CH_CROWD]}),
+                )
+                .await?,
+        );
+    }
+    futures_util::stream::iter(&crowd)
+        .map(|m| join_and_leave(bench, m, CH_CROWD))
+        .buffer_unordered(JOIN_CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let conn = bench.sender(&publisher).await?;
+    let one = [Routing::channel(&channel(CH_ONE)?)];
+    let many = [Routing::channel(&channel(CH_CROWD)?)];
+    let figures = interleaved(
+        sizes.runs,
+        |warm| {
+            let (client, many) = (&conn.client, &many);
+            async move {
+                let n = if warm { n / 10 } else { n };
+                let start = Instant::now();
+                send_many(&[client], many, n).await?;
+                Ok(rate(n, start.elapsed()))
+            }
+        },
+        |warm| {
+            let (client, one) = (&conn.client, &one);
+            async move {
+                let n = if warm { n / 10 } else { n };
+                let start = Instant::now();
+                send_many(&[client], one, n).await?;
+                Ok(rate(n, start.elapsed()))
+            }
+        },
+    )
+    .await?;
+    conn.client.close().await;
+    Ok(vec![CaseResult::new(
+        "durable_publish_100_members",
+        "msg/s",
+        Better::Higher,
+        figures,
+        "cotald, the same channel with 1 durable member",
+        ">= 0.9",
+    )])
+}
+
+async fn catch_up(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
+    let backlog = sizes.backlog;
+    let senders = backlog.div_ceil(PER_SUBJECT);
+    let mut publishers = Vec::with_capacity(senders);
+    for i in 0..senders {
+        let p = bench
+            .mint(
+                &format!("bench-catch-pub{i}"),
+                json!({"allow_publish": [CH_CATCH]}),
+            )
+            .await?;
+        publishers.push(bench.sender(&p).await?);
+    }
+    let clients: Vec<&Client> = publishers.iter().map(|c| &c.client).collect();
+    let returning = bench
+        .mint("bench-returning", json!({"subscribe": [CH_CATCH]}))
+        .await?;
+    join_and_leave(bench, &returning, CH_CATCH).await?;
+    let consumer = crate::services::backstop::interval_consumer(&returning.id, CH_CATCH, 1);
+    let raw_js = jetstream::new(bench.raw.clone());
+    let route = [Routing::channel(&channel(CH_CATCH)?)];
+    // The backlog each side reads: published while the member is away.
+    let first = std::cell::Cell::new(0u64);
+    let away = || async {
+        let stream = raw_js.get_stream(format!("CHAT_{SPACE}")).await?;
+        // The member's session ends once the services see it offline.
+        bounded("the member's session to end", async {
+            while stream.consumer_info(&consumer).await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await?;
+        first.set(send_many(&clients, &route, backlog).await?);
+        anyhow::Ok(())
+    };
+    let figures = interleaved(
+        sizes.runs,
+        |_warm| async {
+            away().await?;
+            let start = Instant::now();
+            let mut conn = bench.connect(&returning, |_| {}).await?;
+            let mut ids = HashSet::with_capacity(backlog);
+            while ids.len() < backlog {
+                let d = next(&mut conn).await?;
+                if d.durable && d.channel.as_deref() == Some(CH_CATCH) {
+                    ids.insert(d.message.id.clone());
+                }
+                d.ack().await?;
+            }
+            let elapsed = start.elapsed();
+            conn.client.close().await;
+            Ok(rate(backlog, elapsed))
+        },
+        |_warm| async {
+            away().await?;
+            let start = Instant::now();
+            let nats = bench.raw_as(&bench.operator).await?;
+            let js = jetstream::new(nats.clone());
+            let stream = js.get_stream(format!("CHAT_{SPACE}")).await?;
+            let name = format!("bench_catch_{}", first.get());
+            let raw = stream
+                .create_consumer(pull::Config {
+                    name: Some(name.clone()),
+                    filter_subject: format!("cotal.{SPACE}.chat.*.{CH_CATCH}"),
+                    deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
+                        start_sequence: first.get(),
+                    },
+                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                    inactive_threshold: Duration::from_secs(60),
+                    ..Default::default()
+                })
+                .await?;
+            let mut read = 0;
+            while read < backlog {
+                let mut batch = raw
+                    .fetch()
+                    .max_messages(RAW_BATCH.min(backlog - read))
+                    .expires(Duration::from_secs(2))
+                    .messages()
+                    .await?;
+                while let Some(msg) = batch.next().await {
+                    msg.map_err(|e| anyhow::anyhow!("{e}"))?
+                        .ack()
+                        .await
+                        .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    read += 1;
+                }
+            }
+            nats.flush().await?;
+            let elapsed = start.elapsed();
+            let _ = stream.delete_consumer(&name).await;
+            let _ = tokio::time::timeout(Duration::from_secs(5), nats.drain()).await;
+            Ok(rate(backlog, elapsed))
+        },
+    )
+    .await?;
+    for p in publishers {
+        p.client.close().await;
+    }
+    Ok(vec![CaseResult::new(
+        "catchup_10k",
+        "msg/s",
+        Better::Higher,
+        figures,
+        "a new connection + pull consumer of the same range, fetch 256 + ack",
+        ">= 0.8",
+    )])
+}
+
+const CH_E2E_DURABLE: &str = "bench-e2e-durable";
+const CH_E2E_LIVE: &str = "bench-e2e-live";
+
+/// Publisher to an online member on a durable channel (live copy and durable copy, deduped,
+/// the durable one acked) vs the same on a live channel.
+async fn durable_end_to_end(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
+    let n = sizes.messages / 2;
+    set_class(bench, CH_E2E_LIVE, "live").await?;
+    let mut senders = Vec::new();
+    for i in 0..n.div_ceil(PER_SUBJECT) {
+        let p = bench
+            .mint(
+                &format!("bench-e2e-pub{i}"),
+                json!({"allow_publish": [CH_E2E_DURABLE, CH_E2E_LIVE]}),
+            )
+            .await?;
+        senders.push(bench.sender(&p).await?);
+    }
+    let clients: Vec<&Client> = senders.iter().map(|c| &c.client).collect();
+    let member = bench
+        .mint(
+            "bench-e2e-member",
+            json!({"subscribe": [CH_E2E_DURABLE, CH_E2E_LIVE]}),
+        )
+        .await?;
+    let conn = tokio::sync::Mutex::new(bench.connect(&member, |_| {}).await?);
+    for ch in [CH_E2E_DURABLE, CH_E2E_LIVE] {
+        let client = conn.lock().await.client.clone();
+        bounded("join", client.join(ch, Replay::Off)).await??;
+    }
+    let end_to_end = |ch: &'static str, warm: bool| {
+        let (clients, conn) = (&clients, &conn);
+        async move {
+            let n = if warm { n / 10 } else { n };
+            let route = [Routing::channel(&channel(ch)?)];
+            let mut conn = conn.lock().await;
+            let start = Instant::now();
+            let sending = send_many(clients, &route, n);
+            let receiving = async {
+                let mut ids = HashSet::with_capacity(n);
+                while ids.len() < n {
+                    let d = next(&mut conn).await?;
+                    if d.channel.as_deref() == Some(ch) {
+                        ids.insert(d.message.id.clone());
+                    }
+                    d.ack().await?;
+                }
+                anyhow::Ok(())
+            };
+            let (sent, received) = tokio::join!(sending, receiving);
+            sent?;
+            received?;
+            Ok(rate(n, start.elapsed()))
+        }
+    };
+    let figures = interleaved(
+        sizes.runs,
+        |warm| end_to_end(CH_E2E_DURABLE, warm),
+        |warm| end_to_end(CH_E2E_LIVE, warm),
+    )
+    .await?;
+    for c in senders {
+        c.client.close().await;
+    }
+    conn.into_inner().client.close().await;
+    Ok(vec![CaseResult::new(
+        "durable_end_to_end",
+        "msg/s",
+        Better::Higher,
+        figures,
+        "cotald, the same traffic on a live channel",
+        "as close to 1 as it goes",
+    )])
+}
+
+// ---------------------------------------------------------------------------------------------
+// Startup.
+
+/// `cotald up` to ready, cold (a new data dir) and warm (the same one again), against the
+/// bundled nats-server alone started on the config cotald rendered, to `/healthz` 200.
+pub(super) async fn startup(
+    exe: &Path,
+    tmp: &Path,
+    sizes: Sizes,
+) -> anyhow::Result<Vec<CaseResult>> {
+    let exe = exe.to_owned();
+    let tmp = tmp.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let (mut cold, mut warm, mut alone) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..sizes.runs {
+            let dir = tmp.join(format!("startup{i}"));
+            cold.push(startup::time_up(&exe, &dir)?);
+            warm.push(startup::time_up(&exe, &dir)?);
+            alone.push(startup::time_broker_alone(&dir)?);
+        }
+        let baseline = "nats-server alone on the config cotald rendered, to /healthz 200";
+        anyhow::Ok(vec![
+            CaseResult::new(
+                "startup_cold",
+                "ms",
+                Better::Lower,
+                (cold, alone.clone()),
+                baseline,
+                "as low as it goes",
+            ),
+            CaseResult::new(
+                "startup_warm",
+                "ms",
+                Better::Lower,
+                (warm, alone),
+                baseline,
+                "as low as it goes",
+            ),
+        ])
+    })
+    .await?
+}
+
+mod startup {
+    use std::io::{BufRead, BufReader};
+    use std::net::{SocketAddr, TcpStream};
+    use std::path::Path;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    use anyhow::{Context, bail};
+
+    const TIMEOUT: Duration = Duration::from_secs(60);
+
+    /// Spawns `cotald up`, waits for its ready line, stops it; the time to ready in ms.
+    pub(super) fn time_up(exe: &Path, dir: &Path) -> anyhow::Result<f64> {
+        let start = Instant::now();
+        let mut child = Command::new(exe)
+            .args(["up", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let stdout = child.stdout.take().context("stdout")?;
+        let ready = BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .any(|l| l.contains("cotald is ready"));
+        let elapsed = start.elapsed();
+        // SAFETY: a plain signal to our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        child.wait()?;
+        if !ready {
+            bail!("cotald up on {} did not become ready", dir.display());
+        }
+        Ok(elapsed.as_secs_f64() * 1e3)
+    }
+
+    /// Spawns the installed broker of `dir` on the config cotald rendered there, waits for
+    /// `/healthz` 200 (as cotald does), stops it; the time in ms.
+    pub(super) fn time_broker_alone(dir: &Path) -> anyhow::Result<f64> {
+        let broker = std::fs::read_dir(dir.join("bin"))?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| !p.to_string_lossy().ends_with(".tmp"))
+            .context("no installed broker")?;
+        let ports_dir = dir.join("run");
+        let start = Instant::now();
+        let mut child = Command::new(&broker)
+            .arg("-c")
+            .arg(dir.join("run/nats-server.conf"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let suffix = format!("_{}.ports", child.id());
+        let result = (|| {
+            let monitor = loop {
+                if start.elapsed() > TIMEOUT {
+                    bail!("nats-server did not write its ports file");
+                }
+                let found = std::fs::read_dir(&ports_dir)?
+                    .flatten()
+                    .find(|e| e.file_name().to_string_lossy().ends_with(&suffix));
+                if let Some(entry) = found {
+                    let ports: serde_json::Value =
+                        serde_json::from_slice(&std::fs::read(entry.path())?).unwrap_or_default();
+                    if let Some(url) = ports["monitoring"][0].as_str() {
+                        let port: u16 = url.rsplit_once(':').context("port")?.1.parse()?;
+                        break SocketAddr::from(([127, 0, 0, 1], port));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            while !healthy(monitor) {
+                if start.elapsed() > TIMEOUT {
+                    bail!("nats-server never became healthy");
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Ok(start.elapsed().as_secs_f64() * 1e3)
+        })();
+        // SAFETY: a plain signal to our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        child.wait()?;
+        result
+    }
+
+    fn healthy(addr: SocketAddr) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut s) = TcpStream::connect(addr) else {
+            return false;
+        };
+        let _ = s.write_all(b"GET /healthz?js-server-only=true HTTP/1.0\r\n\r\n");
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out.starts_with("HTTP/1.1 200") || out.starts_with("HTTP/1.0 200")
+    }
+}

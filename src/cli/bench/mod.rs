@@ -1,0 +1,493 @@
+//! `cotald bench`: what cotald costs over raw NATS, measured in one run on one appliance.
+//!
+//! The command starts its own appliance (`cotald up` on a fresh data dir, loopback, TLS, as a
+//! user would run it), mints its identities over the admin socket, and runs each case twice
+//! per repetition: through cotald's client, and through a raw async-nats baseline doing the
+//! same work on the same broker — interleaved, the order rotated per repetition, a warm-up
+//! discarded. It reports min/median/max of each side and the ratio of the medians: for rates
+//! cotald/baseline (higher is better, 1.0 = as fast as raw), for latencies and times
+//! cotald/baseline as measured (lower is better). It asserts nothing about time: the figures
+//! are for reading (`docs/benchmarks.md` keeps the last ones with the machine described).
+//!
+//! Cases ([`cases`]): `live_throughput`, `live_latency_p50`/`_p99`, `dm_throughput`,
+//! `durable_publish_100_members` (100 absent durable members vs 1), `catchup_10k` (a returning
+//! durable member's backlog vs a raw pull of the same range), `durable_end_to_end` (an online
+//! member on a durable channel vs on a live one), `startup_cold`/`_warm` (`cotald up` to
+//! ready vs the bundled broker alone on the config cotald rendered).
+
+mod cases;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use serde::Serialize;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::client::{Client, ConnectOptions, Connection};
+use crate::daemon::admin;
+use crate::ops::{MintReply, Request};
+use crate::protocol::JoinLink;
+
+/// Options of `cotald bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Smaller cases (finishes within about two minutes on a small machine).
+    #[arg(long)]
+    quick: bool,
+    /// Print one JSON document: `{"results": [{"name", "cotald", "baseline", "unit", "ratio",
+    /// …}], "machine": {…}}`.
+    #[arg(long)]
+    json: bool,
+    /// Repetitions of each case (after a warm-up that is not measured).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=50))]
+    runs: u32,
+    /// Run only the cases whose name contains this (repeatable).
+    #[arg(long = "case", value_name = "NAME")]
+    cases: Vec<String>,
+}
+
+/// The sizes of a bench run.
+#[derive(Debug, Clone, Copy)]
+struct Sizes {
+    runs: usize,
+    /// Messages per throughput measurement.
+    messages: usize,
+    /// One-at-a-time samples per latency measurement.
+    samples: usize,
+    /// Absent durable members in the crowded publish case.
+    members: usize,
+    /// Backlog of the returning member.
+    backlog: usize,
+}
+
+impl Sizes {
+    fn new(quick: bool, runs: u32) -> Self {
+        let runs = runs as usize;
+        if quick {
+            Sizes {
+                runs,
+                messages: 4_000,
+                samples: 500,
+                members: 100,
+                backlog: 2_000,
+            }
+        } else {
+            Sizes {
+                runs,
+                messages: 20_000,
+                samples: 2_000,
+                members: 100,
+                backlog: 10_000,
+            }
+        }
+    }
+}
+
+/// Whether more is better.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Better {
+    Higher,
+    Lower,
+}
+
+/// One case's figures.
+#[derive(Debug, Serialize)]
+struct CaseResult {
+    name: &'static str,
+    unit: &'static str,
+    /// The median of cotald's repetitions.
+    cotald: f64,
+    /// The median of the baseline's repetitions.
+    baseline: f64,
+    /// cotald / baseline.
+    ratio: f64,
+    better: Better,
+    cotald_min: f64,
+    cotald_max: f64,
+    baseline_min: f64,
+    baseline_max: f64,
+    /// What the baseline is.
+    baseline_is: &'static str,
+    /// The goal the ratio is held to, in words.
+    goal: &'static str,
+}
+
+impl CaseResult {
+    fn new(
+        name: &'static str,
+        unit: &'static str,
+        better: Better,
+        (cotald, baseline): (Vec<f64>, Vec<f64>),
+        baseline_is: &'static str,
+        goal: &'static str,
+    ) -> Self {
+        let (c_min, c_med, c_max) = spread(cotald);
+        let (b_min, b_med, b_max) = spread(baseline);
+        CaseResult {
+            name,
+            unit,
+            cotald: c_med,
+            baseline: b_med,
+            ratio: c_med / b_med,
+            better,
+            cotald_min: c_min,
+            cotald_max: c_max,
+            baseline_min: b_min,
+            baseline_max: b_max,
+            baseline_is,
+            goal,
+        }
+    }
+}
+
+/// Min, median, max.
+fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    match (v.first(), v.get(v.len() / 2), v.last()) {
+        (Some(&min), Some(&med), Some(&max)) => (min, med, max),
+        _ => (f64::NAN, f64::NAN, f64::NAN),
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct Machine {
+    cores: usize,
+    os: &'static str,
+    arch: &'static str,
+    cotald: &'static str,
+    nats_server: &'static str,
+    quick: bool,
+    runs: usize,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    results: Vec<CaseResult>,
+    machine: Machine,
+}
+
+pub(super) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    let sizes = Sizes::new(args.quick, args.runs);
+    let wanted = |name: &str| args.cases.is_empty() || args.cases.iter().any(|c| name.contains(c));
+    let progress = |line: String| {
+        if !args.json {
+            println!("{line}");
+        }
+    };
+    let exe = std::env::current_exe().context("locating the cotald executable")?;
+    let tmp = tempfile_dir()?;
+    let mut results = Vec::new();
+
+    let appliance = Appliance::up(&exe, &tmp.join("data"), &tmp).await?;
+    progress(format!(
+        "appliance ready on {} ({} cores); {} repetitions per case{}",
+        appliance.listen,
+        cores(),
+        sizes.runs,
+        if args.quick { ", quick sizes" } else { "" }
+    ));
+    let bench = Bench::new(&appliance).await?;
+    for case in cases::ALL {
+        if !case.names.iter().any(|n| wanted(n)) {
+            continue;
+        }
+        let started = Instant::now();
+        let found = (case.run)(&bench, sizes)
+            .await
+            .with_context(|| case.names[0])?;
+        for result in &found {
+            progress(format!("{}", Line(result)));
+        }
+        progress(format!(
+            "  ({} took {:.1} s)",
+            case.names[0],
+            started.elapsed().as_secs_f64()
+        ));
+        results.extend(found);
+    }
+    bench.close().await;
+    appliance.stop().await;
+
+    if wanted("startup_cold") || wanted("startup_warm") {
+        let started = Instant::now();
+        for result in cases::startup(&exe, &tmp, sizes).await? {
+            progress(format!("{}", Line(&result)));
+            results.push(result);
+        }
+        progress(format!(
+            "  (startup took {:.1} s)",
+            started.elapsed().as_secs_f64()
+        ));
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+
+    let report = Report {
+        results,
+        machine: Machine {
+            cores: cores(),
+            os: std::env::consts::OS,
+            arch: std::env::consts::ARCH,
+            cotald: env!("CARGO_PKG_VERSION"),
+            nats_server: crate::supervisor::BUNDLED_VERSION,
+            quick: args.quick,
+            runs: sizes.runs,
+        },
+    };
+    if args.json {
+        let doc = serde_json::to_string_pretty(&report)?;
+        super::stdout(|out| writeln!(out, "{doc}"))?;
+    } else {
+        super::stdout(|out| table(out, &report.results))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(0, |n| n.get())
+}
+
+/// A fresh private directory for the bench's data dirs, removed at the end.
+fn tempfile_dir() -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!(
+        "cotald-bench-{}-{}",
+        std::process::id(),
+        crate::protocol::new_message_id()
+    ));
+    crate::files::private_dir(&dir)?;
+    Ok(dir)
+}
+
+/// One result as a progress line.
+struct Line<'a>(&'a CaseResult);
+
+impl std::fmt::Display for Line<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = self.0;
+        write!(
+            f,
+            "{:<28} cotald {:>10} {:<6} baseline {:>10}   ratio {:.2}",
+            r.name,
+            figure(r.cotald),
+            r.unit,
+            figure(r.baseline),
+            r.ratio
+        )
+    }
+}
+
+fn figure(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn table(out: &mut dyn Write, results: &[CaseResult]) -> std::io::Result<()> {
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:<28} {:>22} {:>22} {:>6}  {:<7} goal; baseline",
+        "case (median, min-max)", "cotald", "baseline", "ratio", "unit"
+    )?;
+    for r in results {
+        let range = |med: f64, min: f64, max: f64| {
+            format!("{} ({}-{})", figure(med), figure(min), figure(max))
+        };
+        writeln!(
+            out,
+            "{:<28} {:>22} {:>22} {:>6.2}  {:<7} {}; {}",
+            r.name,
+            range(r.cotald, r.cotald_min, r.cotald_max),
+            range(r.baseline, r.baseline_min, r.baseline_max),
+            r.ratio,
+            r.unit,
+            r.goal,
+            r.baseline_is
+        )?;
+    }
+    writeln!(
+        out,
+        "ratio = cotald / baseline: for msg/s higher is better, for µs and ms lower is better"
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// The appliance under test.
+
+/// A `cotald up` child on a fresh data dir (killed if dropped).
+struct Appliance {
+    child: tokio::process::Child,
+    dir: crate::datadir::DataDir,
+    listen: SocketAddr,
+}
+
+/// The bound on any single wait of the bench.
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+impl Appliance {
+    async fn up(exe: &Path, dir: &Path, logs: &Path) -> anyhow::Result<Appliance> {
+        let stderr = std::fs::File::create(logs.join("cotald-up.stderr"))?;
+        let mut child = tokio::process::Command::new(exe)
+            .args(["up", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting `cotald up`")?;
+        let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
+        let ready = tokio::time::timeout(TIMEOUT, async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.contains("cotald is ready") {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        if !matches!(ready, Ok(true)) {
+            let log = std::fs::read_to_string(logs.join("cotald-up.stderr")).unwrap_or_default();
+            bail!("the appliance under test did not become ready:\n{log}");
+        }
+        // Keep reading stdout so that the appliance never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let dir = crate::datadir::DataDir::new(dir);
+        let state = dir.read_state()?.context("no state.json while running")?;
+        Ok(Appliance {
+            child,
+            dir,
+            listen: state.listen,
+        })
+    }
+
+    async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            // SAFETY: a plain signal to our own child.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        }
+        if tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+/// An identity minted for the bench.
+struct Minted {
+    id: String,
+    creds: String,
+    link: JoinLink,
+}
+
+/// What every case uses: the appliance, its CA, the operator's raw connection.
+struct Bench {
+    dir: crate::datadir::DataDir,
+    listen: SocketAddr,
+    ca: PathBuf,
+    /// The machine operator (unrestricted in the space): the raw baseline's identity.
+    operator: Minted,
+    raw: async_nats::Client,
+}
+
+/// The space every case runs in.
+const SPACE: &str = "main";
+
+impl Bench {
+    async fn new(appliance: &Appliance) -> anyhow::Result<Bench> {
+        let dir = appliance.dir.clone();
+        let creds = std::fs::read_to_string(dir.operator_creds(SPACE))?;
+        let id = crate::binding::Creds::parse(&creds)?.public_key()?;
+        let link = JoinLink::parse(&format!("cotals://{}/{SPACE}", appliance.listen))?;
+        let ca = dir.ca_cert();
+        let operator = Minted { id, creds, link };
+        let raw = raw_connect(&operator, appliance.listen, &ca).await?;
+        Ok(Bench {
+            dir,
+            listen: appliance.listen,
+            ca,
+            operator,
+            raw,
+        })
+    }
+
+    async fn close(self) {
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.raw.drain()).await;
+    }
+
+    /// Mints `name` with the grants `args` (the JSON fields of a mint request).
+    async fn mint(&self, name: &str, grants: serde_json::Value) -> anyhow::Result<Minted> {
+        let mut request = serde_json::json!({"name": name, "space": SPACE});
+        if let (Some(req), Some(grants)) = (request.as_object_mut(), grants.as_object()) {
+            req.extend(grants.clone());
+        }
+        let request = Request::Mint(serde_json::from_value(request)?);
+        let reply = admin::call(&self.dir, &request)
+            .await?
+            .context("the appliance under test stopped")?;
+        let reply: MintReply = serde_json::from_value(reply)?;
+        Ok(Minted {
+            id: reply.record.id,
+            creds: reply.creds,
+            link: JoinLink::parse(&reply.link)?,
+        })
+    }
+
+    /// A client endpoint of `m`; `tweak` adjusts the options.
+    async fn connect(
+        &self,
+        m: &Minted,
+        tweak: impl FnOnce(&mut ConnectOptions),
+    ) -> anyhow::Result<Connection> {
+        let mut opts = ConnectOptions::new(m.link.clone(), m.creds.clone());
+        opts.ca = Some(self.ca.clone());
+        tweak(&mut opts);
+        Ok(bounded("connect", Client::connect(opts)).await??)
+    }
+
+    /// A sender's endpoint: no presence, no DMs, no backstop.
+    async fn sender(&self, m: &Minted) -> anyhow::Result<Connection> {
+        self.connect(m, |o| {
+            o.presence = false;
+            o.receive_backstop = false;
+            o.receive_dms = false;
+        })
+        .await
+    }
+
+    /// A raw async-nats connection with `m`'s credential.
+    async fn raw_as(&self, m: &Minted) -> anyhow::Result<async_nats::Client> {
+        raw_connect(m, self.listen, &self.ca).await
+    }
+}
+
+/// A plain async-nats connection with `m`'s credential (TLS, the appliance's CA, the inbox
+/// prefix its grants allow).
+async fn raw_connect(
+    m: &Minted,
+    listen: SocketAddr,
+    ca: &Path,
+) -> anyhow::Result<async_nats::Client> {
+    let options = async_nats::ConnectOptions::with_credentials(&m.creds)?
+        .custom_inbox_prefix(format!("_INBOX_{}", m.id))
+        .add_root_certificates(ca.to_owned())
+        .require_tls(true);
+    Ok(bounded("raw connect", options.connect(format!("tls://{listen}"))).await??)
+}
+
+/// `fut`, or an error naming `what` after [`TIMEOUT`].
+async fn bounded<T>(what: &str, fut: impl std::future::Future<Output = T>) -> anyhow::Result<T> {
+    tokio::time::timeout(TIMEOUT, fut)
+        .await
+        .map_err(|_| anyhow::anyhow!("{what}: not done within {}s", TIMEOUT.as_secs()))
+}
