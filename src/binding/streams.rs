@@ -17,6 +17,14 @@ pub const PRESENCE_TTL: Duration = Duration::from_millis(6000);
 pub const ACK_WAIT: Duration = Duration::from_millis(60_000);
 /// The membership feed's size cap.
 pub const MEMBERSHIP_MAX_BYTES: i64 = 64 << 20;
+/// DM keeps at most this many messages per subject, i.e. per (target, sender) pair; one more is
+/// refused to its sender (`discard_new_per_subject`), never evicting the pair's older DMs nor
+/// anyone else's. The trusted warden trims the DMs a target has already read from a pair that
+/// fills up, so the bound is on what waits unread.
+pub const DM_MAX_MSGS_PER_PAIR: i64 = 256;
+/// TASK keeps at most this many unconsumed tasks per subject, i.e. per (role, sender) pair;
+/// one more is refused to its sender (work queue: a consumed task is gone).
+pub const TASK_MAX_MSGS_PER_PAIR: i64 = 256;
 
 /// Size and age limits of one stream; zero means unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -75,8 +83,18 @@ pub fn chat(n: &SpaceNames, r: &Retention) -> Config {
     c
 }
 
+/// The fairness bounds of a stream one sender writes for others (DM, TASK): a full pair or a
+/// full stream refuses the new message to its sender instead of evicting an older,
+/// acknowledged one (which may be someone else's).
+fn refuse_new(config: &mut Config, per_pair: i64) {
+    config.discard = DiscardPolicy::New;
+    config.discard_new_per_subject = true;
+    config.max_messages_per_subject = per_pair;
+}
+
 /// `DM_<space>`: file, limits retention from the profile, no Direct Get (§8: it would bypass
-/// the consumer-create deny that keeps DMs confidential).
+/// the consumer-create deny that keeps DMs confidential); at most [`DM_MAX_MSGS_PER_PAIR`] per
+/// (target, sender), and nothing acknowledged is ever evicted by someone else's DMs.
 pub fn dm(n: &SpaceNames, r: &Retention) -> Config {
     let mut c = base(
         n.dm_stream(),
@@ -84,10 +102,12 @@ pub fn dm(n: &SpaceNames, r: &Retention) -> Config {
         RetentionPolicy::Limits,
     );
     limits(&mut c, r.dm);
+    refuse_new(&mut c, DM_MAX_MSGS_PER_PAIR);
     c
 }
 
-/// `TASK_<space>`: file, work queue, no Direct Get.
+/// `TASK_<space>`: file, work queue, no Direct Get; at most [`TASK_MAX_MSGS_PER_PAIR`]
+/// unconsumed tasks per (role, sender).
 pub fn task(n: &SpaceNames, r: &Retention) -> Config {
     let mut c = base(
         n.task_stream(),
@@ -95,6 +115,21 @@ pub fn task(n: &SpaceNames, r: &Retention) -> Config {
         RetentionPolicy::WorkQueue,
     );
     limits(&mut c, r.task);
+    refuse_new(&mut c, TASK_MAX_MSGS_PER_PAIR);
+    c
+}
+
+/// The fields [`refuse_new`] sets, by their names in [`Drift`]: the bootstrap applies them to
+/// an existing DM or TASK stream made before them (they only narrow what a sender may store).
+pub const FAIRNESS_FIELDS: [&str; 3] =
+    ["discard", "discard_new_per_subject", "max_msgs_per_subject"];
+
+/// `existing` with the fairness bounds of `expected` (the rest of `existing` kept as it is).
+pub fn with_fairness(existing: &Config, expected: &Config) -> Config {
+    let mut c = existing.clone();
+    c.discard = expected.discard;
+    c.discard_new_per_subject = expected.discard_new_per_subject;
+    c.max_messages_per_subject = expected.max_messages_per_subject;
     c
 }
 
@@ -237,6 +272,7 @@ pub fn drift(expected: &Config, actual: &Config) -> Vec<Drift> {
         retention => "retention",
         storage => "storage",
         discard => "discard",
+        discard_new_per_subject => "discard_new_per_subject",
         max_messages_per_subject => "max_msgs_per_subject",
         max_messages => "max_msgs",
         max_bytes => "max_bytes",
@@ -293,6 +329,16 @@ mod tests {
         for c in [dm(&n, &r), task(&n, &r), backstop(&n, &r)] {
             assert!(!c.allow_direct, "{}: no Direct Get", c.name);
             assert_eq!(c.storage, StorageType::File);
+        }
+        for c in [dm(&n, &r), task(&n, &r)] {
+            assert_eq!(
+                c.discard,
+                DiscardPolicy::New,
+                "{}: refuse, never evict",
+                c.name
+            );
+            assert!(c.discard_new_per_subject, "{}", c.name);
+            assert_eq!(c.max_messages_per_subject, 256, "{}", c.name);
         }
         assert_eq!(task(&n, &r).retention, RetentionPolicy::WorkQueue);
         assert_eq!(presence_bucket(&n).max_age, Duration::from_millis(6000));

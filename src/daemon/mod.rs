@@ -49,6 +49,7 @@ use crate::services::members::Members;
 use crate::services::membership::{BrokerView, MembershipFeed};
 use crate::services::mentions::Mentions;
 use crate::services::presence::{PresenceView, PresenceWatch};
+use crate::services::warden::Warden;
 use crate::services::{ServiceSet, ServiceStatus};
 use crate::space::store::{self, StoreError};
 use crate::space::{Identities, MintError, Space, SpaceError};
@@ -502,6 +503,10 @@ impl Core {
                     identities.clone(),
                     presence.clone(),
                 )))
+                .await
+                .map_err(|e| service_error(name, e))?;
+            services
+                .start(Arc::new(Warden::new(space.clone(), identities.clone())))
                 .await
                 .map_err(|e| service_error(name, e))?;
             services

@@ -5,5 +5,6 @@ mod acl;
 mod appliance;
 mod client;
 mod durable;
+mod fairness;
 mod helper;
 mod space;
