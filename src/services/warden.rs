@@ -19,6 +19,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::time::Instant;
 
 use async_nats::jetstream::consumer::{Consumer, pull};
 use futures_util::StreamExt;
@@ -36,6 +37,8 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 const PURGE_BATCH: Duration = Duration::from_millis(50);
 /// A pair is trimmed of read DMs once it holds this many.
 const TRIM_AT: i64 = DM_MAX_MSGS_PER_PAIR / 2;
+/// A pair that stays full (its target reads nothing) is trimmed at most this often.
+const TRIM_EVERY: Duration = Duration::from_secs(1);
 
 /// The warden of one space.
 pub struct Warden {
@@ -156,8 +159,9 @@ impl Warden {
         }
     }
 
-    /// Removes the DMs of `subject` that `target` has already read.
-    async fn trim(&self, target: &str, subject: &str) {
+    /// Removes the DMs of `subject` that `target` has already read; returns how many the pair
+    /// still holds (None when that could not be read).
+    async fn trim(&self, target: &str, subject: &str) -> Option<i64> {
         let trimmed = async {
             let stream = self
                 .space
@@ -167,21 +171,41 @@ impl Warden {
             let mut consumer: Consumer<pull::Config> =
                 stream.get_consumer(&dm_durable(target)).await?;
             let floor = consumer.info().await?.ack_floor.stream_sequence;
-            if floor == 0 {
-                return Ok(0);
+            let purged = match floor {
+                0 => 0,
+                floor => {
+                    stream
+                        .purge()
+                        .filter(subject)
+                        .sequence(floor + 1)
+                        .await?
+                        .purged
+                }
+            };
+            let mut held = 0;
+            let mut subjects = stream.info_with_subjects(subject).await?;
+            while let Some(entry) = subjects.next().await {
+                held += entry?.1 as i64;
             }
-            let r = stream.purge().filter(subject).sequence(floor + 1).await?;
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(r.purged)
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>((purged, held))
         };
         match trimmed.await {
-            Ok(0) => {}
-            Ok(n) => tracing::debug!(
-                space = self.space.name(),
-                subject,
-                trimmed = n,
-                "read DMs trimmed from a full pair"
-            ),
-            Err(e) => tracing::warn!(space = self.space.name(), subject, error = %e, "trim failed"),
+            Ok((purged, held)) => {
+                if purged > 0 {
+                    tracing::debug!(
+                        space = self.space.name(),
+                        subject,
+                        purged,
+                        held,
+                        "read DMs trimmed from a full pair"
+                    );
+                }
+                Some(held)
+            }
+            Err(e) => {
+                tracing::warn!(space = self.space.name(), subject, error = %e, "trim failed");
+                None
+            }
         }
     }
 
@@ -247,7 +271,9 @@ impl Service for Warden {
         self.sweep(&mut addressable).await?;
         ctx.report(Health::Running);
 
-        let mut seen: HashMap<String, i64> = HashMap::new();
+        // Per DM pair: how many it may hold (publishes seen since it was last counted), and
+        // when it was last trimmed.
+        let mut pairs: HashMap<String, (i64, Option<Instant>)> = HashMap::new();
         let mut purges: BTreeSet<String> = BTreeSet::new();
         let mut batch = tokio::time::interval(PURGE_BATCH);
         let mut sweep = tokio::time::interval(SWEEP_INTERVAL);
@@ -264,7 +290,7 @@ impl Service for Warden {
                     continue;
                 }
                 _ = sweep.tick() => {
-                    seen.clear();
+                    pairs.clear();
                     self.sweep(&mut addressable).await?;
                     continue;
                 }
@@ -275,11 +301,13 @@ impl Service for Warden {
                     purges.insert(filter);
                 }
                 Verdict::Pair(target, subject) => {
-                    let count = seen.entry(subject.clone()).or_default();
-                    *count += 1;
-                    if *count >= TRIM_AT {
-                        *count = 0;
-                        self.trim(&target, &subject).await;
+                    let (held, trimmed) = pairs.entry(subject.clone()).or_default();
+                    *held += 1;
+                    if *held >= TRIM_AT && trimmed.is_none_or(|t| t.elapsed() >= TRIM_EVERY) {
+                        *trimmed = Some(Instant::now());
+                        if let Some(now) = self.trim(&target, &subject).await {
+                            *held = now;
+                        }
                     }
                 }
                 Verdict::Keep => {}

@@ -368,3 +368,41 @@ async fn consumer_creates_cannot_stop_anyones_roster() {
     }
     c.stop().await;
 }
+
+#[tokio::test]
+async fn a_full_pair_is_trimmed_of_what_its_target_has_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &[]).await;
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    for i in 0..256 {
+        a.client
+            .send_text(to(&bob.id), &format!("{i}"))
+            .await
+            .unwrap();
+    }
+    let err = a.client.send_text(to(&bob.id), "full").await.unwrap_err();
+    assert!(matches!(err, ClientError::StoreFull { .. }), "{err:?}");
+
+    // Bob reads them all; the pair is trimmed of what he read and Alice can write again.
+    let mut b = endpoint(&bob, |o| o.presence = false).await;
+    for _ in 0..256 {
+        delivery(&mut b.deliveries).await.ack().await.unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let mut refused = 0;
+    let again = loop {
+        match a.client.send_text(to(&bob.id), "again").await {
+            Ok((sent, _)) => break sent,
+            Err(ClientError::StoreFull { .. }) if tokio::time::Instant::now() < deadline => {
+                refused += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    };
+    eprintln!("after Bob read 256: {refused} more refused before the warden trimmed the pair");
+    assert_eq!(delivery(&mut b.deliveries).await.message.id, again.id);
+    c.stop().await;
+}
