@@ -158,6 +158,7 @@ impl SpaceConfig {
                 max_bytes: r.task_max_bytes,
                 max_msgs: 0,
             },
+            store_budget: self.jetstream.max_file_store,
         }
     }
 }

@@ -46,6 +46,40 @@ pub struct Retention {
     pub dm: StreamLimits,
     /// TASK.
     pub task: StreamLimits,
+    /// The space's JetStream file quota (its account limit), which the byte limits of its
+    /// streams must fit together; zero means no quota to fit.
+    pub store_budget: i64,
+}
+
+/// Each of CHAT, the backstop, DM and TASK may hold at most this share of the space's quota,
+/// and the membership feed half of it, so that their reservations together (nats-server
+/// reserves a stream's `max_bytes` in its account) fit the quota with room for the small
+/// buckets: 4/5 + 1/10.
+const STREAM_SHARE: i64 = 5;
+
+impl Retention {
+    /// `l` with its byte limit cut to its share of the quota (an unlimited one gets the share).
+    fn fit(&self, l: StreamLimits) -> StreamLimits {
+        if self.store_budget <= 0 {
+            return l;
+        }
+        let share = self.store_budget / STREAM_SHARE;
+        StreamLimits {
+            max_bytes: match l.max_bytes {
+                0 => share,
+                b => b.min(share),
+            },
+            ..l
+        }
+    }
+
+    /// The membership feed's size cap within the quota.
+    fn membership_bytes(&self) -> i64 {
+        match self.store_budget {
+            b if b > 0 => MEMBERSHIP_MAX_BYTES.min(b / (2 * STREAM_SHARE)),
+            _ => MEMBERSHIP_MAX_BYTES,
+        }
+    }
 }
 
 fn limits(config: &mut Config, l: StreamLimits) {
@@ -79,7 +113,7 @@ pub fn chat(n: &SpaceNames, r: &Retention) -> Config {
     );
     c.max_messages_per_subject = CHAT_MAX_MSGS_PER_SUBJECT;
     c.allow_direct = true;
-    limits(&mut c, r.chat);
+    limits(&mut c, r.fit(r.chat));
     c
 }
 
@@ -101,7 +135,7 @@ pub fn dm(n: &SpaceNames, r: &Retention) -> Config {
         format!("{}.inst.>", n.prefix()),
         RetentionPolicy::Limits,
     );
-    limits(&mut c, r.dm);
+    limits(&mut c, r.fit(r.dm));
     refuse_new(&mut c, DM_MAX_MSGS_PER_PAIR);
     c
 }
@@ -114,7 +148,7 @@ pub fn task(n: &SpaceNames, r: &Retention) -> Config {
         format!("{}.svc.>", n.prefix()),
         RetentionPolicy::WorkQueue,
     );
-    limits(&mut c, r.task);
+    limits(&mut c, r.fit(r.task));
     refuse_new(&mut c, TASK_MAX_MSGS_PER_PAIR);
     c
 }
@@ -141,7 +175,7 @@ pub fn backstop(n: &SpaceNames, r: &Retention) -> Config {
         RetentionPolicy::Limits,
     );
     c.max_messages_per_subject = CHAT_MAX_MSGS_PER_SUBJECT;
-    limits(&mut c, r.chat);
+    limits(&mut c, r.fit(r.chat));
     c
 }
 
@@ -172,13 +206,14 @@ pub fn channels_bucket(n: &SpaceNames) -> Config {
     bucket(n.channels_bucket(), 5, Duration::ZERO, -1)
 }
 
-/// `cotal_membership_<space>`: no TTL, latest value only.
-pub fn membership_bucket(n: &SpaceNames) -> Config {
+/// `cotal_membership_<space>`: no TTL, latest value only, [`MEMBERSHIP_MAX_BYTES`] at most
+/// (less in a small quota).
+pub fn membership_bucket(n: &SpaceNames, r: &Retention) -> Config {
     bucket(
         n.membership_bucket(),
         1,
         Duration::ZERO,
-        MEMBERSHIP_MAX_BYTES,
+        r.membership_bytes(),
     )
 }
 
@@ -196,7 +231,7 @@ pub fn all(n: &SpaceNames, r: &Retention) -> Vec<Config> {
         backstop(n, r),
         presence_bucket(n),
         channels_bucket(n),
-        membership_bucket(n),
+        membership_bucket(n, r),
         members_bucket(n),
     ]
 }
@@ -361,6 +396,40 @@ mod tests {
         assert_eq!(c.max_age, Duration::from_secs(86400));
         assert_eq!(c.max_bytes, 1 << 30);
         assert_eq!(c.max_messages, -1);
+    }
+
+    #[test]
+    fn bounded_streams_fit_the_space_quota_together() {
+        let n = SpaceNames::new("main");
+        let r = Retention {
+            dm: StreamLimits {
+                max_bytes: 1 << 30,
+                ..Default::default()
+            },
+            store_budget: 100 << 20,
+            ..Default::default()
+        };
+        let reserved: i64 = all(&n, &r).iter().map(|c| c.max_bytes.max(0)).sum();
+        assert!(reserved <= r.store_budget, "{reserved}");
+        assert_eq!(dm(&n, &r).max_bytes, 20 << 20);
+        assert_eq!(
+            chat(&n, &r).max_bytes,
+            20 << 20,
+            "an unlimited stream gets its share"
+        );
+        let roomy = Retention {
+            store_budget: 10 << 30,
+            ..r
+        };
+        assert_eq!(
+            dm(&n, &roomy).max_bytes,
+            1 << 30,
+            "the profile's limit when it fits"
+        );
+        assert_eq!(
+            membership_bucket(&n, &roomy).max_bytes,
+            MEMBERSHIP_MAX_BYTES
+        );
     }
 
     #[test]

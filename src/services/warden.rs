@@ -10,7 +10,8 @@
 //!   it with) is purged as soon as it is seen, and so is a task to a role no such agent holds;
 //! - a pair that fills up is trimmed of the DMs its target has already read (below the ack
 //!   floor of `dm_<target>`; DM keeps read messages for history), so the pair bound counts what
-//!   waits unread, not what was said in the retention window.
+//!   waits unread, not what was said in the retention window; and when DM as a whole is nearly
+//!   full, every agent's read DMs are trimmed, so reading frees room without an operator.
 //!
 //! It sees each publish on a core subscription (refused ones too, which is how a full pair is
 //! noticed), and sweeps the streams' subjects when it starts and every [`SWEEP_INTERVAL`], which
@@ -37,7 +38,11 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 const PURGE_BATCH: Duration = Duration::from_millis(50);
 /// A pair is trimmed of read DMs once it holds this many.
 const TRIM_AT: i64 = DM_MAX_MSGS_PER_PAIR / 2;
-/// A pair that stays full (its target reads nothing) is trimmed at most this often.
+/// When DM holds this share (percent) of its byte limit, every agent's read DMs are trimmed:
+/// a full store drops what has been read before it refuses what has not.
+const FULL_PERCENT: u64 = 90;
+/// A pair that stays full (its target reads nothing) is trimmed at most this often, and DM is
+/// checked for being nearly full at most this often.
 const TRIM_EVERY: Duration = Duration::from_secs(1);
 
 /// The warden of one space.
@@ -209,6 +214,29 @@ impl Warden {
         }
     }
 
+    /// Whether DM holds [`FULL_PERCENT`] of its byte limit or more.
+    async fn dm_nearly_full(&self) -> bool {
+        let info = async {
+            let mut stream = self
+                .space
+                .jetstream()
+                .get_stream(self.space.names().dm_stream())
+                .await?;
+            let info = stream.info().await?;
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>((
+                info.state.bytes,
+                info.config.max_bytes,
+            ))
+        };
+        match info.await {
+            Ok((bytes, max)) => max > 0 && bytes * 100 >= max as u64 * FULL_PERCENT,
+            Err(e) => {
+                tracing::warn!(space = self.space.name(), error = %e, "DM not read");
+                false
+            }
+        }
+    }
+
     /// Checks every stored DM and task subject: purges the unaddressable, trims full pairs.
     async fn sweep(&self, addressable: &mut Addressable) -> Result<(), ServiceError> {
         addressable.refresh(&self.identities);
@@ -271,6 +299,8 @@ impl Service for Warden {
         self.sweep(&mut addressable).await?;
         ctx.report(Health::Running);
 
+        // When DM was last checked for being nearly full.
+        let mut fullness_checked: Option<Instant> = None;
         // Per DM pair: how many it may hold (publishes seen since it was last counted), and
         // when it was last trimmed.
         let mut pairs: HashMap<String, (i64, Option<Instant>)> = HashMap::new();
@@ -301,6 +331,14 @@ impl Service for Warden {
                     purges.insert(filter);
                 }
                 Verdict::Pair(target, subject) => {
+                    if fullness_checked.is_none_or(|t| t.elapsed() >= TRIM_EVERY) {
+                        fullness_checked = Some(Instant::now());
+                        if self.dm_nearly_full().await {
+                            for agent in &addressable.agents {
+                                self.trim(agent, &format!("{prefix}.inst.{agent}.*")).await;
+                            }
+                        }
+                    }
                     let (held, trimmed) = pairs.entry(subject.clone()).or_default();
                     *held += 1;
                     if *held >= TRIM_AT && trimmed.is_none_or(|t| t.elapsed() >= TRIM_EVERY) {

@@ -406,3 +406,148 @@ async fn a_full_pair_is_trimmed_of_what_its_target_has_read() {
     assert_eq!(delivery(&mut b.deliveries).await.message.id, again.id);
     c.stop().await;
 }
+
+/// A 256 MiB tmpfs on a fresh directory, unmounted when dropped.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// Mounts it; `None` (the caller skips, saying so) only when this machine does not permit
+    /// mounting (not root, or a container without the capability). Any other failure panics.
+    fn mount() -> Option<Tmpfs> {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let target = std::ffi::CString::new(dir.path().as_os_str().as_bytes()).unwrap();
+        let fs = c"tmpfs";
+        let data = c"size=256m";
+        // SAFETY: NUL-terminated strings that outlive the call.
+        let rc = unsafe {
+            libc::mount(
+                fs.as_ptr(),
+                target.as_ptr(),
+                fs.as_ptr(),
+                0,
+                data.as_ptr().cast(),
+            )
+        };
+        if rc == 0 {
+            return Some(Tmpfs { dir });
+        }
+        let e = std::io::Error::last_os_error();
+        assert_eq!(
+            e.raw_os_error(),
+            Some(libc::EPERM),
+            "mounting a tmpfs failed for a reason other than permission: {e}"
+        );
+        eprintln!("SKIPPED: this machine does not permit mounting a tmpfs ({e})");
+        None
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let target =
+            std::ffi::CString::new(self.dir.path().as_os_str().to_string_lossy().as_bytes())
+                .unwrap();
+        // SAFETY: a NUL-terminated path we mounted.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+#[tokio::test]
+async fn the_default_profile_fits_a_small_disk_and_degrades_clearly_when_it_fills() {
+    let Some(disk) = Tmpfs::mount() else {
+        return;
+    };
+    let dir = disk.dir.path().join("d");
+    let c = Cotald::up(&dir).await;
+    assert!(c.state().unserved.is_empty(), "{:?}", c.state().unserved);
+
+    // A second space does not fit: said in words.
+    let out = tokio::process::Command::new(crate::helper::cotald_bin())
+        .args(["space", "add", "lab", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        said.contains("space `lab` refused: the JetStream storage budget of this disk is used up"),
+        "{said}"
+    );
+    eprintln!("space add on a full budget: {}", said.trim());
+
+    let mallory = mint(&dir, "mallory", "main", &[]).await;
+    let bob = mint(&dir, "bob", "main", &[]).await;
+    let carol = mint(&dir, "carol", "main", &["--allow-publish", "general"]).await;
+    let cc = endpoint(&carol, |o| o.presence = false).await;
+    let (kept, _) = cc.client.send_text(to(&bob.id), "keep me").await.unwrap();
+
+    // Mallory fills DM with 512 KiB DMs to Bob, who is offline, until DM refuses.
+    let (_m, js) = raw(&c, &mallory).await;
+    let pair = format!("cotal.main.inst.{}.{}", bob.id, mallory.id);
+    let (stored, refused, why) = flood(&js, 200, 512 << 10, |_| pair.clone()).await;
+    let mut op = operator(&c).await;
+    let (_, dm_msgs, dm_bytes) = held(&mut op, "DM_main", ">").await;
+    eprintln!(
+        "filling DM: {stored} × 512 KiB stored, {refused} refused ({why:?}); DM holds \
+         {dm_msgs} messages, {dm_bytes} bytes"
+    );
+    assert!(refused > 0, "DM is bounded by its share of the quota");
+
+    // Clear to the sender, and the rest of the space still works.
+    let big = "x".repeat(512 << 10);
+    let err = cc.client.send_text(to(&bob.id), &big).await.unwrap_err();
+    assert!(err.to_string().contains("is full"), "{err}");
+    cc.client
+        .send_text(
+            Routing::channel(&cotald::protocol::Channel::new("general").unwrap()),
+            "chat still works",
+        )
+        .await
+        .unwrap();
+    let status = tokio::process::Command::new(crate::helper::cotald_bin())
+        .args(["status", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .await
+        .unwrap();
+    assert!(status.status.success(), "the appliance stays healthy");
+
+    // Bob reads; what he read is trimmed and Carol can send again, with no operator.
+    let mut b = endpoint(&bob, |o| o.presence = false).await;
+    let first = delivery(&mut b.deliveries).await;
+    assert_eq!(first.message.id, kept.id, "Carol's DM survived the flood");
+    first.ack().await.unwrap();
+    // Mallory's junk is not JSON: Bob's client terminates it (which the ack floor counts).
+    let consumer = format!("$JS.API.CONSUMER.INFO.DM_main.dm_{}", bob.id);
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let info = op.request(&consumer, json!({})).await;
+        if info["num_pending"] == 0 && info["num_ack_pending"] == 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{info}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let again = loop {
+        match cc.client.send_text(to(&bob.id), &big).await {
+            Ok((sent, _)) => break sent,
+            Err(ClientError::StoreFull { .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    };
+    assert_eq!(delivery(&mut b.deliveries).await.message.id, again.id);
+    drop(b);
+    c.stop().await;
+
+    // What JetStream stores counts in the budget: the next start still serves `main`.
+    let c = Cotald::up(&dir).await;
+    assert!(c.state().unserved.is_empty(), "{:?}", c.state().unserved);
+    c.stop().await;
+}
