@@ -7,7 +7,8 @@
 //! many pairs a sender opens: Appendix B lets an agent publish `inst.<anything>.<id>` and
 //! `svc.<anything>.<id>`, and a target that does not exist never reads. The warden closes that:
 //! - a DM to a target that is no minted, unrevoked agent (only agents have a `dm_<id>` to read
-//!   it with) is purged as soon as it is seen, and so is a task to a role no such agent holds;
+//!   it with) is purged as soon as it is seen (a flood to one such target, once per
+//!   [`PURGE_BATCH`]), and so is a task to a role no such agent holds;
 //! - a pair that fills up is trimmed of the DMs its target has already read (below the ack
 //!   floor of `dm_<target>`; DM keeps read messages for history), so the pair bound counts what
 //!   waits unread, not what was said in the retention window; and when DM as a whole is nearly
@@ -34,7 +35,8 @@ use crate::space::{Identities, Space};
 /// How often every DM and TASK subject is checked (and full pairs trimmed) besides the live
 /// checks.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
-/// How long purges are gathered before they are sent (a flood becomes one purge per target).
+/// A target's first unreadable message is purged at once; more to the same target within this
+/// window are purged together at its end (a flood to one target is one purge per window).
 const PURGE_BATCH: Duration = Duration::from_millis(50);
 /// A pair is trimmed of read DMs once it holds this many.
 const TRIM_AT: i64 = DM_MAX_MSGS_PER_PAIR / 2;
@@ -304,6 +306,8 @@ impl Service for Warden {
         // Per DM pair: how many it may hold (publishes seen since it was last counted), and
         // when it was last trimmed.
         let mut pairs: HashMap<String, (i64, Option<Instant>)> = HashMap::new();
+        // Purged within the current window, and waiting for its end.
+        let mut recent: BTreeSet<String> = BTreeSet::new();
         let mut purges: BTreeSet<String> = BTreeSet::new();
         let mut batch = tokio::time::interval(PURGE_BATCH);
         let mut sweep = tokio::time::interval(SWEEP_INTERVAL);
@@ -314,8 +318,9 @@ impl Service for Warden {
                 msg = dms.next() => msg.ok_or_else(|| ServiceError::msg("the DM subscription ended"))?.subject,
                 msg = tasks.next() => msg.ok_or_else(|| ServiceError::msg("the task subscription ended"))?.subject,
                 _ = batch.tick() => {
-                    for filter in std::mem::take(&mut purges) {
-                        self.purge(&filter).await;
+                    recent = std::mem::take(&mut purges);
+                    for filter in &recent {
+                        self.purge(filter).await;
                     }
                     continue;
                 }
@@ -327,8 +332,12 @@ impl Service for Warden {
             };
             addressable.refresh(&self.identities);
             match judge(&prefix, subject.as_str(), &addressable) {
-                Verdict::Purge(filter) => {
+                Verdict::Purge(filter) if recent.contains(&filter) => {
                     purges.insert(filter);
+                }
+                Verdict::Purge(filter) => {
+                    self.purge(&filter).await;
+                    recent.insert(filter);
                 }
                 Verdict::Pair(target, subject) => {
                     if fullness_checked.is_none_or(|t| t.elapsed() >= TRIM_EVERY) {
