@@ -19,8 +19,8 @@
 //! | [`space`] | a served space: provisioner connection, bootstrap, minted identities | §7, §8, App. B |
 //! | [`supervisor`] | the child nats-server: install, config, spawn, readiness, restart, stop | §8 |
 //! | [`client`] | the conformant endpoint: connect, presence, join/replay/dedup, DM, anycast, control | §2, §4–§8, §10, §12 |
-//! | [`services`] | the in-process services and the one way they run: manager, trusted backstop reader, mention router, membership feed, presence view | §4–§9 |
-//! | [`daemon`] | the appliance: startup phases, account push, the admin socket, teardown | §9 |
+//! | [`services`] | the in-process services and the one way they run: manager, trusted backstop reader, mention router, membership feed, presence view, the warden of DM and TASK | §4–§9 |
+//! | [`daemon`] | the appliance: startup phases, the storage budget, account push, the admin socket, teardown | §9 |
 //! | [`cli`] | the `cotald` subcommands | |
 //!
 //! The `cotald` executable (`src/main.rs`) is the only artefact that embeds the bundled

@@ -158,12 +158,14 @@ impl SpaceConfig {
                 max_bytes: r.task_max_bytes,
                 max_msgs: 0,
             },
+            store_budget: self.jetstream.max_file_store,
         }
     }
 }
 
 /// Stream retention of a space. Ages use the `replayWindow` syntax (`90s`, `12h`, `30d`);
-/// sizes are bytes or `K`/`M`/`G`/`T` multiples; 0 or absent means unlimited.
+/// sizes are bytes or `K`/`M`/`G`/`T` multiples; 0 means unlimited. DM and TASK are bounded
+/// unless set (30 days / 7 days, 1 GiB each), so neither can take the space's whole storage.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetentionConfig {
@@ -182,11 +184,12 @@ pub struct RetentionConfig {
     /// DM: total messages.
     #[serde(default)]
     pub dm_max_msgs: i64,
-    /// TASK: oldest unconsumed work item kept.
-    #[serde(default)]
+    /// TASK: oldest unconsumed work item kept (7 days unless set: a task to a role nobody
+    /// serves expires).
+    #[serde(default = "default_task_age")]
     pub task_max_age: Option<ReplayWindow>,
-    /// TASK: total bytes.
-    #[serde(default, deserialize_with = "de_size")]
+    /// TASK: total bytes (1 GiB unless set: tasks cannot take the space's whole storage).
+    #[serde(default = "default_task_bytes", deserialize_with = "de_size")]
     pub task_max_bytes: i64,
 }
 
@@ -198,8 +201,8 @@ impl Default for RetentionConfig {
             dm_max_age: default_dm_age(),
             dm_max_bytes: default_dm_bytes(),
             dm_max_msgs: 0,
-            task_max_age: None,
-            task_max_bytes: 0,
+            task_max_age: default_task_age(),
+            task_max_bytes: default_task_bytes(),
         }
     }
 }
@@ -209,6 +212,14 @@ fn default_dm_age() -> Option<ReplayWindow> {
 }
 
 fn default_dm_bytes() -> i64 {
+    1 << 30
+}
+
+fn default_task_age() -> Option<ReplayWindow> {
+    ReplayWindow::parse("7d").ok()
+}
+
+fn default_task_bytes() -> i64 {
     1 << 30
 }
 

@@ -8,6 +8,17 @@
 //! - The in-process identities (manager, backstop reader, membership daemon) get what their job
 //!   needs; Appendix B leaves the manager allow-all in v0, which the appliance's own
 //!   provisioning connection is.
+//!
+//! One narrowing and its replacement, so that no agent can stop presence for the others: the
+//! appendix's consumer creates on the presence and channel-registry buckets
+//! (`$JS.API.CONSUMER.CREATE.<KV|CHKV>.>`) take any consumer name, so one agent could create
+//! consumers until the broker's limit and every other roster watch would fail. They are not
+//! granted. The roster needs no consumer: KV updates are ordinary subjects, so it is a core
+//! subscription to `$KV.cotal_presence_<space>.>` plus a snapshot read of each key with
+//! `STREAM.MSG.GET` (the read verb the appendix already grants on CHKV); neither creates state in
+//! the broker. The channel registry is read key by key with `STREAM.MSG.GET` as before. The
+//! agent's remaining consumer create (the pinned `chathist_<id>`) names one consumer per
+//! identity, so it is bounded by the identities minted.
 
 use crate::protocol::{ChannelPattern, InstanceId};
 
@@ -29,6 +40,11 @@ pub struct AgentScope {
 
 fn inbox(id: &InstanceId) -> String {
     format!("_INBOX_{}.>", id.as_str())
+}
+
+/// Every presence update as it is written: the roster's live half (no consumer needed).
+fn presence_updates(n: &SpaceNames) -> String {
+    format!("$KV.{}.>", n.presence_bucket())
 }
 
 /// Both ack-subject forms for one consumer (or, with `consumer = ">"`-style wildcards, many).
@@ -54,7 +70,7 @@ pub fn agent(n: &SpaceNames, scope: &AgentScope) -> UserPermissions {
     let hist = chat_history_consumer(id);
     let dmd = dm_durable(id);
 
-    let mut sub = vec![inbox(&scope.id)];
+    let mut sub = vec![inbox(&scope.id), presence_updates(n)];
     sub.extend(
         scope
             .allow_subscribe
@@ -91,13 +107,9 @@ pub fn agent(n: &SpaceNames, scope: &AgentScope) -> UserPermissions {
     ]);
     publish.extend(acks(&dm, &dmd));
     publish.extend([
-        format!("$JS.API.CONSUMER.CREATE.{kv}.>"),
-        format!("$JS.API.CONSUMER.INFO.{kv}.>"),
-        "$JS.FC.>".to_owned(),
         format!("$KV.{}.{id}", n.presence_bucket()),
+        format!("$JS.API.STREAM.MSG.GET.{kv}"),
         format!("$JS.API.STREAM.MSG.GET.{chkv}"),
-        format!("$JS.API.CONSUMER.CREATE.{chkv}.>"),
-        format!("$JS.API.CONSUMER.INFO.{chkv}.>"),
     ]);
     if let Some(role) = &scope.role {
         let svcd = svc_durable(role);
@@ -148,6 +160,7 @@ fn observer_publish(n: &SpaceNames) -> Vec<String> {
     out.extend([
         format!("$JS.API.CONSUMER.CREATE.{kv}.>"),
         format!("$JS.API.CONSUMER.INFO.{kv}.>"),
+        format!("$JS.API.STREAM.MSG.GET.{kv}"),
         format!("$JS.API.STREAM.MSG.GET.{chkv}"),
         format!("$JS.API.CONSUMER.CREATE.{chkv}.>"),
         format!("$JS.API.CONSUMER.INFO.{chkv}.>"),
@@ -166,7 +179,11 @@ pub fn observer(n: &SpaceNames, id: &InstanceId) -> UserPermissions {
             deny: Vec::new(),
         },
         subscribe: Permission {
-            allow: vec![format!("{}.chat.>", n.prefix()), inbox(id)],
+            allow: vec![
+                format!("{}.chat.>", n.prefix()),
+                inbox(id),
+                presence_updates(n),
+            ],
             deny: Vec::new(),
         },
     }
@@ -192,7 +209,7 @@ pub fn admin(n: &SpaceNames, id: &InstanceId) -> UserPermissions {
             deny: Vec::new(),
         },
         subscribe: Permission {
-            allow: vec![format!("{}.>", n.prefix()), inbox(id)],
+            allow: vec![format!("{}.>", n.prefix()), inbox(id), presence_updates(n)],
             deny: Vec::new(),
         },
     }
@@ -244,10 +261,11 @@ mod tests {
         assert!(has(sub, &format!("_INBOX_{ALICE}.>")));
         assert!(has(sub, "cotal.main.chat.*.general"));
         assert!(has(sub, "cotal.main.chat.*.team.>"));
+        assert!(has(sub, "$KV.cotal_presence_main.>"));
         assert_eq!(
             sub.len(),
-            3,
-            "inbox and the read ACL, nothing else: {sub:?}"
+            4,
+            "inbox, presence updates and the read ACL, nothing else: {sub:?}"
         );
         let publish = &p.publish.allow;
         assert!(has(publish, &format!("cotal.main.chat.{ALICE}.general")));
@@ -269,6 +287,14 @@ mod tests {
         ));
         assert!(has(publish, &format!("$KV.cotal_presence_main.{ALICE}")));
         assert!(!publish.iter().any(|s| s.contains("DIRECT.GET")));
+        assert!(
+            !publish.iter().any(|s| s.contains("CONSUMER.CREATE.KV_")),
+            "no consumer create on the buckets: {publish:?}"
+        );
+        assert!(has(
+            publish,
+            "$JS.API.STREAM.MSG.GET.KV_cotal_presence_main"
+        ));
         assert!(has(&p.publish.deny, "$JS.API.CONSUMER.CREATE.INBOX_main.>"));
         assert!(has(
             &p.publish.deny,

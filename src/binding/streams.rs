@@ -17,6 +17,15 @@ pub const PRESENCE_TTL: Duration = Duration::from_millis(6000);
 pub const ACK_WAIT: Duration = Duration::from_millis(60_000);
 /// The membership feed's size cap.
 pub const MEMBERSHIP_MAX_BYTES: i64 = 64 << 20;
+/// DM keeps at most this many messages per subject, i.e. per (target, sender) pair; one more is
+/// refused to its sender (`discard_new_per_subject`), never evicting the pair's older DMs nor
+/// anyone else's. The trusted warden trims the DMs a target has already read from a pair that
+/// fills up, so the bound is on what waits unread. As many as CHAT keeps per subject: a pair
+/// that is read as fast as it is written is trimmed once per few hundred DMs, not per DM.
+pub const DM_MAX_MSGS_PER_PAIR: i64 = 1000;
+/// TASK keeps at most this many unconsumed tasks per subject, i.e. per (role, sender) pair;
+/// one more is refused to its sender (work queue: a consumed task is gone).
+pub const TASK_MAX_MSGS_PER_PAIR: i64 = 256;
 
 /// Size and age limits of one stream; zero means unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -38,6 +47,40 @@ pub struct Retention {
     pub dm: StreamLimits,
     /// TASK.
     pub task: StreamLimits,
+    /// The space's JetStream file quota (its account limit), which the byte limits of its
+    /// streams must fit together; zero means no quota to fit.
+    pub store_budget: i64,
+}
+
+/// Each of CHAT, the backstop, DM and TASK may hold at most this share of the space's quota,
+/// and the membership feed half of it, so that their reservations together (nats-server
+/// reserves a stream's `max_bytes` in its account) fit the quota with room for the small
+/// buckets: 4/5 + 1/10.
+const STREAM_SHARE: i64 = 5;
+
+impl Retention {
+    /// `l` with its byte limit cut to its share of the quota (an unlimited one gets the share).
+    fn fit(&self, l: StreamLimits) -> StreamLimits {
+        if self.store_budget <= 0 {
+            return l;
+        }
+        let share = self.store_budget / STREAM_SHARE;
+        StreamLimits {
+            max_bytes: match l.max_bytes {
+                0 => share,
+                b => b.min(share),
+            },
+            ..l
+        }
+    }
+
+    /// The membership feed's size cap within the quota.
+    fn membership_bytes(&self) -> i64 {
+        match self.store_budget {
+            b if b > 0 => MEMBERSHIP_MAX_BYTES.min(b / (2 * STREAM_SHARE)),
+            _ => MEMBERSHIP_MAX_BYTES,
+        }
+    }
 }
 
 fn limits(config: &mut Config, l: StreamLimits) {
@@ -71,30 +114,57 @@ pub fn chat(n: &SpaceNames, r: &Retention) -> Config {
     );
     c.max_messages_per_subject = CHAT_MAX_MSGS_PER_SUBJECT;
     c.allow_direct = true;
-    limits(&mut c, r.chat);
+    limits(&mut c, r.fit(r.chat));
     c
 }
 
+/// The fairness bounds of a stream one sender writes for others (DM, TASK): a full pair or a
+/// full stream refuses the new message to its sender instead of evicting an older,
+/// acknowledged one (which may be someone else's).
+fn refuse_new(config: &mut Config, per_pair: i64) {
+    config.discard = DiscardPolicy::New;
+    config.discard_new_per_subject = true;
+    config.max_messages_per_subject = per_pair;
+}
+
 /// `DM_<space>`: file, limits retention from the profile, no Direct Get (§8: it would bypass
-/// the consumer-create deny that keeps DMs confidential).
+/// the consumer-create deny that keeps DMs confidential); at most [`DM_MAX_MSGS_PER_PAIR`] per
+/// (target, sender), and nothing acknowledged is ever evicted by someone else's DMs.
 pub fn dm(n: &SpaceNames, r: &Retention) -> Config {
     let mut c = base(
         n.dm_stream(),
         format!("{}.inst.>", n.prefix()),
         RetentionPolicy::Limits,
     );
-    limits(&mut c, r.dm);
+    limits(&mut c, r.fit(r.dm));
+    refuse_new(&mut c, DM_MAX_MSGS_PER_PAIR);
     c
 }
 
-/// `TASK_<space>`: file, work queue, no Direct Get.
+/// `TASK_<space>`: file, work queue, no Direct Get; at most [`TASK_MAX_MSGS_PER_PAIR`]
+/// unconsumed tasks per (role, sender).
 pub fn task(n: &SpaceNames, r: &Retention) -> Config {
     let mut c = base(
         n.task_stream(),
         format!("{}.svc.>", n.prefix()),
         RetentionPolicy::WorkQueue,
     );
-    limits(&mut c, r.task);
+    limits(&mut c, r.fit(r.task));
+    refuse_new(&mut c, TASK_MAX_MSGS_PER_PAIR);
+    c
+}
+
+/// The fields [`refuse_new`] sets, by their names in [`Drift`]: the bootstrap applies them to
+/// an existing DM or TASK stream made before them (they only narrow what a sender may store).
+pub const FAIRNESS_FIELDS: [&str; 3] =
+    ["discard", "discard_new_per_subject", "max_msgs_per_subject"];
+
+/// `existing` with the fairness bounds of `expected` (the rest of `existing` kept as it is).
+pub fn with_fairness(existing: &Config, expected: &Config) -> Config {
+    let mut c = existing.clone();
+    c.discard = expected.discard;
+    c.discard_new_per_subject = expected.discard_new_per_subject;
+    c.max_messages_per_subject = expected.max_messages_per_subject;
     c
 }
 
@@ -106,7 +176,7 @@ pub fn backstop(n: &SpaceNames, r: &Retention) -> Config {
         RetentionPolicy::Limits,
     );
     c.max_messages_per_subject = CHAT_MAX_MSGS_PER_SUBJECT;
-    limits(&mut c, r.chat);
+    limits(&mut c, r.fit(r.chat));
     c
 }
 
@@ -137,13 +207,14 @@ pub fn channels_bucket(n: &SpaceNames) -> Config {
     bucket(n.channels_bucket(), 5, Duration::ZERO, -1)
 }
 
-/// `cotal_membership_<space>`: no TTL, latest value only.
-pub fn membership_bucket(n: &SpaceNames) -> Config {
+/// `cotal_membership_<space>`: no TTL, latest value only, [`MEMBERSHIP_MAX_BYTES`] at most
+/// (less in a small quota).
+pub fn membership_bucket(n: &SpaceNames, r: &Retention) -> Config {
     bucket(
         n.membership_bucket(),
         1,
         Duration::ZERO,
-        MEMBERSHIP_MAX_BYTES,
+        r.membership_bytes(),
     )
 }
 
@@ -161,7 +232,7 @@ pub fn all(n: &SpaceNames, r: &Retention) -> Vec<Config> {
         backstop(n, r),
         presence_bucket(n),
         channels_bucket(n),
-        membership_bucket(n),
+        membership_bucket(n, r),
         members_bucket(n),
     ]
 }
@@ -237,6 +308,7 @@ pub fn drift(expected: &Config, actual: &Config) -> Vec<Drift> {
         retention => "retention",
         storage => "storage",
         discard => "discard",
+        discard_new_per_subject => "discard_new_per_subject",
         max_messages_per_subject => "max_msgs_per_subject",
         max_messages => "max_msgs",
         max_bytes => "max_bytes",
@@ -294,6 +366,16 @@ mod tests {
             assert!(!c.allow_direct, "{}: no Direct Get", c.name);
             assert_eq!(c.storage, StorageType::File);
         }
+        for (c, per_pair) in [(dm(&n, &r), 1000), (task(&n, &r), 256)] {
+            assert_eq!(
+                c.discard,
+                DiscardPolicy::New,
+                "{}: refuse, never evict",
+                c.name
+            );
+            assert!(c.discard_new_per_subject, "{}", c.name);
+            assert_eq!(c.max_messages_per_subject, per_pair, "{}", c.name);
+        }
         assert_eq!(task(&n, &r).retention, RetentionPolicy::WorkQueue);
         assert_eq!(presence_bucket(&n).max_age, Duration::from_millis(6000));
         assert_eq!(presence_bucket(&n).subjects, ["$KV.cotal_presence_main.>"]);
@@ -315,6 +397,40 @@ mod tests {
         assert_eq!(c.max_age, Duration::from_secs(86400));
         assert_eq!(c.max_bytes, 1 << 30);
         assert_eq!(c.max_messages, -1);
+    }
+
+    #[test]
+    fn bounded_streams_fit_the_space_quota_together() {
+        let n = SpaceNames::new("main");
+        let r = Retention {
+            dm: StreamLimits {
+                max_bytes: 1 << 30,
+                ..Default::default()
+            },
+            store_budget: 100 << 20,
+            ..Default::default()
+        };
+        let reserved: i64 = all(&n, &r).iter().map(|c| c.max_bytes.max(0)).sum();
+        assert!(reserved <= r.store_budget, "{reserved}");
+        assert_eq!(dm(&n, &r).max_bytes, 20 << 20);
+        assert_eq!(
+            chat(&n, &r).max_bytes,
+            20 << 20,
+            "an unlimited stream gets its share"
+        );
+        let roomy = Retention {
+            store_budget: 10 << 30,
+            ..r
+        };
+        assert_eq!(
+            dm(&n, &roomy).max_bytes,
+            1 << 30,
+            "the profile's limit when it fits"
+        );
+        assert_eq!(
+            membership_bucket(&n, &roomy).max_bytes,
+            MEMBERSHIP_MAX_BYTES
+        );
     }
 
     #[test]

@@ -125,6 +125,18 @@ pub enum ClientError {
         /// The refused subject.
         subject: String,
     },
+    /// The space refused to store a message: one of its bounds is reached. The advice says
+    /// what the sender can do.
+    #[error("{what} was refused: {advice}")]
+    StoreFull {
+        /// What was sent, and to whom.
+        what: String,
+        /// Which bound, and what to do.
+        advice: String,
+        /// What the broker said.
+        #[source]
+        source: BoxError,
+    },
     /// A request got no answer in time.
     #[error("{what}: no answer within {timeout:?}")]
     Timeout {
@@ -186,6 +198,54 @@ pub(crate) fn nats_err<E: Into<BoxError>>(
     move |e| ClientError::Nats {
         action,
         source: e.into(),
+    }
+}
+
+/// A publish the stream did not store: a fairness bound (per pair, or the stream's or the
+/// space's storage) is named with what the sender can do; anything else stays a NATS error.
+fn store_refusal(routing: &Routing, subject: &str, e: impl Into<BoxError>) -> ClientError {
+    let source: BoxError = e.into();
+    let mut said = source.to_string();
+    let mut cause = source.source();
+    while let Some(c) = cause {
+        said.push_str(": ");
+        said.push_str(&c.to_string());
+        cause = c.source();
+    }
+    let what = match routing {
+        Routing::Channel(channel) => format!("the message to channel `{channel}`"),
+        Routing::To(target) => format!("the direct message to {target}"),
+        Routing::ToService(role) => format!("the task for role `{role}`"),
+    };
+    let advice = if said.contains("maximum messages per subject exceeded") {
+        match routing {
+            Routing::To(_) => format!(
+                "{} of your direct messages already wait unread for this recipient; send again once it has read some",
+                crate::binding::streams::DM_MAX_MSGS_PER_PAIR
+            ),
+            Routing::ToService(_) => format!(
+                "{} of your tasks already wait for this role; send again once a worker has taken some",
+                crate::binding::streams::TASK_MAX_MSGS_PER_PAIR
+            ),
+            Routing::Channel(_) => "the channel keeps no more from you".to_owned(),
+        }
+    } else if said.contains("maximum bytes exceeded") || said.contains("maximum messages exceeded")
+    {
+        "the space's store for this kind of message is full; ask its operator to raise the retention limits in the profile, or send again once messages expire or are read"
+            .to_owned()
+    } else if said.contains("resources exceeded") || said.contains("insufficient") {
+        "the space's storage is full; ask its operator to free disk or raise the space's JetStream quota"
+            .to_owned()
+    } else {
+        return ClientError::Nats {
+            action: format!("publish on {subject}"),
+            source,
+        };
+    };
+    ClientError::StoreFull {
+        what,
+        advice,
+        source,
     }
 }
 
@@ -296,6 +356,7 @@ impl Client {
             Routing::To(target) => self.inner.subjects.inst(target, me)?,
             Routing::ToService(role) => self.inner.subjects.svc(role, me)?,
         };
+        let sent_to = routing.clone();
         let message = CotalMessage::new(self.space(), self.endpoint(), routing, parts)
             .with_mentions(mentions);
         let payload = message.to_json().map_err(|source| ClientError::Json {
@@ -315,7 +376,7 @@ impl Client {
                 )
                 .await
                 .map_err(nats_err(format!("publish on {subject}")))?;
-            ack.await.map_err(nats_err(format!("publish on {subject}")))
+            ack.await.map_err(|e| store_refusal(&sent_to, &subject, e))
         };
         let refused = refused_publish(&mut violations, &subject);
         tokio::select! {

@@ -1,17 +1,17 @@
 //! Presence (§6): the heartbeat of our own key and the roster of everyone else's.
 //!
 //! The heartbeat writes only our own key (`card.id`) every 2000 ms and never `offline` while
-//! live; [`Client::close`] writes one final `offline`. The roster watches the presence bucket
-//! through a named single-filter consumer (the create form Appendix B grants), drops records
-//! whose key differs from `card.id`, treats delete/purge and stale `ts` (6000 ms) as offline,
-//! and is rebound after every reconnect (watches do not survive a broker restart). While the
-//! connection is down the roster is marked stale instead of declaring every peer offline.
+//! live; [`Client::close`] writes one final `offline`. The roster is a core subscription to the
+//! presence bucket's subjects plus a snapshot of every key (no consumer: see `binding/acl.rs`
+//! for why agents hold no consumer create on the buckets); it drops records whose key differs
+//! from `card.id`, treats delete/purge and stale `ts` (6000 ms) as offline, and is read again
+//! after every reconnect (the broker may have restarted). While the connection is down the
+//! roster is marked stale instead of declaring every peer offline.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use async_nats::jetstream::consumer::{DeliverPolicy, push};
 use futures_util::StreamExt;
 use tokio::sync::Notify;
 
@@ -352,75 +352,63 @@ pub(crate) async fn start(client: &Client, announce: bool) -> Result<(), ClientE
     Ok(())
 }
 
-/// Watches the presence bucket; rebinds after every reconnect or failure.
+/// Watches the presence bucket; rebinds after every reconnect or failure. The live half is a
+/// core subscription to the bucket's subjects, taken before the snapshot so that nothing written
+/// in between is missed; the snapshot reads the last record of every key. Neither leaves a
+/// consumer in the broker, so no other agent can exhaust what the roster needs.
 async fn watch(client: Client) {
     let bucket = client.inner.names.presence_bucket();
     let roster = client.inner.roster.clone();
     let mut state = client.state();
-    let mut generation = 0u32;
     loop {
-        generation += 1;
-        let consumer = async {
-            let stream = client
+        let bound = async {
+            let updates = client
                 .inner
-                .js
-                .get_stream(crate::binding::SpaceNames::kv_stream(&bucket))
+                .nats
+                .subscribe(format!("$KV.{bucket}.>"))
                 .await
                 .map_err(|e| e.to_string())?;
-            stream
-                .create_consumer(push::OrderedConfig {
-                    name: Some(format!("roster_{}_{generation}", client.inner.id.as_str())),
-                    deliver_subject: client.inner.nats.new_inbox(),
-                    filter_subject: format!("$KV.{bucket}.>"),
-                    deliver_policy: DeliverPolicy::LastPerSubject,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| e.to_string())
+            // The SUB is in effect at the broker before the snapshot is read.
+            client.inner.nats.flush().await.map_err(|e| e.to_string())?;
+            snapshot_roster(&client, &roster, &bucket).await?;
+            Ok::<_, String>(updates)
         };
-        match consumer.await {
-            Ok(consumer) => match (
-                consumer.cached_info().num_pending,
-                consumer.messages().await,
-            ) {
-                (pending, Ok(mut messages)) => {
-                    roster.stale.store(false, Ordering::Relaxed);
-                    if pending == 0 {
-                        roster.mark_loaded();
-                    }
-                    loop {
-                        tokio::select! {
-                            next = messages.next() => match next {
-                                Some(Ok(msg)) => {
-                                    apply(&roster, &bucket, &msg);
-                                    if msg.info().is_ok_and(|i| i.pending == 0) {
-                                        roster.mark_loaded();
-                                    }
-                                }
-                                Some(Err(e)) => tracing::debug!(error = %e, "roster watch error"),
-                                None => break,
-                            },
-                            changed = state.changed() => {
-                                if changed.is_err() {
-                                    return;
-                                }
-                                let now = *state.borrow_and_update();
-                                if now != ConnectionState::Connected {
-                                    roster.stale.store(true, Ordering::Relaxed);
-                                    roster.changed.notify_waiters();
-                                } else {
-                                    // Reconnected: the broker may have restarted; rebind.
-                                    break;
-                                }
+        match bound.await {
+            Ok(mut updates) => {
+                roster.stale.store(false, Ordering::Relaxed);
+                roster.mark_loaded();
+                roster.changed.notify_waiters();
+                loop {
+                    tokio::select! {
+                        next = updates.next() => match next {
+                            Some(msg) => apply(
+                                &roster,
+                                &bucket,
+                                msg.subject.as_str(),
+                                msg.headers.as_ref(),
+                                &msg.payload,
+                            ),
+                            None => break,
+                        },
+                        changed = state.changed() => {
+                            if changed.is_err() {
+                                return;
+                            }
+                            let now = *state.borrow_and_update();
+                            if now != ConnectionState::Connected {
+                                roster.stale.store(true, Ordering::Relaxed);
+                                roster.changed.notify_waiters();
+                            } else {
+                                // Reconnected: the broker may have restarted; read it again.
+                                break;
                             }
                         }
                     }
                 }
-                (_, Err(e)) => tracing::debug!(error = %e, "roster watch not started"),
-            },
-            Err(e) => tracing::debug!(error = %e, "roster consumer not created"),
+            }
+            Err(e) => tracing::debug!(error = %e, "roster not read"),
         }
-        // Wait until connected before rebinding.
+        // Wait until connected before reading again.
         while *state.borrow() != ConnectionState::Connected {
             if state.changed().await.is_err() {
                 return;
@@ -430,21 +418,58 @@ async fn watch(client: Client) {
     }
 }
 
-fn apply(roster: &Roster, bucket: &str, msg: &async_nats::Message) {
+/// Reads the last record of every presence key (`STREAM.INFO` lists the keys,
+/// `STREAM.MSG.GET` reads each).
+async fn snapshot_roster(client: &Client, roster: &Roster, bucket: &str) -> Result<(), String> {
+    let stream = client
+        .inner
+        .js
+        .get_stream(crate::binding::SpaceNames::kv_stream(bucket))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut keys = stream
+        .info_with_subjects(format!("$KV.{bucket}.>"))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut subjects = Vec::new();
+    while let Some(key) = keys.next().await {
+        subjects.push(key.map_err(|e| e.to_string())?.0);
+    }
+    for subject in subjects {
+        match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(msg) => apply(
+                roster,
+                bucket,
+                msg.subject.as_str(),
+                Some(&msg.headers),
+                &msg.payload,
+            ),
+            // Expired between the listing and the read: nothing to show.
+            Err(e) => tracing::debug!(subject, error = %e, "presence key not read"),
+        }
+    }
+    Ok(())
+}
+
+fn apply(
+    roster: &Roster,
+    bucket: &str,
+    subject: &str,
+    headers: Option<&async_nats::HeaderMap>,
+    payload: &[u8],
+) {
     let prefix = format!("$KV.{bucket}.");
-    let Some(key) = msg.subject.as_str().strip_prefix(&prefix) else {
+    let Some(key) = subject.strip_prefix(&prefix) else {
         return;
     };
-    let operation = msg
-        .headers
-        .as_ref()
+    let operation = headers
         .and_then(|h| h.get("KV-Operation"))
         .map(|v| v.as_str().to_owned());
     if matches!(operation.as_deref(), Some("DEL") | Some("PURGE")) {
         roster.apply(key, None);
         return;
     }
-    match accept_presence_record(key, &msg.payload) {
+    match accept_presence_record(key, payload) {
         Ok(presence) => roster.apply(
             key,
             Some(Peer {

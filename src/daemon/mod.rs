@@ -21,6 +21,7 @@
 //! they are served); the operations the admin socket serves are listed in [`crate::ops`].
 
 pub mod admin;
+pub mod budget;
 mod ops;
 mod state;
 
@@ -49,6 +50,7 @@ use crate::services::members::Members;
 use crate::services::membership::{BrokerView, MembershipFeed};
 use crate::services::mentions::Mentions;
 use crate::services::presence::{PresenceView, PresenceWatch};
+use crate::services::warden::Warden;
 use crate::services::{ServiceSet, ServiceStatus};
 use crate::space::store::{self, StoreError};
 use crate::space::{Identities, MintError, Space, SpaceError};
@@ -84,6 +86,9 @@ pub enum DaemonError {
     /// A space.
     #[error(transparent)]
     Space(#[from] SpaceError),
+    /// No storage left on this disk for a space.
+    #[error(transparent)]
+    Budget(#[from] budget::BudgetFull),
     /// The space store in the data dir.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -181,6 +186,10 @@ pub struct Appliance {
 struct Prepared {
     dir: DataDir,
     spaces: BTreeMap<String, SpaceConfig>,
+    /// The spaces of the profile: served first, so they get their storage first.
+    profile_spaces: std::collections::BTreeSet<String>,
+    /// The JetStream store limit the broker runs with.
+    store_limit: i64,
     /// Spaces already known to be unservable (an unreadable record).
     unserved: Vec<UnservedSpace>,
     hostnames: Vec<String>,
@@ -207,6 +216,8 @@ pub(crate) struct Core {
     /// The host:port join links name.
     link_host: String,
     system: async_nats::Client,
+    /// The JetStream storage each space holds.
+    budget: std::sync::Mutex<budget::Budget>,
     pub(crate) spaces: tokio::sync::Mutex<BTreeMap<String, Served>>,
     state: std::sync::Mutex<RuntimeState>,
     /// Cancels every service of the appliance.
@@ -254,6 +265,7 @@ impl Appliance {
         let keys = KeyStore::load_or_create(&dir.keys())?;
         let tls = TlsFiles::ensure(&dir.tls(), &hostnames)?;
         let (mut spaces, mut unserved) = store::runtime_spaces(&dir);
+        let profile_spaces = opts.profile.spaces.keys().cloned().collect();
         for (name, config) in &opts.profile.spaces {
             spaces.insert(name.clone(), config.clone());
             unserved.retain(|u| &u.name != name);
@@ -262,6 +274,16 @@ impl Appliance {
             keys.ensure_space(name)?;
         }
         tracing::info!(spaces = spaces.len(), "phase: provisioned keys and TLS");
+        let store_limit = budget::store_limit(dir.root(), &dir.jetstream()).map_err(|e| {
+            DaemonError::Invalid(format!(
+                "cannot read the free space of {}: {e}",
+                dir.root().display()
+            ))
+        })?;
+        tracing::info!(
+            limit = budget::human(store_limit),
+            "JetStream storage budget: three quarters of the free disk space plus what it stores"
+        );
 
         let spec = BrokerSpec {
             executable,
@@ -277,6 +299,7 @@ impl Appliance {
                 system_account_jwt: keys.system_account_jwt()?,
                 resolver_dir: dir.resolver(),
                 store_dir: dir.jetstream(),
+                max_file_store: store_limit,
                 sync_interval: broker.sync_interval.clone(),
                 tls_cert: tls.server_cert.clone(),
                 tls_key: tls.server_key.clone(),
@@ -290,6 +313,8 @@ impl Appliance {
         let prepared = Prepared {
             dir,
             spaces,
+            profile_spaces,
+            store_limit,
             unserved,
             hostnames,
             ca_cert: tls.ca_cert,
@@ -351,6 +376,8 @@ impl Appliance {
         let Prepared {
             dir,
             spaces,
+            profile_spaces,
+            store_limit,
             unserved,
             hostnames,
             ca_cert,
@@ -375,6 +402,7 @@ impl Appliance {
             local,
             link_host: link_host(status.client, &hostnames),
             system,
+            budget: std::sync::Mutex::new(budget::Budget::new(store_limit)),
             spaces: tokio::sync::Mutex::new(BTreeMap::new()),
             state: std::sync::Mutex::new(RuntimeState {
                 pid: std::process::id(),
@@ -401,7 +429,10 @@ impl Appliance {
         }
         let mut unserved = unserved;
         let mut first_error = None;
-        for (name, config) in spaces {
+        let (first, rest): (Vec<_>, Vec<_>) = spaces
+            .into_iter()
+            .partition(|(name, _)| profile_spaces.contains(name));
+        for (name, config) in first.into_iter().chain(rest) {
             if let Err(e) = core.serve_space(&name, config).await {
                 let reason = crate::ops::error_text(&e);
                 tracing::error!(space = name, reason, "space not served");
@@ -475,7 +506,39 @@ impl Core {
 
     /// Pushes a space's account, connects its provisioner, bootstraps it, provisions its
     /// minted identities and starts its services; then serves it.
-    async fn serve_space(&self, name: &str, config: SpaceConfig) -> Result<SpaceInfo, DaemonError> {
+    async fn serve_space(
+        &self,
+        name: &str,
+        mut config: SpaceConfig,
+    ) -> Result<SpaceInfo, DaemonError> {
+        let wanted = config.jetstream.max_file_store;
+        let granted = self.budget().grant(name, wanted)?;
+        if granted < wanted {
+            tracing::warn!(
+                space = name,
+                wanted = budget::human(wanted),
+                granted = budget::human(granted),
+                "the space's JetStream quota is cut to what is left of the disk's budget"
+            );
+        }
+        config.jetstream.max_file_store = granted;
+        let served = self.serve_granted(name, config).await;
+        if served.is_err() {
+            self.budget().release(name);
+        }
+        served
+    }
+
+    fn budget(&self) -> std::sync::MutexGuard<'_, budget::Budget> {
+        self.budget.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// [`Core::serve_space`] once its storage is granted.
+    async fn serve_granted(
+        &self,
+        name: &str,
+        config: SpaceConfig,
+    ) -> Result<SpaceInfo, DaemonError> {
         let keys = self.keys.ensure_space(name)?;
         let identities = Arc::new(Identities::load(&self.dir, name));
         self.push_account(&keys, &config, &identities).await?;
@@ -526,6 +589,10 @@ impl Core {
                     identities.clone(),
                     presence.clone(),
                 )))
+                .await
+                .map_err(|e| service_error(name, e))?;
+            services
+                .start(Arc::new(Warden::new(space.clone(), identities.clone())))
                 .await
                 .map_err(|e| service_error(name, e))?;
             services

@@ -18,6 +18,7 @@
 //! | [`mentions`] | durable copies of `@mentions` on `live` channels | §4, §5 |
 //! | [`membership`] | the derived membership feed (display only) | §8 |
 //! | [`presence`] | the services' view of who is live (the backstop delivers only to them) | §6 |
+//! | [`warden`] | purges DMs and tasks nobody can read, trims full DM pairs of read messages | §4, §8 |
 //!
 //! [`members`] is the registry the manager writes and the backstop reads (§7 membership).
 
@@ -28,6 +29,7 @@ pub mod members;
 pub mod membership;
 pub mod mentions;
 pub mod presence;
+pub mod warden;
 
 pub use backoff::Backoff;
 

@@ -67,7 +67,24 @@ pub async fn bootstrap(
                         .info()
                         .await
                         .map_err(|e| err("reading", &expected.name, e.to_string()))?;
-                    Ok((None, streams::drift(&expected, &info.config)))
+                    let mut drift = streams::drift(&expected, &info.config);
+                    // DM and TASK made before the fairness bounds get them (they only narrow).
+                    let fair = expected.discard_new_per_subject;
+                    if fair
+                        && drift
+                            .iter()
+                            .any(|d| streams::FAIRNESS_FIELDS.contains(&d.field))
+                    {
+                        js.update_stream(streams::with_fairness(&info.config, &expected))
+                            .await
+                            .map_err(|e| err("bounding", &expected.name, e.to_string()))?;
+                        tracing::info!(
+                            stream = expected.name,
+                            "per-sender bounds applied to an existing stream"
+                        );
+                        drift.retain(|d| !streams::FAIRNESS_FIELDS.contains(&d.field));
+                    }
+                    Ok((None, drift))
                 }
                 Err(e) if is_not_found(&e) => {
                     js.create_stream(expected.clone())

@@ -36,6 +36,8 @@ pub struct ServerConf {
     pub resolver_dir: PathBuf,
     /// The JetStream store directory.
     pub store_dir: PathBuf,
+    /// The most JetStream may store on disk (`max_file_store`), bytes.
+    pub max_file_store: i64,
     /// JetStream fsync interval (`always` or a duration).
     pub sync_interval: String,
     /// TLS server certificate.
@@ -102,8 +104,9 @@ impl ServerConf {
         );
         let _ = writeln!(
             out,
-            "jetstream: {{\n  store_dir: {}\n  domain: \"cotald\"\n  sync_interval: {}\n}}",
+            "jetstream: {{\n  store_dir: {}\n  max_file_store: {}\n  domain: \"cotald\"\n  sync_interval: {}\n}}",
             quote_path(&self.store_dir),
+            self.max_file_store,
             quote(&self.sync_interval)
         );
         let _ = writeln!(
@@ -142,6 +145,7 @@ mod tests {
             system_account_jwt: "sys.jwt".into(),
             resolver_dir: "/d/jwt".into(),
             store_dir: "/d/my \"js\"".into(),
+            max_file_store: 186_000_000,
             sync_interval: "1s".into(),
             tls_cert: "/d/tls/server.pem".into(),
             tls_key: "/d/tls/server.key".into(),
@@ -159,6 +163,7 @@ mod tests {
             "ASYS: \"sys.jwt\"",
             "store_dir: \"/d/my \\\"js\\\"\"",
             "sync_interval: \"1s\"",
+            "max_file_store: 186000000\n",
             "key_file: \"/d/tls/server.key\"",
             "max_control_line: 262144",
         ] {

@@ -566,17 +566,23 @@ async fn forged_expired_and_spliced_credentials_are_refused() {
 }
 
 /// nats-server does not check a push consumer's `deliver_subject` against its creator's publish
-/// permissions, and Appendix B grants agents consumer creates on the presence and registry
-/// buckets (and the pinned CHAT history create). An agent can thus have JetStream deliver bytes
-/// it wrote to any subject's subscribers. The delivered message keeps its *stored* subject (the
-/// attacker's own key), which a receiver deriving sender and kind from the subject (§3, §4)
-/// rejects; a subscriber restricted to `chat.*.<ch>` is not even sent it (seen with 2.15.1).
-/// It is never surfaced as a message from the victim.
+/// permissions. The consumer creates Appendix B lists on the presence and registry buckets are
+/// not granted (`binding/acl.rs`), so an agent cannot use its own presence key; what remains is
+/// the pinned CHAT history create, and the broker refuses a delivery from CHAT into a chat
+/// subject (a cycle). The forged message the attacker stores on its own subject reaches Bob live
+/// and is rejected there: a receiver derives the sender from the subject (§3, §4). Nothing is
+/// surfaced as a message from the victim.
 #[tokio::test]
 async fn deliver_subject_injection_is_rejected_by_the_receiver() {
     let tmp = tempfile::tempdir().unwrap();
     let c = Cotald::up(tmp.path()).await;
-    let mallory = mint(tmp.path(), "mallory", "main", &[]).await;
+    let mallory = mint(
+        tmp.path(),
+        "mallory",
+        "main",
+        &["--subscribe", "general", "--allow-publish", "general"],
+    )
+    .await;
     let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
     let mut b = crate::helper::endpoint(&bob, |o| o.presence = false).await;
     b.client
@@ -585,34 +591,47 @@ async fn deliver_subject_injection_is_rejected_by_the_receiver() {
         .unwrap();
     let mut m = Probe::connect(&c, &mallory.creds).await;
 
+    let target = format!("cotal.main.chat.{}.general", bob.id);
+    let own_key = format!("$KV.cotal_presence_main.{}", mallory.id);
+    m.denied_request(
+        &format!("$JS.API.CONSUMER.CREATE.KV_cotal_presence_main.inject.{own_key}"),
+        json!({"stream_name": "KV_cotal_presence_main", "config": {
+            "name": "inject", "filter_subject": own_key, "deliver_subject": target,
+            "ack_policy": "none", "deliver_policy": "all"}}),
+    )
+    .await;
+
     let forged = json!({
         "id": cotald::protocol::new_message_id(), "ts": 1, "space": "main",
         "from": {"id": bob.id, "name": "bob"}, "channel": "general",
         "parts": [{"kind": "text", "text": "forged"}],
     });
-    let own_key = format!("$KV.cotal_presence_main.{}", mallory.id);
     async_nats::jetstream::new(m.client.clone())
-        .publish(own_key.clone(), forged.to_string().into())
+        .publish(
+            format!("cotal.main.chat.{}.general", mallory.id),
+            forged.to_string().into(),
+        )
         .await
         .unwrap()
         .await
         .unwrap();
-    let target = format!("cotal.main.chat.{}.general", bob.id);
-    let body = json!({"stream_name": "KV_cotal_presence_main", "config": {
-        "name": "inject", "filter_subject": own_key, "deliver_subject": target,
+    let filter = "cotal.main.chat.*.general";
+    let history = format!("chathist_{}", mallory.id);
+    let body = json!({"stream_name": "CHAT_main", "config": {
+        "name": history, "filter_subject": filter, "deliver_subject": target,
         "ack_policy": "none", "deliver_policy": "all"}});
     let reply = m
         .request(
-            &format!("$JS.API.CONSUMER.CREATE.KV_cotal_presence_main.inject.{own_key}"),
+            &format!("$JS.API.CONSUMER.CREATE.CHAT_main.{history}.{filter}"),
             body,
         )
         .await;
-    assert!(
-        reply.get("error").is_none(),
-        "the broker accepts the consumer: {reply}"
+    assert_eq!(
+        reply["error"]["err_code"], 10081,
+        "the broker refuses a delivery into the stream the consumer reads: {reply}"
     );
-    // The injected copy carries the attacker's own subject; a restricted subscriber is not even
-    // sent it. A real message sent afterwards is the next (and only) thing Bob sees.
+    // The forged message Bob was sent live carries the attacker's subject and Bob's id in the
+    // payload: a spoofed sender, rejected. A real message sent afterwards is what Bob sees.
     let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
     let a = crate::helper::endpoint(&alice, |o| o.presence = false).await;
     let (real, _) = a
@@ -625,6 +644,11 @@ async fn deliver_subject_injection_is_rejected_by_the_receiver() {
         .unwrap();
     let d = crate::helper::delivery(&mut b.deliveries).await;
     assert_eq!(d.message.id, real.id, "the forged message was not surfaced");
-    assert!(b.deliveries.try_notice().is_none());
+    match crate::helper::notice(&mut b.deliveries).await {
+        cotald::client::Notice::Rejected(a) => {
+            assert_eq!(a.reason, cotald::protocol::RejectReason::SenderMismatch)
+        }
+        other => panic!("{other:?}"),
+    }
     c.stop().await;
 }

@@ -510,7 +510,14 @@ async fn status_shows_each_service() {
     assert!(out.status.success());
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let services = status["services"].as_array().unwrap();
-    for name in ["presence", "mentions", "backstop", "manager", "membership"] {
+    for name in [
+        "presence",
+        "mentions",
+        "warden",
+        "backstop",
+        "manager",
+        "membership",
+    ] {
         let s = services
             .iter()
             .find(|s| s["scope"] == "main" && s["name"] == name)
@@ -526,8 +533,8 @@ async fn status_shows_each_service() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains(
-            "services    main: presence running, mentions running, backstop running, \
-             manager running, membership running"
+            "services    main: presence running, mentions running, warden running, \
+             backstop running, manager running, membership running"
         ),
         "{text}"
     );

@@ -6,5 +6,6 @@ mod appliance;
 mod bench;
 mod client;
 mod durable;
+mod fairness;
 mod helper;
 mod space;

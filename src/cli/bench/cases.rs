@@ -21,6 +21,21 @@ use crate::protocol::{Channel, CotalMessage, DeliveryKind, InstanceId, Part, Rou
 const TEXT_LEN: usize = 256;
 /// Publishes in flight in the pipelined cases.
 const IN_FLIGHT: usize = 256;
+/// DMs in flight: a (target, sender) pair holds a bounded number of messages the target has
+/// not read and the warden has not trimmed (`services/warden.rs`), so a sender keeps fewer in
+/// flight.
+const DM_IN_FLIGHT: usize = 64;
+/// DMs a sender sends before it waits for the receiver to have read them all: a publish is
+/// acknowledged when stored, not when read, so without a window a sender outruns its reader
+/// until the pair bound refuses it.
+const DM_WINDOW: usize = 400;
+
+/// `n` split into windows of at most [`DM_WINDOW`].
+fn windows(n: usize) -> impl Iterator<Item = usize> {
+    (0..n)
+        .step_by(DM_WINDOW)
+        .map(move |start| DM_WINDOW.min(n - start))
+}
 /// `CHAT_<space>` keeps 1,000 messages per (sender, channel) subject (§8): a backlog larger
 /// than that needs more senders.
 const PER_SUBJECT: usize = 1_000;
@@ -139,6 +154,16 @@ async fn set_class(bench: &Bench, ch: &str, class: &str) -> anyhow::Result<()> {
 /// `n` sends of the bench text, round robin over `clients` and `routes`, [`IN_FLIGHT`] at a
 /// time; returns the lowest stream sequence.
 async fn send_many(clients: &[&Client], routes: &[Routing], n: usize) -> anyhow::Result<u64> {
+    send_many_in_flight(clients, routes, n, IN_FLIGHT).await
+}
+
+/// [`send_many`] with `in_flight` sends at a time.
+async fn send_many_in_flight(
+    clients: &[&Client],
+    routes: &[Routing],
+    n: usize,
+    in_flight: usize,
+) -> anyhow::Result<u64> {
     let text = text();
     let text = &text;
     bounded(
@@ -149,7 +174,7 @@ async fn send_many(clients: &[&Client], routes: &[Routing], n: usize) -> anyhow:
                 let routing = routes[i % routes.len()].clone();
                 async move { client.send_text(routing, text).await.map(|(_, seq)| seq) }
             })
-            .buffer_unordered(IN_FLIGHT)
+            .buffer_unordered(in_flight)
             .try_fold(u64::MAX, |low, seq| std::future::ready(Ok(low.min(seq)))),
     )
     .await?
@@ -157,12 +182,13 @@ async fn send_many(clients: &[&Client], routes: &[Routing], n: usize) -> anyhow:
 }
 
 /// `n` raw JetStream publishes of `payload` on `subject`, each with its own `Nats-Msg-Id` (as
-/// cotald sends them), [`IN_FLIGHT`] at a time, acks awaited.
+/// cotald sends them), `in_flight` at a time, acks awaited.
 async fn raw_publish(
     js: &jetstream::Context,
     subject: &str,
     payload: &bytes::Bytes,
     n: usize,
+    in_flight: usize,
 ) -> anyhow::Result<()> {
     let prefix = crate::protocol::new_message_id();
     bounded(
@@ -174,7 +200,34 @@ async fn raw_publish(
                     .message_id(format!("{prefix}.{i}"));
                 async move { js.send_publish(subject.to_owned(), message).await?.await }
             })
-            .buffer_unordered(IN_FLIGHT)
+            .buffer_unordered(in_flight)
+            .try_for_each(|_| std::future::ready(Ok(()))),
+    )
+    .await?
+    .context("raw publish")
+}
+
+/// [`raw_publish`] over subjects `<subject>_<run>_<k>`, a new one every half pair bound.
+async fn raw_publish_spread(
+    js: &jetstream::Context,
+    subject: &str,
+    payload: &bytes::Bytes,
+    n: usize,
+    in_flight: usize,
+) -> anyhow::Result<()> {
+    let per_subject = (crate::binding::streams::DM_MAX_MSGS_PER_PAIR / 2) as usize;
+    let prefix = crate::protocol::new_message_id();
+    bounded(
+        "raw publishing",
+        futures_util::stream::iter(0..n)
+            .map(|i| {
+                let message = PublishMessage::build()
+                    .payload(payload.clone())
+                    .message_id(format!("{prefix}.{i}"));
+                let subject = format!("{subject}_{}_{}", prefix.replace('-', ""), i / per_subject);
+                async move { js.send_publish(subject, message).await?.await }
+            })
+            .buffer_unordered(in_flight)
             .try_for_each(|_| std::future::ready(Ok(()))),
     )
     .await?
@@ -290,7 +343,7 @@ async fn live_throughput(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<Case
                     ..
                 } = &mut *pair;
                 let start = Instant::now();
-                let sending = raw_publish(raw_js, raw_subject, raw_payload, n);
+                let sending = raw_publish(raw_js, raw_subject, raw_payload, n, IN_FLIGHT);
                 let receiving = async {
                     for _ in 0..n {
                         bounded("a raw message", raw_sub.next())
@@ -446,6 +499,8 @@ async fn dm_throughput(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseRe
         tokio::sync::Mutex::new(bench.connect(&to, |o| o.receive_backstop = false).await?);
     let route = [Routing::to(&InstanceId::from_user_nkey(&to.id)?)];
     let raw_js = jetstream::new(bench.raw.clone());
+    // The raw side has nobody trimming what it read, so it spreads its DMs over as many
+    // (target, sender) subjects as the pair bound asks; the operator may name any sender.
     let raw_subject = format!("cotal.{SPACE}.inst.{}.{}", raw_target.id, bench.operator.id);
     let raw_payload = payload(
         &sender.client,
@@ -460,21 +515,23 @@ async fn dm_throughput(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseRe
                 let mut receiver = receiver.lock().await;
                 let senders = [&sender.client];
                 let start = Instant::now();
-                let sending = send_many(&senders, route, n);
-                let receiving = async {
-                    let mut got = 0;
-                    while got < n {
-                        let d = next(&mut receiver).await?;
-                        if d.kind == DeliveryKind::Dm {
-                            got += 1;
+                for chunk in windows(n) {
+                    let sending = send_many_in_flight(&senders, route, chunk, DM_IN_FLIGHT);
+                    let receiving = async {
+                        let mut got = 0;
+                        while got < chunk {
+                            let d = next(&mut receiver).await?;
+                            if d.kind == DeliveryKind::Dm {
+                                got += 1;
+                            }
+                            d.ack().await?;
                         }
-                        d.ack().await?;
-                    }
-                    anyhow::Ok(())
-                };
-                let (sent, received) = tokio::join!(sending, receiving);
-                sent?;
-                received?;
+                        anyhow::Ok(())
+                    };
+                    let (sent, received) = tokio::join!(sending, receiving);
+                    sent?;
+                    received?;
+                }
                 Ok(rate(n, start.elapsed()))
             }
         },
@@ -497,21 +554,24 @@ async fn dm_throughput(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseRe
                     })
                     .await?;
                 let start = Instant::now();
-                let sending = raw_publish(raw_js, raw_subject, raw_payload, n);
-                let receiving = async {
-                    let mut messages = consumer.messages().await?;
-                    for _ in 0..n {
-                        let msg = bounded("a raw DM", messages.next())
-                            .await?
-                            .context("raw consumer closed")?
-                            .map_err(|e| anyhow::anyhow!("{e}"))?;
-                        msg.ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
-                    }
-                    anyhow::Ok(())
-                };
-                let (sent, received) = tokio::join!(sending, receiving);
-                sent?;
-                received?;
+                let mut messages = consumer.messages().await?;
+                for chunk in windows(n) {
+                    let sending =
+                        raw_publish_spread(raw_js, raw_subject, raw_payload, chunk, DM_IN_FLIGHT);
+                    let receiving = async {
+                        for _ in 0..chunk {
+                            let msg = bounded("a raw DM", messages.next())
+                                .await?
+                                .context("raw consumer closed")?
+                                .map_err(|e| anyhow::anyhow!("{e}"))?;
+                            msg.ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+                        }
+                        anyhow::Ok(())
+                    };
+                    let (sent, received) = tokio::join!(sending, receiving);
+                    sent?;
+                    received?;
+                }
                 let elapsed = start.elapsed();
                 let _ = stream.delete_consumer(&name).await;
                 Ok(rate(n, elapsed))
@@ -526,7 +586,7 @@ async fn dm_throughput(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseRe
         "msg/s",
         Better::Higher,
         figures,
-        "JetStream publish -> pull consumer, each message acked",
+        "JetStream publish -> pull consumer, each message acked; both sides 64 in flight, 400 per window",
         ">= 0.8",
     )])
 }

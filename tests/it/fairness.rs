@@ -1,0 +1,556 @@
+//! One agent against the others: an ordinary agent credential (minted by the real `cotald
+//! mint`) on a raw NATS client floods DMs, tasks and consumer creates; each test asserts the
+//! flood is refused or bounded and that the victims lose nothing: their acknowledged DM or task
+//! is still delivered, they can still send, their roster still works. The figures (what the
+//! attacker got stored, what was refused) are printed for the record.
+
+use std::path::Path;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use cotald::binding::streams::DM_MAX_MSGS_PER_PAIR;
+use cotald::client::ClientError;
+use cotald::protocol::{InstanceId, PresenceStatus, Routing};
+use serde_json::json;
+
+use crate::helper::{Cotald, Minted, Probe, TIMEOUT, delivery, endpoint, mint};
+
+/// A profile whose DM and TASK budgets are small enough for a test to fill many times over.
+const SMALL_BUDGETS: &str = r#"
+[broker]
+listen = "127.0.0.1:0"
+monitor = "127.0.0.1:0"
+
+[spaces.main]
+profile = "local"
+
+[spaces.main.jetstream]
+max_memory_store = "64M"
+max_file_store = "256M"
+
+[spaces.main.retention]
+dm_max_bytes = "16M"
+task_max_bytes = "16M"
+"#;
+
+/// `cotald up` with [`SMALL_BUDGETS`].
+async fn up_small(dir: &Path) -> Cotald {
+    let profile = dir.join("profile.toml");
+    std::fs::write(&profile, SMALL_BUDGETS).unwrap();
+    let mut c = Cotald::spawn(dir, &["--config", profile.to_str().unwrap()]);
+    c.wait_stdout("cotald is ready").await;
+    c
+}
+
+fn to(id: &str) -> Routing {
+    Routing::to(&InstanceId::from_user_nkey(id).unwrap())
+}
+
+/// The attacker: a raw NATS client with its minted agent credential.
+async fn raw(c: &Cotald, m: &Minted) -> (Probe, jetstream::Context) {
+    let p = Probe::connect(c, &m.creds).await;
+    let js = jetstream::new(p.client.clone());
+    (p, js)
+}
+
+/// Publishes `count` payloads of `size` bytes to the subjects `subject(i)` through JetStream;
+/// returns (stored, refused) and the first refusal's text.
+async fn flood(
+    js: &jetstream::Context,
+    count: usize,
+    size: usize,
+    subject: impl Fn(usize) -> String,
+) -> (usize, usize, Option<String>) {
+    let (mut stored, mut refused, mut first) = (0, 0, None);
+    for i in 0..count {
+        let ack = js
+            .publish(subject(i), vec![b'x'; size].into())
+            .await
+            .unwrap();
+        match tokio::time::timeout(TIMEOUT, ack).await.expect("an answer") {
+            Ok(_) => stored += 1,
+            Err(e) => {
+                refused += 1;
+                first.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+    (stored, refused, first)
+}
+
+/// The machine operator's raw view of the space (stream state).
+async fn operator(c: &Cotald) -> Probe {
+    Probe::connect(c, &c.data_dir.join("spaces/main/local-operator.creds")).await
+}
+
+/// Messages and bytes a stream holds whose subjects match `filter`, and in all.
+async fn held(op: &mut Probe, stream: &str, filter: &str) -> (u64, u64, u64) {
+    let info = op
+        .request(
+            &format!("$JS.API.STREAM.INFO.{stream}"),
+            json!({"subjects_filter": filter}),
+        )
+        .await;
+    let matching = info["state"]["subjects"]
+        .as_object()
+        .map(|s| s.values().map(|n| n.as_u64().unwrap()).sum())
+        .unwrap_or(0);
+    (
+        matching,
+        info["state"]["messages"].as_u64().unwrap(),
+        info["state"]["bytes"].as_u64().unwrap(),
+    )
+}
+
+/// Waits (bounded) until `filter` holds no message in `stream`: the warden has purged it.
+async fn purged(op: &mut Probe, stream: &str, filter: &str) {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        if held(op, stream, filter).await.0 == 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{filter} still held in {stream}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn junk_dms_neither_evict_an_unread_dm_nor_stop_others_sending() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = up_small(tmp.path()).await;
+    let mallory = mint(tmp.path(), "mallory", "main", &[]).await;
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
+    let carol = mint(tmp.path(), "carol", "main", &[]).await;
+    let mut op = operator(&c).await;
+
+    // Carol's DM to Bob is acknowledged; Bob is offline.
+    let cc = endpoint(&carol, |o| o.presence = false).await;
+    let (first, _) = cc.client.send_text(to(&bob.id), "before").await.unwrap();
+
+    // Mallory: 64 × 512 KiB (32 MiB, twice the DM budget) to made-up targets.
+    let (_m, js) = raw(&c, &mallory).await;
+    let made_up = |i: usize| format!("cotal.main.inst.UFAKE{i}.{}", mallory.id);
+    let (stored, refused, _) = flood(&js, 64, 512 << 10, made_up).await;
+    purged(
+        &mut op,
+        "DM_main",
+        &format!("cotal.main.inst.*.{}", mallory.id),
+    )
+    .await;
+    eprintln!(
+        "made-up targets: {stored} of 64 × 512 KiB acknowledged, {refused} refused; \
+         all purged by the warden"
+    );
+
+    // Mallory → Bob, a real target: 44 more than the pair keeps, 4 KiB each; the rest is
+    // refused.
+    let pair = format!("cotal.main.inst.{}.{}", bob.id, mallory.id);
+    let bound = DM_MAX_MSGS_PER_PAIR as usize;
+    let (stored, refused, why) = flood(&js, bound + 44, 4 << 10, |_| pair.clone()).await;
+    assert_eq!(stored, bound, "the (target, sender) pair bound");
+    assert_eq!(refused, 44);
+    let why = why.unwrap();
+    assert!(
+        why.contains("maximum messages per subject exceeded"),
+        "{why}"
+    );
+    let (pair_held, dm_msgs, dm_bytes) = held(&mut op, "DM_main", &pair).await;
+    eprintln!(
+        "to bob: {stored} × 4 KiB stored ({pair_held} held), {refused} refused ({why}); \
+         DM holds {dm_msgs} messages, {dm_bytes} bytes"
+    );
+
+    // Mallory's own client names the bound and what to do.
+    let mc = endpoint(&mallory, |o| o.presence = false).await;
+    let err = mc
+        .client
+        .send_text(to(&bob.id), "one more")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClientError::StoreFull { .. }), "{err:?}");
+    let said = err.to_string();
+    assert!(said.contains("wait unread for this recipient"), "{said}");
+
+    // Carol still reaches Bob; Bob gets Carol's first DM, untouched, and her second.
+    let (second, _) = cc.client.send_text(to(&bob.id), "after").await.unwrap();
+    let mut bb = endpoint(&bob, |o| o.presence = false).await;
+    let mut from_carol = Vec::new();
+    while from_carol.len() < 2 {
+        let d = delivery(&mut bb.deliveries).await;
+        if d.message.from.id == carol.id {
+            from_carol.push(d.message.id.clone());
+        }
+        d.ack().await.unwrap();
+    }
+    assert_eq!(from_carol, [first.id, second.id], "the victim lost nothing");
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn tasks_nobody_serves_are_purged_and_a_pair_is_bounded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = up_small(tmp.path()).await;
+    let mallory = mint(tmp.path(), "mallory", "main", &[]).await;
+    let carol = mint(tmp.path(), "carol", "main", &["--allow-publish", "general"]).await;
+    let rita = mint(tmp.path(), "rita", "main", &["--role", "reviewer"]).await;
+    let mut op = operator(&c).await;
+
+    let cc = endpoint(&carol, |o| o.presence = false).await;
+    let (task, _) = cc
+        .client
+        .send_text(Routing::to_service("reviewer"), "review this")
+        .await
+        .unwrap();
+
+    // 64 × 512 KiB (twice the TASK budget) to a role nobody holds: purged as it arrives.
+    let (_m, js) = raw(&c, &mallory).await;
+    let ghost = format!("cotal.main.svc.ghost.{}", mallory.id);
+    let (stored, refused, _) = flood(&js, 64, 512 << 10, |_| ghost.clone()).await;
+    purged(&mut op, "TASK_main", "cotal.main.svc.ghost.>").await;
+    eprintln!(
+        "role nobody holds: {stored} of 64 × 512 KiB acknowledged, {refused} refused; all purged"
+    );
+
+    // To the real role: 256 wait for a worker, the rest is refused to Mallory alone.
+    let pair = format!("cotal.main.svc.reviewer.{}", mallory.id);
+    let (stored, refused, why) = flood(&js, 300, 32 << 10, |_| pair.clone()).await;
+    assert_eq!((stored, refused), (256, 44));
+    let (_, task_msgs, task_bytes) = held(&mut op, "TASK_main", ">").await;
+    eprintln!(
+        "to reviewer: {stored} × 32 KiB stored, {refused} refused ({}); TASK holds {task_msgs} \
+         messages, {task_bytes} bytes",
+        why.unwrap()
+    );
+    let mc = endpoint(&mallory, |o| o.presence = false).await;
+    let err = mc
+        .client
+        .send_text(Routing::to_service("reviewer"), "one more")
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("already wait for this role"),
+        "{err}"
+    );
+
+    // Carol can still send everything: a task, a DM, a chat message.
+    let (later, _) = cc
+        .client
+        .send_text(Routing::to_service("reviewer"), "and this")
+        .await
+        .unwrap();
+    cc.client.send_text(to(&rita.id), "hi").await.unwrap();
+    cc.client
+        .send_text(
+            Routing::channel(&cotald::protocol::Channel::new("general").unwrap()),
+            "hello",
+        )
+        .await
+        .unwrap();
+
+    // The worker gets Carol's tasks: nothing of hers was lost.
+    let mut rr = endpoint(&rita, |o| {
+        o.presence = false;
+        o.role = Some("reviewer".into());
+    })
+    .await;
+    let mut from_carol = Vec::new();
+    while from_carol.len() < 2 {
+        let d = delivery(&mut rr.deliveries).await;
+        if d.message.from.id == carol.id && d.kind.as_str() == "anycast" {
+            from_carol.push(d.message.id.clone());
+        }
+        d.ack().await.unwrap();
+    }
+    assert_eq!(from_carol, [task.id, later.id]);
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn consumer_creates_cannot_stop_anyones_roster() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let mallory = mint(tmp.path(), "mallory", "main", &["--subscribe", "general"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
+    let carol = mint(tmp.path(), "carol", "main", &[]).await;
+    let (mut m, _) = raw(&c, &mallory).await;
+
+    // 500 consumer creates on the presence and registry buckets, each a new name.
+    for i in 0..500 {
+        for stream in ["KV_cotal_presence_main", "KV_cotal_channels_main"] {
+            let body = json!({"stream_name": stream, "config": {
+                "name": format!("flood{i}"), "deliver_policy": "last_per_subject",
+                "ack_policy": "none", "filter_subject": "$KV.>"}});
+            m.client
+                .publish(
+                    format!("$JS.API.CONSUMER.CREATE.{stream}.flood{i}.$KV.>"),
+                    body.to_string().into(),
+                )
+                .await
+                .unwrap();
+        }
+    }
+    m.violation(
+        "Publish",
+        "$JS.API.CONSUMER.CREATE.KV_cotal_presence_main.flood0.$KV.>",
+    )
+    .await;
+    // The one consumer create an agent holds names one consumer: itself, 500 times.
+    let filter = "cotal.main.chat.*.general";
+    let mut created = 0;
+    for i in 0..500 {
+        let body = json!({"stream_name": "CHAT_main", "config": {
+            "name": format!("chathist_{}", mallory.id), "filter_subject": filter,
+            "ack_policy": "none", "deliver_policy": if i % 2 == 0 { "all" } else { "new" },
+        }});
+        let reply = m
+            .request(
+                &format!(
+                    "$JS.API.CONSUMER.CREATE.CHAT_main.chathist_{}.{filter}",
+                    mallory.id
+                ),
+                body,
+            )
+            .await;
+        if reply.get("error").is_none() {
+            created += 1;
+        }
+    }
+    m.barrier().await;
+    let mut op = operator(&c).await;
+    let mut names = async |stream: &str| -> Vec<String> {
+        let reply = op
+            .request(&format!("$JS.API.CONSUMER.NAMES.{stream}"), json!({}))
+            .await;
+        serde_json::from_value(reply["consumers"].clone()).unwrap_or_default()
+    };
+    let presence = names("KV_cotal_presence_main").await;
+    let registry = names("KV_cotal_channels_main").await;
+    let chat = names("CHAT_main").await;
+    let mallorys: Vec<&String> = presence
+        .iter()
+        .chain(&registry)
+        .chain(&chat)
+        .filter(|n| n.starts_with("flood") || n.contains(&mallory.id))
+        .collect();
+    eprintln!(
+        "1000 bucket creates and 500 history creates ({created} answered without error): \
+         Mallory holds {mallorys:?}; the buckets have {} and {} consumers (the appliance's)",
+        presence.len(),
+        registry.len()
+    );
+    assert!(
+        !mallorys.iter().any(|n| n.starts_with("flood")),
+        "{mallorys:?}"
+    );
+    assert!(
+        mallorys.len() <= 1,
+        "one history consumer at most: {mallorys:?}"
+    );
+
+    // Bob and Carol see each other (their rosters need no consumer).
+    let b = endpoint(&bob, |_| {}).await;
+    let cl = endpoint(&carol, |_| {}).await;
+    for (who, roster, peer) in [
+        ("bob", b.client.roster().clone(), &carol.id),
+        ("carol", cl.client.roster().clone(), &bob.id),
+    ] {
+        tokio::time::timeout(TIMEOUT, async {
+            loop {
+                let changed = roster.changed();
+                if roster.status(peer) == Some(PresenceStatus::Idle) {
+                    return;
+                }
+                changed.await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{who} never saw its peer"));
+    }
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_full_pair_is_trimmed_of_what_its_target_has_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &[]).await;
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    for i in 0..DM_MAX_MSGS_PER_PAIR {
+        a.client
+            .send_text(to(&bob.id), &format!("{i}"))
+            .await
+            .unwrap();
+    }
+    let err = a.client.send_text(to(&bob.id), "full").await.unwrap_err();
+    assert!(matches!(err, ClientError::StoreFull { .. }), "{err:?}");
+
+    // Bob reads them all; the pair is trimmed of what he read and Alice can write again.
+    let mut b = endpoint(&bob, |o| o.presence = false).await;
+    for _ in 0..DM_MAX_MSGS_PER_PAIR {
+        delivery(&mut b.deliveries).await.ack().await.unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let mut refused = 0;
+    let again = loop {
+        match a.client.send_text(to(&bob.id), "again").await {
+            Ok((sent, _)) => break sent,
+            Err(ClientError::StoreFull { .. }) if tokio::time::Instant::now() < deadline => {
+                refused += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    };
+    eprintln!("after Bob read them: {refused} more refused before the warden trimmed the pair");
+    assert_eq!(delivery(&mut b.deliveries).await.message.id, again.id);
+    c.stop().await;
+}
+
+/// A 256 MiB tmpfs on a fresh directory, unmounted when dropped.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// Mounts it; `None` (the caller skips, saying so) only when this machine does not permit
+    /// mounting (not root, or a container without the capability). Any other failure panics.
+    fn mount() -> Option<Tmpfs> {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let target = std::ffi::CString::new(dir.path().as_os_str().as_bytes()).unwrap();
+        let fs = c"tmpfs";
+        let data = c"size=256m";
+        // SAFETY: NUL-terminated strings that outlive the call.
+        let rc = unsafe {
+            libc::mount(
+                fs.as_ptr(),
+                target.as_ptr(),
+                fs.as_ptr(),
+                0,
+                data.as_ptr().cast(),
+            )
+        };
+        if rc == 0 {
+            return Some(Tmpfs { dir });
+        }
+        let e = std::io::Error::last_os_error();
+        assert_eq!(
+            e.raw_os_error(),
+            Some(libc::EPERM),
+            "mounting a tmpfs failed for a reason other than permission: {e}"
+        );
+        eprintln!("SKIPPED: this machine does not permit mounting a tmpfs ({e})");
+        None
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let target =
+            std::ffi::CString::new(self.dir.path().as_os_str().to_string_lossy().as_bytes())
+                .unwrap();
+        // SAFETY: a NUL-terminated path we mounted.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+#[tokio::test]
+async fn the_default_profile_fits_a_small_disk_and_degrades_clearly_when_it_fills() {
+    let Some(disk) = Tmpfs::mount() else {
+        return;
+    };
+    let dir = disk.dir.path().join("d");
+    let c = Cotald::up(&dir).await;
+    assert!(c.state().unserved.is_empty(), "{:?}", c.state().unserved);
+
+    // A second space does not fit: said in words.
+    let out = tokio::process::Command::new(crate::helper::cotald_bin())
+        .args(["space", "add", "lab", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        said.contains("space `lab` refused: the JetStream storage budget of this disk is used up"),
+        "{said}"
+    );
+    eprintln!("space add on a full budget: {}", said.trim());
+
+    let mallory = mint(&dir, "mallory", "main", &[]).await;
+    let bob = mint(&dir, "bob", "main", &[]).await;
+    let carol = mint(&dir, "carol", "main", &["--allow-publish", "general"]).await;
+    let cc = endpoint(&carol, |o| o.presence = false).await;
+    let (kept, _) = cc.client.send_text(to(&bob.id), "keep me").await.unwrap();
+
+    // Mallory fills DM with 512 KiB DMs to Bob, who is offline, until DM refuses.
+    let (_m, js) = raw(&c, &mallory).await;
+    let pair = format!("cotal.main.inst.{}.{}", bob.id, mallory.id);
+    let (stored, refused, why) = flood(&js, 200, 512 << 10, |_| pair.clone()).await;
+    let mut op = operator(&c).await;
+    let (_, dm_msgs, dm_bytes) = held(&mut op, "DM_main", ">").await;
+    eprintln!(
+        "filling DM: {stored} × 512 KiB stored, {refused} refused ({why:?}); DM holds \
+         {dm_msgs} messages, {dm_bytes} bytes"
+    );
+    assert!(refused > 0, "DM is bounded by its share of the quota");
+
+    // Clear to the sender, and the rest of the space still works.
+    let big = "x".repeat(512 << 10);
+    let err = cc.client.send_text(to(&bob.id), &big).await.unwrap_err();
+    assert!(err.to_string().contains("is full"), "{err}");
+    cc.client
+        .send_text(
+            Routing::channel(&cotald::protocol::Channel::new("general").unwrap()),
+            "chat still works",
+        )
+        .await
+        .unwrap();
+    let status = tokio::process::Command::new(crate::helper::cotald_bin())
+        .args(["status", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .await
+        .unwrap();
+    assert!(status.status.success(), "the appliance stays healthy");
+
+    // Bob reads; what he read is trimmed and Carol can send again, with no operator.
+    let mut b = endpoint(&bob, |o| o.presence = false).await;
+    let first = delivery(&mut b.deliveries).await;
+    assert_eq!(first.message.id, kept.id, "Carol's DM survived the flood");
+    first.ack().await.unwrap();
+    // Mallory's junk is not JSON: Bob's client terminates it (which the ack floor counts).
+    let consumer = format!("$JS.API.CONSUMER.INFO.DM_main.dm_{}", bob.id);
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let info = op.request(&consumer, json!({})).await;
+        if info["num_pending"] == 0 && info["num_ack_pending"] == 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{info}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let again = loop {
+        match cc.client.send_text(to(&bob.id), &big).await {
+            Ok((sent, _)) => break sent,
+            Err(ClientError::StoreFull { .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    };
+    assert_eq!(delivery(&mut b.deliveries).await.message.id, again.id);
+    drop(b);
+    c.stop().await;
+
+    // What JetStream stores counts in the budget: the next start still serves `main`.
+    let c = Cotald::up(&dir).await;
+    assert!(c.state().unserved.is_empty(), "{:?}", c.state().unserved);
+    c.stop().await;
+}
