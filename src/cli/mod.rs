@@ -1,9 +1,13 @@
 //! The `cotald` command line: thin over the library. Errors become `anyhow` here, at the edge.
 
+mod channels;
+mod context;
 mod endpoint;
+mod identities;
 mod membership;
 mod mint;
 mod revoke;
+mod roster;
 mod space;
 mod status;
 mod up;
@@ -21,6 +25,11 @@ use crate::supervisor::BrokerBinary;
 /// `cotald up` starts the appliance: a bundled nats-server with JetStream, its own trust
 /// chain (operator, one account per space) and TLS. Agents join with a link such as
 /// `cotals://127.0.0.1:4222/main`, a `.creds` file and the CA certificate.
+///
+/// On the appliance's machine, `send`, `tail`, `join`, `leave`, `roster` and `channels` need
+/// no connection flag: they act as the machine operator of space `main` (`--space` picks
+/// another, `--as NAME` a minted identity). For a remote appliance, save a context
+/// (`cotald context add`) or set COTALD_LINK, COTALD_CREDS and COTALD_CA.
 #[derive(Debug, Parser)]
 #[command(name = "cotald", version, about, long_about = None, propagate_version = true)]
 pub struct Cli {
@@ -49,6 +58,8 @@ pub enum Command {
     /// are created at the next `cotald up`. Channel lists are strict: `foo/bar`, `a.>.b` or an
     /// empty segment are refused, never rewritten.
     Mint(mint::MintArgs),
+    /// List the identities minted for a space (works with the appliance stopped).
+    Identities(identities::IdentitiesArgs),
     /// Revoke an identity: the broker refuses its credentials from now on and closes its
     /// connections; its durables, durable memberships and backlog are deleted.
     Revoke(revoke::RevokeArgs),
@@ -72,6 +83,13 @@ pub enum Command {
     /// Works after your credential's read ACL narrowed; messages published before the leave
     /// are still delivered.
     Leave(membership::LeaveArgs),
+    /// Who is in the space: name, id, status (by the liveness rule), attention, role, last seen.
+    Roster(roster::RosterArgs),
+    /// The channels of the space: effective config, message count, last activity; `set`
+    /// writes one channel's config (admin only).
+    Channels(channels::ChannelsArgs),
+    /// Save, select, list and remove ways to reach remote appliances.
+    Context(context::ContextArgs),
 }
 
 /// The data dir option every local command takes.
@@ -116,6 +134,10 @@ pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
             Command::Tail(args) => endpoint::tail(args).await,
             Command::Join(args) => membership::join(args).await,
             Command::Leave(args) => membership::leave(args).await,
+            Command::Identities(args) => identities::run(args).await,
+            Command::Roster(args) => roster::run(args).await,
+            Command::Channels(args) => channels::run(args).await,
+            Command::Context(args) => context::run(args).await,
         }
     });
     match result {
@@ -149,6 +171,22 @@ fn stdout(
     match write(&mut out).and_then(|()| out.flush()) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
         result => Ok(result?),
+    }
+}
+
+/// Unix seconds as RFC 3339 in UTC, to the second.
+fn utc(secs: i64) -> String {
+    match time::OffsetDateTime::from_unix_timestamp(secs) {
+        Ok(t) => format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+            t.year(),
+            u8::from(t.month()),
+            t.day(),
+            t.hour(),
+            t.minute(),
+            t.second()
+        ),
+        Err(_) => secs.to_string(),
     }
 }
 

@@ -40,8 +40,11 @@ pub struct ConnectOptions {
     pub request_timeout: Duration,
     /// Bind `dm_<id>` and receive DMs.
     pub receive_dms: bool,
-    /// Heartbeat presence and watch the roster.
+    /// Watch the roster and, when `announce` is set too, heartbeat our own presence.
     pub presence: bool,
+    /// Heartbeat our own presence (with `presence`): off for a command that only reads the
+    /// roster, so that it does not show up in it.
+    pub announce: bool,
     /// Receive the durable backstop's copies (§4 `durable`): this identity's backlog on
     /// durable channels it joined, and `@mention` copies. The trusted reader delivers only
     /// to members whose presence is live.
@@ -62,6 +65,7 @@ impl ConnectOptions {
             request_timeout: Duration::from_secs(5),
             receive_dms: true,
             presence: true,
+            announce: true,
             receive_backstop: true,
         }
     }
@@ -202,6 +206,7 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
     let barrier_refused = !grants.may_subscribe("_INBOX.cotal-barrier.probe");
     // Observers and admins hold no presence write (Appendix B): they watch, never announce.
     let announce = opts.presence
+        && opts.announce
         && grants.may_publish(&format!("$KV.{}.{}", names.presence_bucket(), id.as_str()));
     let may_read = |stream: &str, durable: &str| {
         grants.may_publish(&format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"))

@@ -11,12 +11,14 @@
 //! | §2 adopt the credential's id; inbox `_INBOX_<id>` (§10) | [`connect`] |
 //! | §6 heartbeat, roster | [`presence`] |
 //! | §7 join/leave, watermark, replay, durable membership | [`join`] |
+//! | §7 the channels: registry, effective config, activity | [`ChannelInfo`] |
 //! | §4, §5, §8 receive, dedup, ack/term | [`deliver`] |
 //! | §4 `durable`, §8 the trusted reader's copies, acked once handled | `backstop` |
 //! | §5, §8 send through JetStream with `Nats-Msg-Id` | [`Client::send`] |
 //! | §5 control request/reply | [`Client::control`] |
 
 mod backstop;
+mod channels;
 mod connect;
 pub mod deliver;
 pub mod join;
@@ -36,6 +38,7 @@ use crate::protocol::{
     SpaceSubjects,
 };
 
+pub use channels::ChannelInfo;
 pub use connect::{ConnectOptions, Connection, DialError, dial, nats_options};
 pub use deliver::{Anomaly, Deliveries, Delivery, Notice};
 pub use join::{DurableState, JoinError, JoinReport, Replay};
