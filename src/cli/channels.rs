@@ -152,7 +152,7 @@ fn row(c: &ChannelInfo) -> serde_json::Value {
         "instructions": config.and_then(|c| c.instructions.as_ref()).map(|i| i.as_str()),
         "configured": config.is_some(),
         "messages": c.messages,
-        "lastActivity": c.last_activity.map(super::utc),
+        "lastActivity": c.last_activity.map(crate::provision::rfc3339),
     })
 }
 

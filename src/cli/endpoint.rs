@@ -343,6 +343,15 @@ async fn resolve_peer(
     }
 }
 
+/// Whether an instance holding `role` is online (§6: the card's role, the liveness rule).
+async fn role_held(client: &Client, role: &str) -> bool {
+    let _ = tokio::time::timeout(ROSTER_WAIT, client.roster().loaded()).await;
+    client.roster().peers().values().any(|p| {
+        p.presence.card.role.as_deref() == Some(role)
+            && p.status() != crate::protocol::PresenceStatus::Offline
+    })
+}
+
 /// Options of `cotald send`.
 #[derive(Debug, Args)]
 pub struct SendArgs {
@@ -379,6 +388,7 @@ pub(super) async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
         _ => None,
     };
     let needs_roster = !args.mentions.is_empty()
+        || args.service.is_some()
         || args
             .to
             .as_ref()
@@ -417,9 +427,19 @@ pub(super) async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
         )
     }
     .await;
+    let unheld = match &args.service {
+        Some(role) if sent.is_ok() => !role_held(&conn.client, role).await,
+        _ => false,
+    };
     conn.client.clone().close().await;
     let (message, seq) = sent?;
     super::stdout(|out| writeln!(out, "sent {} (stream sequence {seq})", message.id))?;
+    if let Some(role) = args.service.as_ref().filter(|_| unheld) {
+        eprintln!(
+            "warning: nobody holding role {role} is online; the task is queued and goes to the \
+             first holder that connects"
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

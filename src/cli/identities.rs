@@ -52,8 +52,8 @@ pub(super) async fn run(args: IdentitiesArgs) -> anyhow::Result<ExitCode> {
                         "subscribe": r.subscribe,
                         "allowSubscribe": r.allow_subscribe,
                         "allowPublish": r.allow_publish,
-                        "expiresAt": r.expires_at.map(super::utc),
-                        "issuedAt": super::utc(r.issued_at),
+                        "expiresAt": r.expires_at.map(crate::provision::rfc3339),
+                        "issuedAt": crate::provision::rfc3339(r.issued_at),
                         "creds": creds(r),
                     })
                 })
@@ -85,8 +85,9 @@ pub(super) async fn run(args: IdentitiesArgs) -> anyhow::Result<ExitCode> {
                 r.name,
                 r.id,
                 format!("{:?}", r.profile).to_lowercase(),
-                super::utc(r.issued_at),
-                r.expires_at.map_or_else(|| "never".to_owned(), super::utc),
+                crate::provision::rfc3339(r.issued_at),
+                r.expires_at
+                    .map_or_else(|| "never".to_owned(), crate::provision::rfc3339),
                 grants(r)
             )?;
         }

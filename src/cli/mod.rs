@@ -174,22 +174,6 @@ fn stdout(
     }
 }
 
-/// Unix seconds as RFC 3339 in UTC, to the second.
-fn utc(secs: i64) -> String {
-    match time::OffsetDateTime::from_unix_timestamp(secs) {
-        Ok(t) => format!(
-            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-            t.year(),
-            u8::from(t.month()),
-            t.day(),
-            t.hour(),
-            t.minute(),
-            t.second()
-        ),
-        Err(_) => secs.to_string(),
-    }
-}
-
 fn install_tracing(verbose: u8, serving: bool) {
     use tracing_subscriber::EnvFilter;
     let level = match (verbose, serving) {
@@ -199,8 +183,13 @@ fn install_tracing(verbose: u8, serving: bool) {
         (2, _) => "debug",
         _ => "trace",
     };
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("{level},async_nats=warn")));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        // A client command reports what the connection refused as its own error, in words
+        // that say what to do; the NATS library's log of the same refusal would only repeat
+        // it in other words.
+        let nats = if serving { "warn" } else { "off" };
+        EnvFilter::new(format!("{level},async_nats={nats}"))
+    });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

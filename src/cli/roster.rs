@@ -80,7 +80,9 @@ fn rows(client: &Client) -> Vec<serde_json::Value> {
         .into_iter()
         .map(|(id, peer)| {
             let p = &peer.presence;
-            let last_seen = p.ts.as_u64().map(|ms| super::utc((ms / 1000) as i64));
+            let last_seen =
+                p.ts.as_u64()
+                    .map(|ms| crate::provision::rfc3339((ms / 1000) as i64));
             serde_json::json!({
                 "name": p.card.name,
                 "id": id,
