@@ -1,6 +1,7 @@
 //! `cotald channels`: the channels of a space with their effective config (§7), and `cotald
 //! channels set`, which writes one channel's registry value through the manager (`channels-set`,
-//! admin identities only; the machine operator is one).
+//! which the manager grants admin identities; of those, only the machine operator may publish
+//! the request: minted admins publish nothing, Appendix B).
 
 use std::process::ExitCode;
 
@@ -194,11 +195,14 @@ async fn write(client: &Client, set: &SetArgs) -> anyhow::Result<()> {
         }))
         .await
         .map_err(|e| match e {
-            ClientError::Refused { .. } => anyhow::Error::new(e).context(format!(
-                "cannot configure channel {channel}: only an admin identity may (the machine \
-                 operator, with no --as on the appliance's machine, or one minted with \
-                 `cotald mint NAME --profile admin`)"
-            )),
+            // A manager that refuses the op, or a broker that refuses the request (admins and
+            // observers publish nothing): either way the caller is not the one who may.
+            ClientError::Refused { .. } | ClientError::PublishRefused { .. } => {
+                anyhow::Error::new(e).context(format!(
+                    "cannot configure channel {channel}: only the machine operator may (run \
+                     it on the appliance's machine, with no --as, --creds or context)"
+                ))
+            }
             other => {
                 anyhow::Error::new(other).context(format!("cannot configure channel {channel}"))
             }

@@ -357,6 +357,10 @@ async fn watch(client: Client) {
     let bucket = client.inner.names.presence_bucket();
     let roster = client.inner.roster.clone();
     let mut state = client.state();
+    // Named per connection: a consumer of an earlier process of this identity may outlive it
+    // for a while, and a create under its name would be refused.
+    let inbox = client.inner.nats.new_inbox();
+    let session = inbox.rsplit('.').next().unwrap_or_default().to_owned();
     let mut generation = 0u32;
     loop {
         generation += 1;
@@ -369,7 +373,10 @@ async fn watch(client: Client) {
                 .map_err(|e| e.to_string())?;
             stream
                 .create_consumer(push::OrderedConfig {
-                    name: Some(format!("roster_{}_{generation}", client.inner.id.as_str())),
+                    name: Some(format!(
+                        "roster_{}_{session}_{generation}",
+                        client.inner.id.as_str()
+                    )),
                     deliver_subject: client.inner.nats.new_inbox(),
                     filter_subject: format!("$KV.{bucket}.>"),
                     deliver_policy: DeliverPolicy::LastPerSubject,

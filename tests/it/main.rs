@@ -3,6 +3,7 @@
 
 mod acl;
 mod appliance;
+mod cli;
 mod client;
 mod durable;
 mod helper;
