@@ -677,3 +677,64 @@ async fn tail_reports_a_broker_restart_and_loses_nothing_on_a_durable_channel() 
     assert!(status.success());
     c.stop().await;
 }
+
+/// The README's quickstart block, one command per line, comments dropped, each command split
+/// into its words as a shell would (double quotes group).
+fn quickstart() -> Vec<Vec<String>> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let block = readme
+        .split_once("```sh quickstart\n")
+        .and_then(|(_, rest)| rest.split_once("\n```"))
+        .map(|(block, _)| block)
+        .expect("a fenced `sh quickstart` block in README.md");
+    block
+        .lines()
+        .map(|line| line.split_once("  #").map_or(line, |(cmd, _)| cmd).trim())
+        .filter(|line| !line.is_empty())
+        .map(|line| {
+            let mut words = Vec::new();
+            let mut word = String::new();
+            let mut quoted = false;
+            for c in line.chars() {
+                match c {
+                    '"' => quoted = !quoted,
+                    ' ' if !quoted => {
+                        if !word.is_empty() {
+                            words.push(std::mem::take(&mut word));
+                        }
+                    }
+                    c => word.push(c),
+                }
+            }
+            assert!(!quoted, "unbalanced quotes in {line:?}");
+            words.push(word);
+            words
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_readme_quickstart_runs_as_written() {
+    let commands = quickstart();
+    assert!(commands.len() > 5, "{commands:?}");
+    assert_eq!(
+        commands[0],
+        ["cotald", "up", "&"],
+        "the quickstart starts the appliance first"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    // `up` on a free port rather than 4222, which another appliance may hold.
+    let c = Cotald::up(tmp.path()).await;
+    let cli = Cli::new(tmp.path());
+    for words in &commands[1..] {
+        assert_eq!(words[0], "cotald", "{words:?}");
+        let args: Vec<&str> = words[1..].iter().map(String::as_str).collect();
+        let out = cli.ok(&args).await;
+        if args[0] == "tail" {
+            assert_eq!(out.lines().count(), 3, "{words:?} printed: {out}");
+            assert!(out.contains("a direct message"), "{out}");
+        }
+    }
+    c.stop().await;
+}
