@@ -155,7 +155,11 @@ pub fn mint(
         None => None,
         Some(text) => {
             let lifetime = ReplayWindow::parse(text)
-                .map_err(|e| MintError::Invalid(format!("--expires {text:?}: {e}")))?
+                .map_err(|_| {
+                    MintError::Invalid(format!(
+                        "--expires {text:?}: give a number and a unit, e.g. 90s, 30m, 12h or 30d"
+                    ))
+                })?
                 .duration();
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

@@ -542,6 +542,14 @@ async fn refusals_say_what_was_refused_and_the_fix() {
     .await;
     other.stop().await;
 
+    let out = crate::helper::mint_raw(tmp.path(), "soon", "main", &["--expires", "5"]).await;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--expires \"5\": give a number and a unit, e.g. 90s"),
+        "{err}"
+    );
+
     // An expired credential.
     let brief = mint(tmp.path(), "brief", "main", &["--expires", "1s"]).await;
     // The expiry is a time on the wall clock, not an event: wait past it.
