@@ -49,7 +49,7 @@ pub(super) async fn run(args: RosterArgs) -> anyhow::Result<ExitCode> {
         tokio::pin!(interrupted);
         // Statuses also change with time alone (a silent peer turns offline): re-read each
         // heartbeat interval, print when what is shown changed.
-        let mut shown = rows(&client);
+        let mut shown = without_last_seen(rows(&client));
         let mut tick = tokio::time::interval(crate::protocol::HEARTBEAT_INTERVAL);
         loop {
             tokio::select! {
@@ -57,7 +57,8 @@ pub(super) async fn run(args: RosterArgs) -> anyhow::Result<ExitCode> {
                 _ = tick.tick() => {}
                 _ = &mut interrupted => return Ok(()),
             }
-            let now = rows(&client);
+            // A heartbeat moves `lastSeen` only: not a change worth a new roster.
+            let now = without_last_seen(rows(&client));
             if now != shown {
                 shown = now;
                 if !args.json {
@@ -94,6 +95,15 @@ fn rows(client: &Client) -> Vec<serde_json::Value> {
             })
         })
         .collect()
+}
+
+fn without_last_seen(mut rows: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
+    for row in &mut rows {
+        if let Some(row) = row.as_object_mut() {
+            row.remove("lastSeen");
+        }
+    }
+    rows
 }
 
 fn print(client: &Client, json: bool) -> anyhow::Result<()> {

@@ -148,6 +148,19 @@ async fn zero_flag_commands_act_as_the_local_operator() {
     let text = cli.ok(&["roster"]).await;
     assert!(text.starts_with("NAME") && text.contains("alice"), "{text}");
 
+    // --watch prints the roster again when it changes: alice leaves.
+    let mut watch = Running::spawn(&cli, &["roster", "--watch", "--json"]);
+    let first = watch.messages(1).await.remove(0);
+    assert_eq!(first[0]["status"], "idle", "{first}");
+    a.client.clone().close().await;
+    let changed = watch.messages(1).await.remove(0);
+    assert_eq!(changed[0]["name"], "alice");
+    assert_eq!(
+        changed[0]["status"], "offline",
+        "the next roster printed is the change: {changed}"
+    );
+    watch.child.kill().await.unwrap();
+
     let channels = cli.json(&["channels"]).await;
     let general = &channels.as_array().unwrap()[0];
     assert_eq!(general["channel"], "general");
@@ -176,7 +189,6 @@ async fn zero_flag_commands_act_as_the_local_operator() {
         .await;
     assert_eq!(texts(&got), ["in the lab"]);
 
-    a.client.close().await;
     c.stop().await;
 }
 
@@ -574,21 +586,21 @@ async fn refusals_say_what_was_refused_and_the_fix() {
     c.stop().await;
 }
 
-/// A running `cotald tail` with its output read line by line.
-struct Tail {
+/// A running `cotald` command with its output read line by line.
+struct Running {
     child: tokio::process::Child,
     stdout: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
     stderr: tokio::io::Lines<BufReader<tokio::process::ChildStderr>>,
 }
 
-impl Tail {
-    fn spawn(cli: &Cli, args: &[&str]) -> Tail {
-        let mut cmd = cli.command(&["tail", "--json"]);
-        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+impl Running {
+    fn spawn(cli: &Cli, args: &[&str]) -> Running {
+        let mut cmd = cli.command(args);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = cmd.spawn().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
         let stderr = BufReader::new(child.stderr.take().unwrap()).lines();
-        Tail {
+        Running {
             child,
             stdout,
             stderr,
@@ -603,21 +615,21 @@ impl Tail {
                     return line;
                 }
             }
-            panic!("tail's stderr ended before {needle:?}");
+            panic!("stderr ended before {needle:?}");
         })
         .await
-        .unwrap_or_else(|_| panic!("no {needle:?} from tail within {TIMEOUT:?}"))
+        .unwrap_or_else(|_| panic!("no {needle:?} on stderr within {TIMEOUT:?}"))
     }
 
-    /// The next `n` messages printed.
+    /// The next `n` JSON documents printed.
     async fn messages(&mut self, n: usize) -> Vec<Value> {
         let mut out = Vec::new();
         while out.len() < n {
             let line = tokio::time::timeout(TIMEOUT, self.stdout.next_line())
                 .await
-                .expect("a message within the timeout")
+                .expect("a line within the timeout")
                 .unwrap()
-                .expect("tail is running");
+                .expect("still running");
             out.push(serde_json::from_str(&line).unwrap());
         }
         out
@@ -632,7 +644,18 @@ async fn tail_reports_a_broker_restart_and_loses_nothing_on_a_durable_channel() 
     mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
     mint(tmp.path(), "bob", "main", &[]).await;
     cli.ok(&["join", "general", "--as", "bob"]).await;
-    let mut tail = Tail::spawn(&cli, &["--as", "bob", "--no-history", "--count", "6"]);
+    let mut tail = Running::spawn(
+        &cli,
+        &[
+            "tail",
+            "--json",
+            "--as",
+            "bob",
+            "--no-history",
+            "--count",
+            "6",
+        ],
+    );
     tail.stderr_line("joined durable general").await;
     for i in 0..3 {
         cli.ok(&["send", "--as", "alice", &format!("before {i}")])
