@@ -376,23 +376,30 @@ pub struct SendArgs {
 
 pub(super) async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
     let endpoint = args.endpoint.resolve()?;
-    let channel = match (&args.channel, &args.to, &args.service) {
-        (Some(c), _, _) => Some(concrete_channel("--channel", c)?),
+    /// Where the message goes, as given (a peer still by name).
+    enum Route<'a> {
+        Channel(Channel),
+        To(&'a str),
+        Service(&'a str),
+    }
+    let route = match (&args.channel, &args.to, &args.service) {
+        (Some(c), _, _) => Route::Channel(concrete_channel("--channel", c)?),
+        (None, Some(to), _) => Route::To(to),
+        (None, None, Some(role)) => Route::Service(role),
         (None, None, None) => match endpoint.options.link.channels().first() {
-            Some(c) => Some(concrete_channel("the link's channel", c)?),
+            Some(c) => Route::Channel(concrete_channel("the link's channel", c)?),
             None => bail!(
                 "say where to send: --channel CH, --to NAME or --service ROLE (the link names \
                  no channel)"
             ),
         },
-        _ => None,
     };
     let needs_roster = !args.mentions.is_empty()
-        || args.service.is_some()
-        || args
-            .to
-            .as_ref()
-            .is_some_and(|t| InstanceId::from_user_nkey(t).is_err());
+        || match route {
+            Route::Channel(_) => false,
+            Route::To(to) => InstanceId::from_user_nkey(to).is_err(),
+            Route::Service(_) => true,
+        };
     let mut opts = endpoint.options.clone();
     opts.receive_dms = false;
     opts.presence = needs_roster;
@@ -400,13 +407,12 @@ pub(super) async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
     opts.receive_backstop = false;
     let conn = Client::connect(opts).await?;
     let sent = async {
-        let routing = match (&channel, &args.to, &args.service) {
-            (Some(c), _, _) => Routing::channel(c),
-            (None, Some(to), _) => {
+        let routing = match &route {
+            Route::Channel(c) => Routing::channel(c),
+            Route::To(to) => {
                 Routing::to(&resolve_peer(&conn.client, &endpoint, "--to", to).await?.0)
             }
-            (None, None, Some(s)) => Routing::to_service(s.clone()),
-            (None, None, None) => unreachable!("a route was chosen above"),
+            Route::Service(role) => Routing::to_service(role.to_string()),
         };
         let mut mentions = Vec::new();
         for m in &args.mentions {
@@ -427,14 +433,16 @@ pub(super) async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
         )
     }
     .await;
-    let unheld = match &args.service {
-        Some(role) if sent.is_ok() => !role_held(&conn.client, role).await,
-        _ => false,
+    let unheld = match route {
+        Route::Service(role) if sent.is_ok() => {
+            (!role_held(&conn.client, role).await).then_some(role)
+        }
+        _ => None,
     };
     conn.client.clone().close().await;
     let (message, seq) = sent?;
     super::stdout(|out| writeln!(out, "sent {} (stream sequence {seq})", message.id))?;
-    if let Some(role) = args.service.as_ref().filter(|_| unheld) {
+    if let Some(role) = unheld {
         eprintln!(
             "warning: nobody holding role {role} is online; the task is queued and goes to the \
              first holder that connects"
