@@ -59,7 +59,8 @@ pub enum Request {
     SpaceList,
     /// Stop the appliance gracefully, as SIGTERM does; replies before it stops.
     Shutdown,
-    /// Mint a credential; re-minting an existing name replaces (and revokes) its credential.
+    /// Mint a credential; an existing name is refused unless `replace`, which re-issues (and
+    /// revokes) its credential.
     Mint(MintRequest),
     /// End an identity: its credential is revoked, its connections closed, its durables and
     /// backlog deleted.
@@ -301,6 +302,10 @@ pub struct MintRequest {
     /// Lifetime of the credential (`90s`, `12h`, `30d`); the broker refuses it afterwards.
     #[serde(default)]
     pub expires: Option<String>,
+    /// Re-issue the credential of an identity of that name (the current one is revoked);
+    /// without it, a name that exists is refused.
+    #[serde(default)]
+    pub replace: bool,
 }
 
 /// What the appliance remembers of a minted identity (never its seed): the grants of its

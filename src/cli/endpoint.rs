@@ -1,39 +1,355 @@
-//! `cotald send` and `cotald tail`: the client endpoint driven from the command line.
+//! `cotald send` and `cotald tail`: the client endpoint driven from the command line, and
+//! [`EndpointArgs`], how every endpoint command finds the space it talks to.
+//!
+//! With no connection flag, a command on the machine running the appliance acts as the
+//! machine operator of space `main`: its credential, the CA and the listen address are in the
+//! data dir (`spaces/<space>/local-operator.creds`, `tls/ca.pem`, `run/state.json`). `--space`
+//! picks another local space; `--as NAME` acts as an identity minted on this appliance. For a
+//! remote appliance, a saved context (`cotald context`) or `COTALD_LINK`, `COTALD_CREDS`,
+//! `COTALD_CA` say where and as whom. Each setting is taken from the first that gives it:
+//! flag or environment variable, then the context, then the local data dir; `--space` and
+//! `--as` select the local data dir, so no context applies with them.
+//!
+//! Peers are named by their display name where an id would be needed (`--to`, `--mention`):
+//! the roster (§6) resolves a name to one instance, preferring those online; a name nobody
+//! online carries is looked up among the identities the local appliance minted.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
 
+use super::DataDirArg;
 use crate::client::deliver::Event;
-use crate::client::{Client, ConnectOptions, Delivery, Notice, Replay};
-use crate::protocol::{Channel, InstanceId, JoinLink, Routing};
+use crate::client::{
+    Client, ConnectOptions, ConnectionState, Delivery, Notice, Replay, ResolveError,
+};
+use crate::datadir::DataDir;
+use crate::ops::IdentityRecord;
+use crate::protocol::{Channel, ChannelPattern, InstanceId, JoinLink, Routing};
 
-/// How to reach a space as an endpoint.
-#[derive(Debug, Args)]
+/// The space every appliance serves, used when nothing names another.
+const DEFAULT_SPACE: &str = "main";
+
+/// The channel the machine operator's local link names: the one every agent joins by default.
+const OPERATOR_CHANNEL: &str = crate::space::identity::DEFAULT_SUBSCRIBE;
+
+/// How long a command waits for the roster before resolving a name.
+const ROSTER_WAIT: Duration = Duration::from_secs(5);
+
+/// How to reach a space as an endpoint. Every endpoint command flattens it.
+#[derive(Debug, Clone, Args)]
 pub struct EndpointArgs {
-    /// The `.creds` file (from `cotald mint`).
-    #[arg(long, value_name = "FILE")]
-    creds: PathBuf,
-    /// The join link, e.g. cotals://127.0.0.1:4222/main
-    #[arg(long, value_name = "LINK")]
-    link: String,
-    /// The CA certificate to trust (the appliance's tls/ca.pem).
-    #[arg(long, value_name = "FILE")]
+    /// The join link, e.g. cotals://host:4222/main?channel=general [default: the context's,
+    /// else the local appliance's]
+    #[arg(long, env = "COTALD_LINK", value_name = "LINK", global = true)]
+    link: Option<String>,
+    /// The `.creds` file (from `cotald mint`) [default: the context's, else the local machine
+    /// operator's, or that of --as]
+    #[arg(long, env = "COTALD_CREDS", value_name = "FILE", global = true)]
+    creds: Option<PathBuf>,
+    /// The CA certificate to trust (the appliance's tls/ca.pem) [default: the context's, else
+    /// the local data dir's]
+    #[arg(long, env = "COTALD_CA", value_name = "FILE", global = true)]
     ca: Option<PathBuf>,
+    /// Use this saved context (`cotald context ls`) [default: the current one]
+    #[arg(long, env = "COTALD_CONTEXT", value_name = "NAME", global = true)]
+    context: Option<String>,
+    /// The local space to act in [default: the link's space, else main]
+    #[arg(long, value_name = "SPACE", global = true)]
+    space: Option<String>,
+    /// Act as this identity minted on the local appliance (`cotald identities`), found by
+    /// name.
+    #[arg(long = "as", value_name = "NAME", global = true)]
+    as_name: Option<String>,
+    #[command(flatten)]
+    data_dir: DataDirArg,
+}
+
+/// What [`EndpointArgs`] resolved to.
+#[derive(Debug)]
+pub struct Endpoint {
+    /// How to connect.
+    pub options: ConnectOptions,
+    /// The local data dir, when it holds the space of the link: its minted identities resolve
+    /// names of peers that are not online.
+    pub local: Option<DataDir>,
+}
+
+impl Endpoint {
+    /// The identities the local appliance minted for the link's space (none when remote).
+    fn minted(&self) -> Vec<IdentityRecord> {
+        self.local
+            .as_ref()
+            .map(|dir| {
+                crate::space::store::identities(dir, self.options.link.space())
+                    .into_iter()
+                    .filter(|r| r.revoked_at.is_none())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
 }
 
 impl EndpointArgs {
-    pub(super) fn options(&self) -> anyhow::Result<ConnectOptions> {
-        let link =
-            JoinLink::parse(&self.link).with_context(|| format!("invalid link {}", self.link))?;
-        let creds = std::fs::read_to_string(&self.creds)
-            .with_context(|| format!("cannot read {}", self.creds.display()))?;
-        let mut opts = ConnectOptions::new(link, creds);
-        opts.ca = self.ca.clone();
-        Ok(opts)
+    /// The connect options: see the module doc for where each setting comes from.
+    pub fn options(&self) -> anyhow::Result<ConnectOptions> {
+        Ok(self.resolve()?.options)
     }
+
+    /// The connect options and what else is known about the space (see [`Endpoint`]).
+    pub fn resolve(&self) -> anyhow::Result<Endpoint> {
+        let local_selected = self.space.is_some() || self.as_name.is_some();
+        let context = if local_selected {
+            None
+        } else {
+            super::context::selected(self.context.as_deref())?
+        };
+        let saved = context.as_ref().map(|(_, c)| c);
+        let link_text = self.link.clone().or_else(|| saved.map(|c| c.link.clone()));
+        let link = match &link_text {
+            Some(text) => {
+                Some(JoinLink::parse(text).with_context(|| format!("invalid link {text}"))?)
+            }
+            None => None,
+        };
+        let creds_path = self
+            .creds
+            .clone()
+            .or_else(|| saved.map(|c| c.creds.clone()));
+        let dir = self.data_dir.resolve()?;
+        let space = self
+            .space
+            .clone()
+            .or_else(|| link.as_ref().map(|l| l.space().to_owned()))
+            .unwrap_or_else(|| DEFAULT_SPACE.to_owned());
+        // The local appliance fills in what flags, environment and context left open.
+        let identity = match (&self.as_name, &creds_path) {
+            (Some(name), None) => Some(local_identity(&dir, &space, name)?),
+            _ => None,
+        };
+        let link = match link {
+            Some(link) => link,
+            None => {
+                let channels = match &identity {
+                    Some(record) => record.subscribe.clone(),
+                    None => vec![OPERATOR_CHANNEL.to_owned()],
+                };
+                local_link(&dir, &space, &channels)?
+            }
+        };
+        let creds_path = match (creds_path, &identity) {
+            (Some(path), _) => path,
+            (None, Some(record)) => identity_creds(&dir, record)?,
+            (None, None) => operator_creds(&dir, &space)?,
+        };
+        let creds = std::fs::read_to_string(&creds_path)
+            .with_context(|| format!("cannot read the credential {}", creds_path.display()))?;
+        let ca = match self.ca.clone().or_else(|| saved.and_then(|c| c.ca.clone())) {
+            Some(ca) => Some(ca),
+            None => Some(dir.ca_cert()).filter(|ca| ca.exists()),
+        };
+        if let Some(ca) = &ca {
+            check_ca(ca)?;
+        }
+        let mut options = ConnectOptions::new(link, creds);
+        options.ca = ca;
+        let local = Some(dir).filter(|d| d.space(options.link.space()).is_dir());
+        Ok(Endpoint { options, local })
+    }
+}
+
+/// The minted identity `name` of `space` in the local data dir.
+fn local_identity(dir: &DataDir, space: &str, name: &str) -> anyhow::Result<IdentityRecord> {
+    let minted: Vec<IdentityRecord> = crate::space::store::identities(dir, space)
+        .into_iter()
+        .filter(|r| r.revoked_at.is_none())
+        .collect();
+    if let Some(record) = minted.iter().find(|r| r.name == name) {
+        return Ok(record.clone());
+    }
+    let names: Vec<&str> = minted.iter().map(|r| r.name.as_str()).collect();
+    bail!(
+        "--as {name}: no identity named `{name}` was minted in space {space} on data dir {} \
+         ({}); mint one with `cotald mint {name} --space {space}`",
+        dir.root().display(),
+        if names.is_empty() {
+            "none is".to_owned()
+        } else {
+            format!("minted: {}", names.join(", "))
+        }
+    )
+}
+
+/// Where `cotald mint` wrote the credential of `record` by default.
+pub(super) fn default_creds_path(dir: &DataDir, record: &IdentityRecord) -> PathBuf {
+    dir.creds(&record.space)
+        .join(format!("{}-{}.creds", record.name, &record.id[..8]))
+}
+
+fn identity_creds(dir: &DataDir, record: &IdentityRecord) -> anyhow::Result<PathBuf> {
+    let path = default_creds_path(dir, record);
+    if !path.exists() {
+        bail!(
+            "--as {}: its credential is not at {} (was it minted with --out?); pass \
+             --creds FILE",
+            record.name,
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+fn operator_creds(dir: &DataDir, space: &str) -> anyhow::Result<PathBuf> {
+    let path = dir.operator_creds(space);
+    if path.exists() {
+        return Ok(path);
+    }
+    if !dir.spaces().is_dir() {
+        bail!(
+            "no appliance was ever started on data dir {}, and nothing says where to connect: \
+             start one with `cotald up`, or give --link, --creds and --ca (or save a context \
+             with `cotald context add`)",
+            dir.root().display()
+        );
+    }
+    bail!(
+        "space `{space}` does not exist on data dir {} (spaces: {}); add it with `cotald space \
+         add {space}`",
+        dir.root().display(),
+        local_spaces(dir).join(", ")
+    )
+}
+
+fn local_spaces(dir: &DataDir) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(dir.spaces())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().join("local-operator.creds").exists())
+        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+        .collect();
+    out.sort();
+    out
+}
+
+/// The link of `space` on the appliance running on `dir`, naming `channels`.
+fn local_link(dir: &DataDir, space: &str, channels: &[String]) -> anyhow::Result<JoinLink> {
+    let Some(state) = dir.read_state()? else {
+        bail!(
+            "no cotald is running on data dir {}: start it with `cotald up`, or say where to \
+             connect (--link and --creds, COTALD_LINK and COTALD_CREDS, or a context: `cotald \
+             context add`)",
+            dir.root().display()
+        );
+    };
+    if !state.spaces.iter().any(|s| s == space) {
+        bail!(
+            "space `{space}` is not served by the appliance on {} (served: {})",
+            dir.root().display(),
+            state.spaces.join(", ")
+        );
+    }
+    let mut addr = state.listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr.ip() {
+            std::net::IpAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let text = crate::daemon::join_link(&addr.to_string(), space, channels)?;
+    Ok(JoinLink::parse(&text)?)
+}
+
+/// Refuses a `--ca` that is not a PEM certificate, naming what it looks like instead.
+pub(super) fn check_ca(path: &Path) -> anyhow::Result<()> {
+    let bytes =
+        std::fs::read(path).with_context(|| format!("cannot read --ca {}", path.display()))?;
+    let text = String::from_utf8_lossy(&bytes);
+    if text.contains("-----BEGIN CERTIFICATE-----") {
+        return Ok(());
+    }
+    let looks_like = if text.contains("BEGIN NATS USER JWT") {
+        " (it is a .creds file)"
+    } else if text.contains("PRIVATE KEY") {
+        " (it is a private key)"
+    } else {
+        ""
+    };
+    bail!(
+        "--ca {} is not a PEM certificate{looks_like}; pass the appliance's CA certificate, \
+         <data-dir>/tls/ca.pem",
+        path.display()
+    )
+}
+
+/// A concrete channel given on the command line: validated like `cotald mint` validates
+/// channels, refused rather than rewritten.
+pub(super) fn concrete_channel(flag: &str, raw: &str) -> anyhow::Result<Channel> {
+    ChannelPattern::from_policy(raw)
+        .and_then(|p| p.to_channel())
+        .with_context(|| format!("invalid {flag} {raw:?}"))
+}
+
+/// The instance `who` names: an id, a display name in the roster, or (for one not there) an
+/// identity the local appliance minted. The roster is read to its end first.
+async fn resolve_peer(
+    client: &Client,
+    endpoint: &Endpoint,
+    flag: &str,
+    who: &str,
+) -> anyhow::Result<(InstanceId, String)> {
+    if let Ok(id) = InstanceId::from_user_nkey(who) {
+        let name = client
+            .roster()
+            .peer(id.as_str())
+            .map(|p| p.presence.card.name)
+            .or_else(|| {
+                endpoint
+                    .minted()
+                    .into_iter()
+                    .find(|r| r.id == who)
+                    .map(|r| r.name)
+            })
+            .unwrap_or_else(|| who.to_owned());
+        return Ok((id, name));
+    }
+    let _ = tokio::time::timeout(ROSTER_WAIT, client.roster().loaded()).await;
+    match client.roster().resolve(who) {
+        Ok(id) => Ok((id, who.to_owned())),
+        Err(ResolveError::Unknown { known, .. }) => {
+            let minted = endpoint.minted();
+            if let Some(record) = minted.iter().find(|r| r.name == who) {
+                return Ok((InstanceId::from_user_nkey(&record.id)?, who.to_owned()));
+            }
+            let mut names: Vec<String> = known.into_iter().collect();
+            names.extend(minted.into_iter().map(|r| r.name));
+            names.sort();
+            names.dedup();
+            bail!(
+                "{flag} {who}: nobody named `{who}` is in space {} (neither in its roster nor \
+                 minted here){}",
+                client.space(),
+                if names.is_empty() {
+                    String::new()
+                } else {
+                    format!("; known names: {}", names.join(", "))
+                }
+            )
+        }
+        Err(e) => Err(anyhow::Error::new(e).context(format!("{flag} {who}"))),
+    }
+}
+
+/// Whether an instance holding `role` is online (§6: the card's role, the liveness rule).
+async fn role_held(client: &Client, role: &str) -> bool {
+    let _ = tokio::time::timeout(ROSTER_WAIT, client.roster().loaded()).await;
+    client.roster().peers().values().any(|p| {
+        p.presence.card.role.as_deref() == Some(role)
+            && p.status() != crate::protocol::PresenceStatus::Offline
+    })
 }
 
 /// Options of `cotald send`.
@@ -41,47 +357,110 @@ impl EndpointArgs {
 pub struct SendArgs {
     #[command(flatten)]
     endpoint: EndpointArgs,
-    /// Multicast on this channel (concrete, within the credential's allowPublish).
-    #[arg(long, group = "route", required_unless_present_any = ["to", "service"])]
-    channel: Option<String>,
-    /// Unicast to this instance id.
+    /// Multicast on this channel (concrete, within the credential's allowPublish) [default:
+    /// the link's first channel]
     #[arg(long, group = "route")]
+    channel: Option<String>,
+    /// Unicast to this peer: a display name (from the roster or minted here) or an instance id.
+    #[arg(long, group = "route", value_name = "NAME|ID")]
     to: Option<String>,
     /// Anycast to one holder of this role.
     #[arg(long, group = "route")]
     service: Option<String>,
-    /// Mention a peer by name (repeatable).
-    #[arg(long = "mention", value_name = "NAME")]
+    /// Mention a peer by name or id (repeatable).
+    #[arg(long = "mention", value_name = "NAME|ID")]
     mentions: Vec<String>,
     /// The text to send.
     text: String,
 }
 
 pub(super) async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
-    let routing = match (&args.channel, &args.to, &args.service) {
-        (Some(c), None, None) => Routing::channel(&Channel::new(c).context("invalid --channel")?),
-        (None, Some(t), None) => {
-            Routing::to(&InstanceId::from_user_nkey(t).context("invalid --to")?)
-        }
-        (None, None, Some(s)) => Routing::to_service(s.clone()),
-        _ => bail!("give exactly one of --channel, --to, --service"),
+    let endpoint = args.endpoint.resolve()?;
+    /// Where the message goes, as given (a peer still by name).
+    enum Route<'a> {
+        Channel(Channel),
+        To(&'a str),
+        Service(&'a str),
+    }
+    let route = match (&args.channel, &args.to, &args.service) {
+        (Some(c), _, _) => Route::Channel(concrete_channel("--channel", c)?),
+        (None, Some(to), _) => Route::To(to),
+        (None, None, Some(role)) => Route::Service(role),
+        (None, None, None) => match endpoint.options.link.channels().first() {
+            Some(c) => Route::Channel(concrete_channel("the link's channel", c)?),
+            None => bail!(
+                "say where to send: --channel CH, --to NAME or --service ROLE (the link names \
+                 no channel)"
+            ),
+        },
     };
-    let mut opts = args.endpoint.options()?;
+    let needs_roster = !args.mentions.is_empty()
+        || match route {
+            Route::Channel(_) => false,
+            Route::To(to) => InstanceId::from_user_nkey(to).is_err(),
+            Route::Service(_) => true,
+        };
+    let mut opts = endpoint.options.clone();
     opts.receive_dms = false;
-    opts.presence = false;
+    opts.presence = needs_roster;
+    opts.announce = false;
     opts.receive_backstop = false;
     let conn = Client::connect(opts).await?;
-    let sent = conn
-        .client
-        .send(
-            routing,
-            vec![crate::protocol::Part::text(&args.text)],
-            &args.mentions,
+    let sent = async {
+        let routing = match &route {
+            Route::Channel(c) => Routing::channel(c),
+            Route::To(to) => {
+                Routing::to(&resolve_peer(&conn.client, &endpoint, "--to", to).await?.0)
+            }
+            Route::Service(role) => Routing::to_service(role.to_string()),
+        };
+        let mut mentions = Vec::new();
+        for m in &args.mentions {
+            mentions.push(
+                resolve_peer(&conn.client, &endpoint, "--mention", m)
+                    .await?
+                    .1,
+            );
+        }
+        Ok::<_, anyhow::Error>(
+            conn.client
+                .send(
+                    routing,
+                    vec![crate::protocol::Part::text(&args.text)],
+                    &mentions,
+                )
+                .await?,
         )
-        .await;
+    }
+    .await;
+    let unheld = match route {
+        Route::Service(role) if sent.is_ok() => {
+            (!role_held(&conn.client, role).await).then_some(role)
+        }
+        _ => None,
+    };
+    // The warden discards tasks for a role no agent of the space holds (§8 TASK): say so
+    // where the identities are known, rather than promise a queue.
+    let nobody_minted = unheld.is_some_and(|role| {
+        endpoint.local.is_some()
+            && !endpoint.minted().iter().any(|r| {
+                r.profile == crate::ops::CredentialProfile::Agent && r.role.as_deref() == Some(role)
+            })
+    });
     conn.client.clone().close().await;
     let (message, seq) = sent?;
     super::stdout(|out| writeln!(out, "sent {} (stream sequence {seq})", message.id))?;
+    if let Some(role) = unheld.filter(|_| nobody_minted) {
+        eprintln!(
+            "warning: no agent of this space holds role {role}, so the task will be discarded; \
+             mint one with `cotald mint NAME --role {role}` before sending tasks to it"
+        );
+    } else if let Some(role) = unheld {
+        eprintln!(
+            "warning: nobody holding role {role} is online; the task is queued and goes to the \
+             first holder that connects"
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -90,7 +469,7 @@ pub(super) async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
 pub struct TailArgs {
     #[command(flatten)]
     endpoint: EndpointArgs,
-    /// Join this channel or pattern (repeatable; default: the link's channels).
+    /// Join this channel or pattern (repeatable) [default: the link's channels]
     #[arg(long = "channel", value_name = "CH")]
     channels: Vec<String>,
     /// Also receive DMs (binds dm_<id>).
@@ -114,11 +493,20 @@ pub(super) async fn tail(args: TailArgs) -> anyhow::Result<ExitCode> {
     let mut opts = args.endpoint.options()?;
     opts.receive_dms = args.dm;
     opts.role = args.service.clone();
-    let channels = if args.channels.is_empty() {
+    let channels: Vec<String> = if args.channels.is_empty() {
         opts.link.channels().to_vec()
     } else {
+        for c in &args.channels {
+            ChannelPattern::from_policy(c).with_context(|| format!("invalid --channel {c:?}"))?;
+        }
         args.channels.clone()
     };
+    if channels.is_empty() && !args.dm && args.service.is_none() {
+        bail!(
+            "nothing to tail: the link names no channel; give --channel CH (repeatable), --dm \
+             or --service ROLE"
+        );
+    }
     let conn = Client::connect(opts).await?;
     let (client, mut deliveries) = (conn.client, conn.deliveries);
     let replay = if args.no_history {
@@ -136,6 +524,10 @@ pub(super) async fn tail(args: TailArgs) -> anyhow::Result<ExitCode> {
         Ok::<(), crate::client::JoinError>(())
     });
     let mut joining = true;
+    // Connection changes are surfaced, never silent: a reader must know when it may miss
+    // live messages.
+    let mut state = client.state();
+    let mut lost_at: Option<std::time::Instant> = None;
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
     let mut printed = 0;
@@ -180,6 +572,28 @@ pub(super) async fn tail(args: TailArgs) -> anyhow::Result<ExitCode> {
                 }
                 None => break Ok(()),
             },
+            changed = state.changed() => {
+                if changed.is_err() {
+                    break Ok(());
+                }
+                let now = *state.borrow_and_update();
+                match now {
+                    ConnectionState::Reconnecting => {
+                        if lost_at.is_none() {
+                            lost_at = Some(std::time::Instant::now());
+                            eprintln!("connection to the appliance lost; reconnecting");
+                        }
+                    }
+                    ConnectionState::Connected => {
+                        if let Some(at) = lost_at.take() {
+                            eprintln!("reconnected after {:.1} s", at.elapsed().as_secs_f64());
+                        }
+                    }
+                    ConnectionState::Disconnected => {
+                        break Err(anyhow::anyhow!("the connection to the appliance is closed"));
+                    }
+                }
+            }
             _ = &mut interrupted => break Ok(()),
         }
     };
@@ -239,7 +653,7 @@ const CONTINUATION: &str = "\n    ";
 /// `s` made safe to print on a terminal: each character [`escaped_on_terminal`] is shown as its
 /// escape (`\u{1b}`). A newline is escaped too, unless `multiline`: then it stays, and the next
 /// line starts with [`CONTINUATION`].
-fn terminal_safe(s: &str, multiline: bool) -> String {
+pub(super) fn terminal_safe(s: &str, multiline: bool) -> String {
     use std::fmt::Write;
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {

@@ -33,6 +33,7 @@ pub struct LeaveArgs {
 }
 
 pub(super) async fn join(args: JoinArgs) -> anyhow::Result<ExitCode> {
+    super::endpoint::concrete_channel("channel", &args.channel)?;
     let mut opts = args.endpoint.options()?;
     opts.receive_dms = false;
     opts.receive_backstop = false;
@@ -48,6 +49,7 @@ pub(super) async fn join(args: JoinArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub(super) async fn leave(args: LeaveArgs) -> anyhow::Result<ExitCode> {
+    super::endpoint::concrete_channel("channel", &args.channel)?;
     let mut opts = args.endpoint.options()?;
     opts.receive_dms = false;
     opts.receive_backstop = false;

@@ -18,7 +18,7 @@ pub struct MintArgs {
     /// Display name of the identity (the credential's name).
     name: String,
     /// The space it belongs to.
-    #[arg(long)]
+    #[arg(long, default_value = "main")]
     space: String,
     /// agent: reads within --allow-subscribe, posts within --allow-publish, DMs and anycast;
     /// observer: reads chat, history, presence; admin: observer plus DM history and the whole
@@ -45,6 +45,11 @@ pub struct MintArgs {
     /// [default: <data-dir>/spaces/<space>/creds/<name>-<id>.creds]
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
+    /// Re-issue the credential of an identity of this name: it keeps its id, memberships and
+    /// backlog, and its current credential is revoked. Without it, a name that exists is
+    /// refused.
+    #[arg(long)]
+    replace: bool,
     /// Print one JSON object: {"id","name","space","creds","link","ca"}.
     #[arg(long)]
     json: bool,
@@ -72,6 +77,7 @@ pub(super) async fn run(args: MintArgs) -> anyhow::Result<ExitCode> {
         allow_publish: args.allow_publish.clone(),
         role: args.role.clone(),
         expires: args.expires.clone(),
+        replace: args.replace,
     });
     let value = match admin::call(&dir, &req).await? {
         Some(value) => value,

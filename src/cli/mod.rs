@@ -1,11 +1,15 @@
 //! The `cotald` command line: thin over the library. Errors become `anyhow` here, at the edge.
 
 mod bench;
+mod channels;
+mod context;
 mod down;
 mod endpoint;
+mod identities;
 mod membership;
 mod mint;
 mod revoke;
+mod roster;
 mod shell;
 mod space;
 mod status;
@@ -24,6 +28,11 @@ use crate::supervisor::BrokerBinary;
 /// `cotald up` starts the appliance: a bundled nats-server with JetStream, its own trust
 /// chain (operator, one account per space) and TLS. Agents join with a link such as
 /// `cotals://127.0.0.1:4222/main`, a `.creds` file and the CA certificate.
+///
+/// On the appliance's machine, `send`, `tail`, `join`, `leave`, `roster` and `channels` need
+/// no connection flag: they act as the machine operator of space `main` (`--space` picks
+/// another, `--as NAME` a minted identity). For a remote appliance, save a context
+/// (`cotald context add`) or set COTALD_LINK, COTALD_CREDS and COTALD_CA.
 #[derive(Debug, Parser)]
 #[command(
     name = "cotald",
@@ -85,6 +94,8 @@ pub enum Command {
     /// are created at the next `cotald up`. Channel lists are strict: `foo/bar`, `a.>.b` or an
     /// empty segment are refused, never rewritten.
     Mint(mint::MintArgs),
+    /// List the identities minted for a space (works with the appliance stopped).
+    Identities(identities::IdentitiesArgs),
     /// Revoke an identity: the broker refuses its credentials from now on and closes its
     /// connections; its durables, durable memberships and backlog are deleted.
     Revoke(revoke::RevokeArgs),
@@ -124,6 +135,13 @@ pub enum Command {
     Completions(shell::CompletionsArgs),
     /// Print the manual page (roff): `cotald man | man -l -`.
     Man,
+    /// Who is in the space: name, id, status (by the liveness rule), attention, role, last seen.
+    Roster(roster::RosterArgs),
+    /// The channels of the space: effective config, message count, last activity; `set`
+    /// writes one channel's config (admin only).
+    Channels(channels::ChannelsArgs),
+    /// Save, select, list and remove ways to reach remote appliances.
+    Context(context::ContextArgs),
 }
 
 /// The data dir option every local command takes.
@@ -176,6 +194,10 @@ pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
             Command::Bench(args) => bench::run(args).await,
             Command::Completions(args) => shell::completions(args),
             Command::Man => shell::man(),
+            Command::Identities(args) => identities::run(args).await,
+            Command::Roster(args) => roster::run(args).await,
+            Command::Channels(args) => channels::run(args).await,
+            Command::Context(args) => context::run(args).await,
         }
     });
     match result {
@@ -224,8 +246,13 @@ fn install_tracing(verbose: u8, format: LogFormat, serving: bool) {
         (2, _) => "debug",
         _ => "trace",
     };
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("{level},async_nats=warn")));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        // A client command reports what the connection refused as its own error, in words
+        // that say what to do; the NATS library's log of the same refusal would only repeat
+        // it in other words.
+        let nats = if serving { "warn" } else { "off" };
+        EnvFilter::new(format!("{level},async_nats={nats}"))
+    });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -15,7 +15,7 @@ pub struct RevokeArgs {
     /// The identity's name (or its id).
     name: String,
     /// The space it belongs to.
-    #[arg(long)]
+    #[arg(long, default_value = "main")]
     space: String,
     #[command(flatten)]
     data_dir: DataDirArg,

@@ -118,10 +118,18 @@ fn print_ready(info: &ReadyInfo) {
         _ => format!(" --data-dir {dir}"),
     };
     if let Some(space) = info.spaces.first() {
+        let space_arg = match space.name.as_str() {
+            "main" => String::new(),
+            other => format!(" --space {other}"),
+        };
         println!(
-            "  cotald mint alice --space {} --allow-publish general{data_dir}   # a credential for an agent",
-            space.name
+            "  cotald tail{space_arg}{data_dir}                  # what arrives, as the operator"
         );
+        println!("  cotald send{space_arg}{data_dir} \"hello\"          # post on general");
+        println!(
+            "  cotald mint alice --allow-publish general{space_arg}{data_dir}   # an agent's credential"
+        );
+        println!("  cotald roster{space_arg}{data_dir}");
     }
     println!("  cotald status{data_dir}");
     println!("  cotald down{data_dir}");

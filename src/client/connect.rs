@@ -40,8 +40,11 @@ pub struct ConnectOptions {
     pub request_timeout: Duration,
     /// Bind `dm_<id>` and receive DMs.
     pub receive_dms: bool,
-    /// Heartbeat presence and watch the roster.
+    /// Watch the roster and, when `announce` is set too, heartbeat our own presence.
     pub presence: bool,
+    /// Heartbeat our own presence (with `presence`): off for a command that only reads the
+    /// roster, so that it does not show up in it.
+    pub announce: bool,
     /// Receive the durable backstop's copies (§4 `durable`): this identity's backlog on
     /// durable channels it joined, and `@mention` copies. The trusted reader delivers only
     /// to members whose presence is live.
@@ -62,6 +65,7 @@ impl ConnectOptions {
             request_timeout: Duration::from_secs(5),
             receive_dms: true,
             presence: true,
+            announce: true,
             receive_backstop: true,
         }
     }
@@ -117,6 +121,55 @@ pub async fn dial(
         .await?)
 }
 
+/// The space a credential's grants are confined to: the `<space>` of the `cotal.<space>.…`
+/// subjects it may publish or subscribe to, when they all name one. `None` for a credential
+/// unrestricted within its account (the machine operator's) or one that names no space.
+fn granted_space(grants: &crate::binding::UserPermissions) -> Option<String> {
+    let mut spaces = grants
+        .publish
+        .allow
+        .iter()
+        .chain(&grants.subscribe.allow)
+        .filter_map(|s| s.strip_prefix("cotal."))
+        .filter_map(|s| s.split('.').next())
+        .filter(|s| !matches!(*s, "*" | ">"));
+    let first = spaces.next()?;
+    spaces.all(|s| s == first).then(|| first.to_owned())
+}
+
+/// Whether a TLS failure is the server's certificate not chaining to a trusted CA.
+fn untrusted(e: &async_nats::ConnectError) -> bool {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text.contains("UnknownIssuer") || text.contains("invalid peer certificate")
+}
+
+/// The longest wait between two reconnect attempts to an appliance on this machine.
+const LOOPBACK_MAX_DELAY: Duration = Duration::from_millis(250);
+/// The longest wait between two reconnect attempts to a remote appliance.
+const REMOTE_MAX_DELAY: Duration = Duration::from_secs(4);
+
+/// How long to wait before reconnect attempt `attempts` (1-based). An appliance on this machine
+/// answers or refuses at once, so retrying it often costs nothing and a restarted broker is
+/// back in use within a quarter second; a remote one is retried with exponential backoff.
+fn reconnect_delay(loopback: bool) -> impl Fn(usize) -> Duration + Send + Sync + 'static {
+    move |attempts| {
+        if attempts <= 1 {
+            return Duration::ZERO;
+        }
+        if loopback {
+            (Duration::from_millis(50) * attempts as u32).min(LOOPBACK_MAX_DELAY)
+        } else {
+            let exp = u32::try_from(attempts - 1).unwrap_or(u32::MAX).min(16);
+            Duration::from_millis(2u64.saturating_pow(exp) * 10).min(REMOTE_MAX_DELAY)
+        }
+    }
+}
+
 /// Connects, binds the identity's durables, starts presence.
 pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
     let creds = Creds::parse(&opts.creds)?;
@@ -140,6 +193,21 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
     if opts.link.auth().is_some() {
         return Err(ClientError::LinkAuth);
     }
+    if let Some(exp) = claims.expires
+        && exp <= crate::provision::now_secs()
+    {
+        return Err(ClientError::Expired {
+            at: crate::provision::rfc3339(exp),
+        });
+    }
+    if let Some(space) = granted_space(&claims.permissions)
+        && space != opts.link.space()
+    {
+        return Err(ClientError::WrongSpace {
+            credential: space,
+            link: opts.link.space().to_owned(),
+        });
+    }
     let subjects = SpaceSubjects::new(opts.link.space())?;
     let names = SpaceNames::new(subjects.space().as_str());
 
@@ -159,6 +227,7 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
     )
     .map_err(connect_failed)?
     .custom_inbox_prefix(id.inbox_prefix())
+    .reconnect_delay_callback(reconnect_delay(opts.link.host().is_loopback()))
     .event_callback(move |event| {
             let state_tx = state_tx.clone();
             let events_tx = events_tx.clone();
@@ -183,10 +252,19 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
                 }
             }
         });
-    let nats = options
-        .connect(&server)
-        .await
-        .map_err(|e| connect_failed(e.into()))?;
+    let nats = options.connect(&server).await.map_err(|e| match e.kind() {
+        async_nats::ConnectErrorKind::AuthorizationViolation => ClientError::NotAuthorized {
+            server: server.clone(),
+        },
+        // rustls reports the verdict through an I/O error.
+        async_nats::ConnectErrorKind::Tls | async_nats::ConnectErrorKind::Io if untrusted(&e) => {
+            ClientError::UntrustedCertificate {
+                server: server.clone(),
+                source: e.into(),
+            }
+        }
+        _ => connect_failed(e.into()),
+    })?;
     let js = async_nats::jetstream::new(nats.clone());
 
     let mut card = AgentCard::new(
@@ -202,6 +280,7 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
     let barrier_refused = !grants.may_subscribe("_INBOX.cotal-barrier.probe");
     // Observers and admins hold no presence write (Appendix B): they watch, never announce.
     let announce = opts.presence
+        && opts.announce
         && grants.may_publish(&format!("$KV.{}.{}", names.presence_bucket(), id.as_str()));
     let may_read = |stream: &str, durable: &str| {
         grants.may_publish(&format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"))
@@ -275,4 +354,26 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
         return Err(e);
     }
     Ok(Connection { client, deliveries })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_local_appliance_is_retried_within_a_quarter_second() {
+        let local = reconnect_delay(true);
+        let delays: Vec<Duration> = (1..=10).map(&local).collect();
+        assert_eq!(delays[0], Duration::ZERO);
+        assert!(
+            delays.iter().all(|d| *d <= LOOPBACK_MAX_DELAY),
+            "{delays:?}"
+        );
+        let first_second: Duration = delays[..5].iter().sum();
+        assert!(first_second < Duration::from_secs(1), "{delays:?}");
+        let remote = reconnect_delay(false);
+        assert_eq!(remote(1), Duration::ZERO);
+        assert!(remote(3) < remote(6));
+        assert_eq!(remote(100), REMOTE_MAX_DELAY);
+    }
 }

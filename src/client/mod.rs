@@ -11,12 +11,14 @@
 //! | §2 adopt the credential's id; inbox `_INBOX_<id>` (§10) | [`connect`] |
 //! | §6 heartbeat, roster | [`presence`] |
 //! | §7 join/leave, watermark, replay, durable membership | [`join`] |
+//! | §7 the channels: registry, effective config, activity | [`ChannelInfo`] |
 //! | §4, §5, §8 receive, dedup, ack/term | [`deliver`] |
 //! | §4 `durable`, §8 the trusted reader's copies, acked once handled | `backstop` |
 //! | §5, §8 send through JetStream with `Nats-Msg-Id` | [`Client::send`] |
 //! | §5 control request/reply | [`Client::control`] |
 
 mod backstop;
+mod channels;
 mod connect;
 pub mod deliver;
 pub mod join;
@@ -36,6 +38,7 @@ use crate::protocol::{
     SpaceSubjects,
 };
 
+pub use channels::ChannelInfo;
 pub use connect::{ConnectOptions, Connection, DialError, dial, nats_options};
 pub use deliver::{Anomaly, Deliveries, Delivery, Notice};
 pub use join::{DurableState, JoinError, JoinReport, Replay};
@@ -110,6 +113,48 @@ pub enum ClientError {
         #[source]
         source: BoxError,
     },
+    /// The credential's `exp` has passed: the broker refuses it.
+    #[error(
+        "this credential expired at {at}; have a new one minted (`cotald mint NAME --replace` \
+         on the appliance)"
+    )]
+    Expired {
+        /// When it expired (RFC 3339, UTC).
+        at: String,
+    },
+    /// The credential grants subjects of another space than the link names.
+    #[error(
+        "this credential belongs to space {credential}, but the link names space {link}: use \
+         the link of space {credential}, or a credential minted with --space {link}"
+    )]
+    WrongSpace {
+        /// The space the credential's grants name.
+        credential: String,
+        /// The space the link names.
+        link: String,
+    },
+    /// The broker refused the credential at connect (authorization violation).
+    #[error(
+        "the appliance at {server} refused this credential: it was signed by another appliance \
+         (or for a space this one does not serve), or it was revoked; use a credential minted by \
+         the appliance the link names"
+    )]
+    NotAuthorized {
+        /// The server URL.
+        server: String,
+    },
+    /// The server's certificate is not signed by a CA this client trusts.
+    #[error(
+        "the certificate of {server} is not signed by a CA this client trusts: pass --ca with \
+         that appliance's CA certificate (<data-dir>/tls/ca.pem)"
+    )]
+    UntrustedCertificate {
+        /// The server URL.
+        server: String,
+        /// What TLS said.
+        #[source]
+        source: DialError,
+    },
     /// The broker could not be reached or refused the connection.
     #[error("cannot connect to {server}")]
     Connect {
@@ -120,7 +165,7 @@ pub enum ClientError {
         source: DialError,
     },
     /// The broker refused a publish (permission violation).
-    #[error("the broker refused to publish on {subject}: not within this credential's permissions")]
+    #[error("{}", publish_refused(subject))]
     PublishRefused {
         /// The refused subject.
         subject: String,
@@ -188,6 +233,35 @@ pub enum ClientError {
         #[source]
         source: serde_json::Error,
     },
+}
+
+/// The words of a refused publish: what the credential may not do, in spec terms, and the fix.
+fn publish_refused(subject: &str) -> String {
+    let what = match crate::protocol::parse_subject(subject) {
+        Ok(p) => match p.kind {
+            crate::protocol::SubjectKind::Chat => format!(
+                "this credential may not post to channel {channel} (mint it with \
+                 --allow-publish {channel}; add --replace to re-issue an existing identity)",
+                channel = p.rest
+            ),
+            crate::protocol::SubjectKind::Inst => {
+                "this credential may not send direct messages (observers and admins publish \
+                 nothing; use an agent credential)"
+                    .to_owned()
+            }
+            crate::protocol::SubjectKind::Svc => format!(
+                "this credential may not send tasks to role {} (observers and admins publish \
+                 nothing; use an agent credential)",
+                p.rest
+            ),
+            crate::protocol::SubjectKind::Ctl => format!(
+                "this credential may not make requests of service {}",
+                p.rest
+            ),
+        },
+        Err(_) => "not within this credential's permissions".to_owned(),
+    };
+    format!("the broker refused to publish on {subject}: {what}")
 }
 
 /// `.map_err(nats_err("read the CHAT frontier"))`: a failed NATS operation, its error kept.

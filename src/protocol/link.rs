@@ -100,6 +100,15 @@ enum HostKind {
 pub struct Host(HostKind);
 
 impl Host {
+    /// Whether the host is this machine: `localhost` or a loopback address.
+    pub fn is_loopback(&self) -> bool {
+        match &self.0 {
+            HostKind::Name(name) => name.eq_ignore_ascii_case("localhost"),
+            HostKind::V4(a) => a.is_loopback(),
+            HostKind::V6(a) => a.is_loopback(),
+        }
+    }
+
     /// Parses a host as it appears in a URL; IPv6 must be bracketed (`[::1]`).
     pub fn parse(text: &str) -> Result<Self, JoinLinkError> {
         let invalid = || JoinLinkError::InvalidHost {

@@ -242,6 +242,22 @@ pub fn now_secs() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
+/// A JWT time (Unix seconds) as RFC 3339 in UTC, to the second, as people read it.
+pub fn rfc3339(secs: i64) -> String {
+    match time::OffsetDateTime::from_unix_timestamp(secs) {
+        Ok(t) => format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+            t.year(),
+            u8::from(t.month()),
+            t.day(),
+            t.hour(),
+            t.minute(),
+            t.second()
+        ),
+        Err(_) => secs.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

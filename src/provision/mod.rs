@@ -13,7 +13,7 @@ mod files;
 mod keystore;
 mod tls;
 
-pub use claims::{AccountLimits, JetStreamLimits, now_secs};
+pub use claims::{AccountLimits, JetStreamLimits, now_secs, rfc3339};
 pub use keystore::{KeyStore, SpaceKeys};
 pub use tls::{TlsFiles, validate_hostname};
 

@@ -35,6 +35,19 @@ pub enum MintError {
     /// A field is invalid.
     #[error("{0}")]
     Invalid(String),
+    /// The name is taken and the request does not say `replace`.
+    #[error(
+        "identity `{name}` already exists in space {space} (id {id}); pass --replace to \
+         re-issue its credential (the current one is revoked), or choose another name"
+    )]
+    Exists {
+        /// The name.
+        name: String,
+        /// The space.
+        space: String,
+        /// The existing identity's id.
+        id: String,
+    },
     /// Signing failed.
     #[error(transparent)]
     Provision(#[from] crate::provision::ProvisionError),
@@ -142,7 +155,11 @@ pub fn mint(
         None => None,
         Some(text) => {
             let lifetime = ReplayWindow::parse(text)
-                .map_err(|e| MintError::Invalid(format!("--expires {text:?}: {e}")))?
+                .map_err(|_| {
+                    MintError::Invalid(format!(
+                        "--expires {text:?}: give a number and a unit, e.g. 90s, 30m, 12h or 30d"
+                    ))
+                })?
                 .duration();
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -198,14 +215,23 @@ pub fn mint(
 }
 
 /// The `mint` operation on a space's identities, the same with the appliance running or not:
-/// the credential is signed and its record stored. Re-minting a name replaces its credential;
-/// when the data dir no longer holds the old key, the old identity is revoked whole.
+/// the credential is signed and its record stored. A name that exists is refused unless the
+/// request says `replace`: two identities of one name would make the name useless as a
+/// handle. Replacing re-issues its credential; when the data dir no longer holds the old key,
+/// the old identity is revoked whole.
 pub fn mint_identity(
     keys: &SpaceKeys,
     identities: &Identities,
     req: &MintRequest,
 ) -> Result<Minted, MintError> {
     let previous = identities.by_name(&req.name);
+    if let Some(existing) = previous.as_ref().filter(|_| !req.replace) {
+        return Err(MintError::Exists {
+            name: existing.name.clone(),
+            space: existing.space.clone(),
+            id: existing.id.clone(),
+        });
+    }
     let minted = mint(keys, req, previous.as_ref())?;
     if let Some(old) = &minted.replaced
         && old.id != minted.record.id

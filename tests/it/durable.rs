@@ -334,7 +334,13 @@ async fn a_channel_dropped_from_the_acl_is_never_surfaced_from_the_backstop() {
 
     // Re-minting bob with a narrower ACL revokes the old credential; the reader authorizes
     // against the new one.
-    let narrowed = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+    let narrowed = mint(
+        tmp.path(),
+        "bob",
+        "main",
+        &["--subscribe", "general", "--replace"],
+    )
+    .await;
     assert_eq!(narrowed.id, bob.id, "a re-mint keeps the identity");
     publish(&a, "secret", "late", 0..3).await;
     publish(&a, "general", "open", 0..3).await;

@@ -4,6 +4,7 @@
 mod acl;
 mod appliance;
 mod bench;
+mod cli;
 mod client;
 mod durable;
 mod fairness;

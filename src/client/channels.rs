@@ -1,0 +1,161 @@
+//! The channels of a space as an endpoint can see them (§7): every channel the registry
+//! configures or the CHAT stream holds messages of, with its stored config, its effective
+//! config (the one resolution of §7), how many messages CHAT keeps of it and when the last
+//! was stored.
+//!
+//! The registry is read like a join reads it: an unreadable registry is an error, never a
+//! guess (§12 item 11). The counts come from the CHAT stream's per-subject state, which a
+//! credential may not be granted; then they are `None` and the rest is still reported.
+
+use std::collections::BTreeMap;
+
+use futures_util::StreamExt;
+
+use super::{Client, ClientError, nats_err};
+use crate::protocol::{
+    CHANNEL_DEFAULTS_KEY, Channel, ChannelConfig, ChannelDefaults, EffectiveChannelConfig,
+    RegistryKey, resolve,
+};
+
+/// One channel of the space.
+#[derive(Debug, Clone)]
+pub struct ChannelInfo {
+    /// The channel.
+    pub channel: Channel,
+    /// Its registry value, if it has one.
+    pub config: Option<ChannelConfig>,
+    /// What governs it: registry value ?? `=defaults` ?? built-in.
+    pub effective: EffectiveChannelConfig,
+    /// How many of its messages CHAT holds (`None` when the credential may not read that).
+    pub messages: Option<u64>,
+    /// When CHAT stored its last message (Unix seconds), if it holds one and may be read.
+    pub last_activity: Option<i64>,
+}
+
+impl Client {
+    /// The stored registry value of `channel`, if any (not resolved: what `channels-set`
+    /// would replace).
+    pub async fn channel_config(
+        &self,
+        channel: &Channel,
+    ) -> Result<Option<ChannelConfig>, ClientError> {
+        let kv = self.channel_registry().await?;
+        match kv
+            .get(channel.as_str())
+            .await
+            .map_err(nats_err(format!("read {channel} in the channel registry")))?
+        {
+            Some(bytes) => ChannelConfig::from_json(&bytes)
+                .map(Some)
+                .map_err(nats_err(format!("read {channel} in the channel registry"))),
+            None => Ok(None),
+        }
+    }
+
+    /// Every channel the registry configures or CHAT holds messages of, by name.
+    pub async fn channels(&self) -> Result<Vec<ChannelInfo>, ClientError> {
+        let kv = self.channel_registry().await?;
+        let mut configs: BTreeMap<Channel, ChannelConfig> = BTreeMap::new();
+        let mut defaults: Option<ChannelDefaults> = None;
+        let mut keys = kv
+            .keys()
+            .await
+            .map_err(nats_err("list the channel registry"))?;
+        while let Some(key) = keys.next().await {
+            let key = key.map_err(nats_err("list the channel registry"))?;
+            let unreadable = nats_err(format!("read {key} in the channel registry"));
+            let Some(bytes) = kv.get(&key).await.map_err(unreadable)? else {
+                continue;
+            };
+            let unreadable = nats_err(format!("read {key} in the channel registry"));
+            match RegistryKey::parse(&key).map_err(unreadable)? {
+                RegistryKey::Defaults => {
+                    defaults = Some(ChannelDefaults::from_json(&bytes).map_err(nats_err(
+                        format!("read {CHANNEL_DEFAULTS_KEY} in the channel registry"),
+                    ))?);
+                }
+                RegistryKey::Channel(channel) => {
+                    let config = ChannelConfig::from_json(&bytes)
+                        .map_err(nats_err(format!("read {key} in the channel registry")))?;
+                    configs.insert(channel, config);
+                }
+            }
+        }
+        let activity = self.chat_activity().await.ok();
+        let mut names: Vec<Channel> = configs.keys().cloned().collect();
+        if let Some(activity) = &activity {
+            names.extend(activity.keys().cloned());
+        }
+        names.sort();
+        names.dedup();
+        Ok(names
+            .into_iter()
+            .map(|channel| {
+                let config = configs.get(&channel).cloned();
+                let effective = resolve(config.as_ref(), defaults.as_ref());
+                let (messages, last_activity) = match &activity {
+                    Some(a) => {
+                        let (count, last) = a.get(&channel).copied().unwrap_or((0, None));
+                        (Some(count), last)
+                    }
+                    None => (None, None),
+                };
+                ChannelInfo {
+                    channel,
+                    config,
+                    effective,
+                    messages,
+                    last_activity,
+                }
+            })
+            .collect())
+    }
+
+    async fn channel_registry(&self) -> Result<async_nats::jetstream::kv::Store, ClientError> {
+        self.inner
+            .js
+            .get_key_value(self.inner.names.channels_bucket())
+            .await
+            .map_err(nats_err("open the channel registry"))
+    }
+
+    /// Per channel: the messages CHAT holds and when the last was stored.
+    async fn chat_activity(&self) -> Result<BTreeMap<Channel, (u64, Option<i64>)>, ClientError> {
+        let stream = self
+            .inner
+            .js
+            .get_stream(self.inner.names.chat_stream())
+            .await
+            .map_err(nats_err("read the CHAT stream"))?;
+        let filter = self.inner.subjects.chat_subscription(
+            &crate::protocol::ChannelPattern::new(">").map_err(ClientError::Channel)?,
+        );
+        let mut subjects = stream
+            .info_with_subjects(&filter)
+            .await
+            .map_err(nats_err("read the CHAT stream"))?;
+        let prefix = format!("cotal.{}.chat.", self.space());
+        let mut out: BTreeMap<Channel, (u64, Option<i64>)> = BTreeMap::new();
+        while let Some(entry) = subjects.next().await {
+            let (subject, count) = entry.map_err(nats_err("read the CHAT stream"))?;
+            // cotal.<space>.chat.<sender>.<channel…>
+            let Some((_, channel)) = subject
+                .strip_prefix(&prefix)
+                .and_then(|rest| rest.split_once('.'))
+            else {
+                continue;
+            };
+            let Ok(channel) = Channel::new(channel) else {
+                continue;
+            };
+            out.entry(channel).or_default().0 += count as u64;
+        }
+        for (channel, (_, last)) in out.iter_mut() {
+            let subject = self.inner.subjects.chat_subscription(&channel.to_pattern());
+            if let Ok(message) = stream.get_last_raw_message_by_subject(&subject).await {
+                *last = Some(message.time.unix_timestamp());
+            }
+        }
+        Ok(out)
+    }
+}
