@@ -34,6 +34,26 @@ impl EndpointArgs {
         opts.ca = self.ca.clone();
         Ok(opts)
     }
+
+    /// These options as arguments that reach the same space from any directory (absolute
+    /// paths), e.g. for a host that launches `cotald mcp`.
+    pub(super) fn launch_args(&self) -> anyhow::Result<Vec<String>> {
+        let absolute = |p: &std::path::Path| {
+            std::path::absolute(p)
+                .with_context(|| format!("cannot resolve {}", p.display()))
+                .map(|p| p.display().to_string())
+        };
+        let mut args = vec![
+            "--creds".to_owned(),
+            absolute(&self.creds)?,
+            "--link".to_owned(),
+            self.link.clone(),
+        ];
+        if let Some(ca) = &self.ca {
+            args.extend(["--ca".to_owned(), absolute(ca)?]);
+        }
+        Ok(args)
+    }
 }
 
 /// Options of `cotald send`.

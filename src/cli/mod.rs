@@ -1,6 +1,7 @@
 //! The `cotald` command line: thin over the library. Errors become `anyhow` here, at the edge.
 
 mod endpoint;
+mod mcp;
 mod membership;
 mod mint;
 mod revoke;
@@ -72,6 +73,14 @@ pub enum Command {
     /// Works after your credential's read ACL narrowed; messages published before the leave
     /// are still delivered.
     Leave(membership::LeaveArgs),
+    /// Serve MCP on stdio: an AI agent host (Claude Code, Codex, ...) launches this to join the
+    /// space as one endpoint for as long as it runs.
+    ///
+    /// Presence, the joins of the link's channels, DMs and the credential's anycast role are
+    /// held for the whole session; messages wait in an inbox the agent reads with the
+    /// `cotal_inbox` tool, and are acknowledged only once returned to it. Logs go to stderr.
+    /// `--print-config` prints what to put in the host's config.
+    Mcp(mcp::McpArgs),
 }
 
 /// The data dir option every local command takes.
@@ -116,6 +125,7 @@ pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
             Command::Tail(args) => endpoint::tail(args).await,
             Command::Join(args) => membership::join(args).await,
             Command::Leave(args) => membership::leave(args).await,
+            Command::Mcp(args) => mcp::run(args).await,
         }
     });
     match result {

@@ -6,4 +6,5 @@ mod appliance;
 mod client;
 mod durable;
 mod helper;
+mod mcp;
 mod space;
