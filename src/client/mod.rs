@@ -441,6 +441,19 @@ impl Client {
     /// disconnect is not a leave), and drains the connection.
     pub async fn close(self) {
         // Stop the heartbeat first, so that no beat lands after the final `offline`.
+        self.stop_receiving().await;
+        self.inner.joined.lock().await.clear();
+        if self.inner.announced {
+            presence::publish_offline(&self).await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.inner.nats.drain()).await;
+    }
+
+    /// Stops every background task (heartbeat, roster watch, DM and anycast pulls, backstop,
+    /// gap recovery) while the connection stays open: nothing more is pulled, so a copy handed
+    /// back now ([`Delivery::nak`]) goes to the next connection, not to a pull of this one.
+    /// Only [`Client::close`] should follow.
+    pub async fn stop_receiving(&self) {
         let tasks = self
             .inner
             .tasks
@@ -451,11 +464,6 @@ impl Client {
             task.abort();
             let _ = task.await;
         }
-        self.inner.joined.lock().await.clear();
-        if self.inner.announced {
-            presence::publish_offline(&self).await;
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.inner.nats.drain()).await;
     }
 }
 

@@ -211,6 +211,8 @@ pub async fn serve_stdio(
         Ok(())
     }
     .await;
+    // Nothing is pulled any more, then what the agent did not read goes back.
+    conn.client.stop_receiving().await;
     server.inbox.release().await;
     conn.client.close().await;
     result
@@ -276,5 +278,57 @@ impl ServerHandler for CotalServer {
         )
         .with_server_info(Implementation::new("cotald", env!("CARGO_PKG_VERSION")))
         .with_instructions(wording::GUIDE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::binding::acl::{self, AgentScope};
+    use crate::protocol::InstanceId;
+
+    fn id() -> InstanceId {
+        let key = nkeys::KeyPair::new_user();
+        InstanceId::from_user_nkey(&key.public_key()).unwrap()
+    }
+
+    fn patterns(list: &[&str]) -> Vec<ChannelPattern> {
+        list.iter()
+            .map(|c| ChannelPattern::from_policy(c).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn an_agents_grants_are_read_from_its_permissions() {
+        let names = SpaceNames::new("main");
+        let me = id();
+        let permissions = acl::agent(
+            &names,
+            &AgentScope {
+                id: me.clone(),
+                role: Some("reviewer".into()),
+                allow_subscribe: patterns(&["general", "team.>"]),
+                allow_publish: patterns(&["general"]),
+            },
+        );
+        let grants = Grants::of(&permissions, &names, me.as_str());
+        assert_eq!(grants.read, ["general", "team.>"]);
+        assert_eq!(grants.post, ["general"]);
+        assert!(grants.dm && grants.anycast);
+        assert_eq!(grants.role.as_deref(), Some("reviewer"));
+        assert!(grants.may_read(&Channel::new("team.backend").unwrap()));
+        assert!(!grants.may_post(&Channel::new("team.backend").unwrap()));
+    }
+
+    #[test]
+    fn an_observer_reads_everything_and_posts_nothing() {
+        let names = SpaceNames::new("main");
+        let me = id();
+        let grants = Grants::of(&acl::observer(&names, &me), &names, me.as_str());
+        assert_eq!(grants.read, [">"]);
+        assert!(grants.post.is_empty());
+        assert!(!grants.dm && !grants.anycast);
+        assert_eq!(grants.role, None);
+        assert!(grants.may_read(&Channel::new("anything.at.all").unwrap()));
     }
 }

@@ -11,7 +11,11 @@ use rmcp::transport::TokioChildProcess;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
-use crate::helper::{Cotald, Minted, Probe, TIMEOUT, cotald_bin, endpoint, mint};
+use cotald::protocol::PresenceStatus;
+
+use crate::helper::{
+    Cotald, Minted, Probe, TIMEOUT, cotald_bin, endpoint, mint, operator_endpoint,
+};
 
 type Agent = RunningService<RoleClient, ()>;
 
@@ -335,8 +339,27 @@ async fn two_agents_exchange_a_channel_message_a_dm_by_name_and_an_anycast_task(
     assert!(outside.contains("refused by the broker"), "{outside}");
     assert!(outside.contains("--allow-subscribe"), "{outside}");
 
-    a.cancel().await.unwrap();
+    // The host ends bob's session: its last word is `offline` (§6), not a lapsed heartbeat.
+    let watcher = operator_endpoint(tmp.path(), &alice, true).await;
+    let roster = watcher.client.roster().clone();
     b.cancel().await.unwrap();
+    tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let changed = roster.changed();
+            if roster
+                .peer(&bob.id)
+                .is_some_and(|p| p.presence.status == PresenceStatus::Offline)
+            {
+                return;
+            }
+            changed.await;
+        }
+    })
+    .await
+    .expect("bob's final presence record says offline");
+
+    a.cancel().await.unwrap();
+    watcher.client.close().await;
     c.stop().await;
 }
 
