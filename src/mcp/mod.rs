@@ -15,7 +15,9 @@
 //!
 //! The tools (`cotal_*`, in `tools`) are thin over the client; their descriptions teach an
 //! agent when to use each (`wording::GUIDE` is the overview). Errors are tool errors (the
-//! agent sees them and can act) worded as refusals with the fix.
+//! agent sees them and can act) worded as refusals with the fix. Each channel with a
+//! description or instructions is also a resource (`cotal://channel/<name>`), for hosts that
+//! put resources before the agent.
 
 #![allow(deprecated)] // MCP logging: see the module doc.
 
@@ -26,9 +28,12 @@ mod wording;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use rmcp::model::{
-    Implementation, LoggingLevel, LoggingMessageNotificationParam, ServerCapabilities, ServerConfig,
+    Implementation, ListResourcesResult, LoggingLevel, LoggingMessageNotificationParam,
+    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
+    Resource, ResourceContents, ServerCapabilities, ServerConfig,
 };
-use rmcp::{Peer, RoleServer, ServerHandler, ServiceExt, tool_handler};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, Peer, RoleServer, ServerHandler, ServiceExt, tool_handler};
 
 use crate::binding::{CredsError, SpaceNames, UserPermissions, svc_durable};
 use crate::client::{Client, ClientError, ConnectOptions, Delivery, Replay};
@@ -267,17 +272,91 @@ impl CotalServer {
     }
 }
 
+/// The resource of a channel's description and instructions.
+const CHANNEL_RESOURCE: &str = "cotal://channel/";
+
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for CotalServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(
             ServerCapabilities::builder()
                 .enable_tools()
+                .enable_resources()
                 .enable_logging()
                 .build(),
         )
         .with_server_info(Implementation::new("cotald", env!("CARGO_PKG_VERSION")))
         .with_instructions(wording::GUIDE)
+    }
+
+    /// One resource per channel that has a description or instructions (§7), for hosts that
+    /// put resources in the agent's context; `cotal_channel_info` says the same.
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let registry = self
+            .client
+            .channel_registry()
+            .await
+            .map_err(|e| ErrorData::internal_error(wording::other_error(&e), None))?;
+        let resources = registry
+            .channels
+            .iter()
+            .filter(|(_, c)| c.description.is_some() || c.instructions.is_some())
+            .filter_map(|(name, config)| {
+                let channel = Channel::new(name).ok()?;
+                let view = tools::channel_view(self, &channel, Some(config), None, false);
+                let mut resource =
+                    Resource::new(format!("{CHANNEL_RESOURCE}{name}"), format!("#{name}"))
+                        .with_title(format!("How to use #{name}"))
+                        .with_mime_type("text/markdown");
+                if let Some(description) = view.description {
+                    resource = resource.with_description(description);
+                }
+                Some(resource)
+            })
+            .collect();
+        Ok(ListResourcesResult::with_all_items(resources))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let not_found = || {
+            ErrorData::resource_not_found(
+                format!(
+                    "no such resource: {} (resources/list names the channels that have one)",
+                    request.uri
+                ),
+                None,
+            )
+        };
+        let channel = request
+            .uri
+            .strip_prefix(CHANNEL_RESOURCE)
+            .and_then(|name| Channel::new(name).ok())
+            .ok_or_else(not_found)?;
+        let registry = self
+            .client
+            .channel_registry()
+            .await
+            .map_err(|e| ErrorData::internal_error(wording::other_error(&e), None))?;
+        let config = registry
+            .channels
+            .get(channel.as_str())
+            .ok_or_else(not_found)?;
+        let view = tools::channel_view(self, &channel, Some(config), None, false);
+        let mut text = format!("# #{}\n", channel.as_str());
+        for part in [view.description, view.instructions].into_iter().flatten() {
+            text.push('\n');
+            text.push_str(&part);
+            text.push('\n');
+        }
+        Ok(ReadResourceResult::new(vec![ResourceContents::text(text, request.uri.clone())]).into())
     }
 }
 

@@ -444,10 +444,10 @@ pub struct ChannelView {
     may_post: bool,
     /// Its one-line purpose.
     #[serde(skip_serializing_if = "Option::is_none")]
-    description: Option<String>,
+    pub(super) description: Option<String>,
     /// How to use it (follow these when posting).
     #[serde(skip_serializing_if = "Option::is_none")]
-    instructions: Option<String>,
+    pub(super) instructions: Option<String>,
     /// live (only while connected) or durable (kept for members while away).
     delivery_class: String,
     /// Whether its history is replayed on join and readable with cotal_history.
@@ -605,7 +605,7 @@ fn state_word(state: ConnectionState) -> &'static str {
     }
 }
 
-fn channel_view(
+pub(super) fn channel_view(
     server: &CotalServer,
     channel: &Channel,
     config: Option<&ChannelConfig>,

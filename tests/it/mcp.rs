@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::model::{CallToolRequestParams, CallToolResult, ReadResourceRequestParams};
 use rmcp::service::RunningService;
 use rmcp::transport::TokioChildProcess;
 use rmcp::{RoleClient, ServiceExt};
@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use cotald::protocol::PresenceStatus;
 
 use crate::helper::{
-    Cotald, Minted, Probe, TIMEOUT, cotald_bin, endpoint, mint, operator_endpoint,
+    Cotald, Minted, Probe, TIMEOUT, cotald_bin, endpoint, mint, operator_endpoint, set_channel,
 };
 
 type Agent = RunningService<RoleClient, ()>;
@@ -411,6 +411,135 @@ async fn only_what_inbox_returned_is_acked_and_the_rest_comes_again_after_a_rest
 
     b.cancel().await.unwrap();
     sender.client.close().await;
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn channels_carry_their_instructions_and_the_agent_manages_memberships_and_its_card() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let carol = mint(
+        tmp.path(),
+        "carol",
+        "main",
+        &[
+            "--subscribe",
+            "general",
+            "--allow-subscribe",
+            "general,ops,quiet",
+            "--allow-publish",
+            "general,ops",
+        ],
+    )
+    .await;
+    let op = operator_endpoint(tmp.path(), &carol, false).await;
+    set_channel(
+        &op,
+        "ops",
+        json!({
+            "description": "Deploys and incidents",
+            "instructions": "Post one line per deploy.",
+            "deliveryClass": "durable",
+        }),
+    )
+    .await;
+    set_channel(
+        &op,
+        "quiet",
+        json!({"replay": false, "deliveryClass": "live"}),
+    )
+    .await;
+
+    let a = agent(&carol).await;
+    notice_until(&a, "joined durable general").await;
+    let ops = call(&a, "cotal_channel_info", json!({"channel": "ops"})).await;
+    assert_eq!(ops["description"], "Deploys and incidents");
+    assert_eq!(ops["instructions"], "Post one line per deploy.");
+    assert_eq!(ops["delivery_class"], "durable");
+    assert_eq!(ops["joined"], false);
+    assert_eq!(ops["may_post"], true);
+
+    // The instructions are a resource too.
+    let resources = a.list_all_resources().await.unwrap();
+    let uris: Vec<&str> = resources.iter().map(|r| r.uri.as_str()).collect();
+    assert!(uris.contains(&"cotal://channel/ops"), "{uris:?}");
+    assert!(
+        !uris.contains(&"cotal://channel/quiet"),
+        "quiet has nothing to say"
+    );
+    let read = a
+        .read_resource(ReadResourceRequestParams::new("cotal://channel/ops"))
+        .await
+        .unwrap();
+    let body = serde_json::to_value(&read.contents[0]).unwrap();
+    assert!(
+        body["text"]
+            .as_str()
+            .unwrap()
+            .contains("Post one line per deploy."),
+        "{body}"
+    );
+
+    // Join and leave: a durable membership, ended by the leave.
+    let joined = call(&a, "cotal_join", json!({"channel": "ops"})).await;
+    assert_eq!(joined["outcome"], "joined durable ops");
+    assert_eq!(joined["durable"], true);
+    let listed = call(&a, "cotal_channels", json!({})).await;
+    assert!(
+        listed["channels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["channel"] == "ops" && c["joined"] == true),
+        "{listed}"
+    );
+    let left = call(&a, "cotal_leave", json!({"channel": "ops"})).await;
+    assert_eq!(left["outcome"], "left ops");
+    let again = refusal(&a, "cotal_leave", json!({"channel": "ops"})).await;
+    assert!(again.contains("not joined to ops"), "{again}");
+    assert!(again.contains("cotal_channels"), "{again}");
+
+    // A channel without readable history says so.
+    let quiet = call(&a, "cotal_join", json!({"channel": "quiet"})).await;
+    assert_eq!(quiet["outcome"], "joined live quiet");
+    let closed = refusal(&a, "cotal_history", json!({"channel": "quiet"})).await;
+    assert!(closed.contains("replay = false"), "{closed}");
+
+    // What carol declares about herself.
+    let modes = call(
+        &a,
+        "cotal_channel_mode",
+        json!({"channel": "general", "mode": "muted"}),
+    )
+    .await;
+    assert_eq!(modes["channel_modes"]["general"], "muted");
+    let status = call(&a, "cotal_status", json!({"attention": "focus"})).await;
+    assert_eq!(status["attention"], "focus");
+    assert_eq!(status["status"], "idle");
+    let card = call(
+        &a,
+        "cotal_persona",
+        json!({"description": "Deploy bot", "tags": ["ops"], "skills": [{"id": "deploy", "name": "Deploy"}]}),
+    )
+    .await;
+    assert_eq!(card["name"], "carol");
+    assert_eq!(card["description"], "Deploy bot");
+    assert_eq!(card["tags"], json!(["ops"]));
+    assert_eq!(card["skills"][0]["id"], "deploy");
+
+    // A forced reconnect comes back, and the endpoint still posts.
+    let conn = call(&a, "cotal_reconnect", json!({"force": true})).await;
+    assert_eq!(conn["state"], "connected");
+    assert_eq!(conn["reconnected"], true);
+    call(
+        &a,
+        "cotal_send",
+        json!({"channel": "general", "text": "back"}),
+    )
+    .await;
+
+    a.cancel().await.unwrap();
+    op.client.close().await;
     c.stop().await;
 }
 
