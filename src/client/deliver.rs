@@ -128,6 +128,21 @@ impl Delivery {
     }
 }
 
+#[cfg(test)]
+impl Delivery {
+    /// A live channel copy, for tests of what consumes deliveries.
+    pub(crate) fn live(message: CotalMessage, channel: &str) -> Delivery {
+        Delivery {
+            message,
+            kind: DeliveryKind::Channel,
+            historical: false,
+            channel: Some(channel.to_owned()),
+            durable: false,
+            ack: Ack::None,
+        }
+    }
+}
+
 /// A message that was not surfaced, and why (§5 rejection reasons).
 #[derive(Debug, Clone)]
 pub struct Anomaly {

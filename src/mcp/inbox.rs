@@ -257,3 +257,43 @@ fn describe(notice: &Notice) -> String {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Channel, EndpointRef, InstanceId, Part, Routing};
+
+    fn live(from: &InstanceId, n: usize) -> Delivery {
+        let general = Channel::new("general").unwrap();
+        let message = crate::protocol::CotalMessage::new(
+            "main",
+            EndpointRef::new(from, "alice"),
+            Routing::channel(&general),
+            vec![Part::text(n.to_string())],
+        );
+        Delivery::live(message, "general")
+    }
+
+    #[tokio::test]
+    async fn past_the_bound_the_oldest_live_copies_go_and_are_reported_once() {
+        let inbox = Inbox {
+            state: Mutex::new(State::default()),
+            arrived: Notify::new(),
+        };
+        let from = InstanceId::from_user_nkey(&nkeys::KeyPair::new_user().public_key()).unwrap();
+        {
+            let mut state = inbox.state.lock().await;
+            for n in 0..LIVE_CAPACITY + 3 {
+                admit(&mut state, live(&from, n));
+            }
+        }
+        assert_eq!(inbox.waiting().await, LIVE_CAPACITY);
+        let taken = inbox.take(1).await;
+        let first = crate::mcp::tools::text_of(&taken.deliveries[0].message.parts);
+        assert_eq!(first, "3", "the three oldest were dropped");
+        assert_eq!(taken.overflow.get("general"), Some(&3));
+        assert_eq!(taken.remaining, LIVE_CAPACITY - 1);
+        let next = inbox.take(1).await;
+        assert!(next.overflow.is_empty(), "reported once");
+    }
+}
