@@ -905,23 +905,15 @@ impl CotalServer {
     ) -> Result<Json<HistoryView>, String> {
         let channel = self.channel(&args.channel)?;
         let limit = args.limit.unwrap_or(HISTORY_DEFAULT).clamp(1, HISTORY_MAX);
+        // The broker would refuse the read too, but only as a timeout.
+        if !self.grants.may_read(&channel) {
+            return Err(wording::unreadable(&channel, &self.grants));
+        }
         let messages = self
             .client
             .history(&channel, limit)
             .await
-            .map_err(|e| match e {
-                crate::client::ClientError::Nats { .. } if !self.grants.may_read(&channel) => {
-                    format!(
-                        "Refused: the history of {} is outside your read permissions. You may \
-                         read: {}. Fix: ask the space's operator to mint your credential again \
-                         with --allow-subscribe {}.",
-                        channel.as_str(),
-                        self.grants.read.join(", "),
-                        channel.as_str()
-                    )
-                }
-                e => wording::other_error(&e),
-            })?;
+            .map_err(|e| wording::other_error(&e))?;
         Ok(Json(HistoryView {
             channel: channel.as_str().to_owned(),
             messages: messages.iter().map(|m| self.view_message(m)).collect(),
@@ -1006,15 +998,13 @@ impl CotalServer {
             let skills = match args.skills {
                 Some(skills) => skills
                     .into_iter()
-                    .map(|s| {
-                        let mut skill: AgentSkill = serde_json::from_value(serde_json::json!({
-                            "id": s.id, "name": s.name,
-                        }))
-                        .map_err(|e| format!("Refused: invalid skill: {e}."))?;
-                        skill.description = s.description;
-                        Ok(skill)
+                    .map(|s| AgentSkill {
+                        id: s.id,
+                        name: s.name,
+                        description: s.description,
+                        extra: Default::default(),
                     })
-                    .collect::<Result<Vec<_>, String>>()?,
+                    .collect(),
                 None => card.skills.clone(),
             };
             self.client

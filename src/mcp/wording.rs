@@ -2,6 +2,7 @@
 //! on (what was refused, in the spec's words, and the fix), in the CLI's wording.
 
 use crate::client::{ClientError, JoinError, ResolveError};
+use crate::protocol::Channel;
 
 use super::Grants;
 
@@ -75,6 +76,22 @@ pub fn join_error(e: &JoinError, grants: &Grants) -> String {
         JoinError::Client(e) => connection_fix(e),
     };
     refusal(&text, &fix)
+}
+
+/// A channel outside the read ACL, with the fix.
+pub fn unreadable(channel: &Channel, grants: &Grants) -> String {
+    refusal(
+        &format!(
+            "{} is outside this credential's read permissions (allowSubscribe)",
+            channel.as_str()
+        ),
+        &format!(
+            "You may read: {}. Fix: use one of those, or ask the space's operator to mint your \
+             credential again with --allow-subscribe {}.",
+            list_or_none(&grants.read),
+            channel.as_str()
+        ),
+    )
 }
 
 /// A name that does not pick out one peer, with the fix.

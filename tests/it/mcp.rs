@@ -504,6 +504,15 @@ async fn channels_carry_their_instructions_and_the_agent_manages_memberships_and
     assert_eq!(quiet["outcome"], "joined live quiet");
     let closed = refusal(&a, "cotal_history", json!({"channel": "quiet"})).await;
     assert!(closed.contains("replay = false"), "{closed}");
+    let outside = refusal(&a, "cotal_history", json!({"channel": "secret"})).await;
+    assert!(
+        outside.contains("outside this credential's read"),
+        "{outside}"
+    );
+    assert!(
+        outside.contains("You may read: general, ops, quiet"),
+        "{outside}"
+    );
 
     // What carol declares about herself.
     let modes = call(
