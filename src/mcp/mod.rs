@@ -179,6 +179,10 @@ pub async fn serve_stdio(
     let inbox = Inbox::start(
         conn.deliveries,
         Box::new(move |d| {
+            // History replayed by a join is not news: only what arrives now is announced.
+            if d.historical {
+                return;
+            }
             if let Some(peer) = announce.get() {
                 let peer = peer.clone();
                 let note = arrival_note(d);
