@@ -8,8 +8,9 @@ use std::time::Duration;
 use rmcp::model::{CallToolRequestParams, CallToolResult, ReadResourceRequestParams};
 use rmcp::service::RunningService;
 use rmcp::transport::TokioChildProcess;
-use rmcp::{RoleClient, ServiceExt};
+use rmcp::{ClientHandler, Peer, RoleClient, ServiceExt};
 use serde_json::{Value, json};
+use tokio::sync::mpsc;
 
 use cotald::protocol::PresenceStatus;
 
@@ -17,10 +18,29 @@ use crate::helper::{
     Cotald, Minted, Probe, TIMEOUT, cotald_bin, endpoint, mint, operator_endpoint, set_channel,
 };
 
-type Agent = RunningService<RoleClient, ()>;
+type Agent = Peer<RoleClient>;
+
+/// An MCP client that passes on the log notifications it receives.
+struct Listener(mpsc::UnboundedSender<Value>);
+
+#[allow(deprecated)] // MCP logging: what hosts of the earlier revisions show.
+impl ClientHandler for Listener {
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: rmcp::service::NotificationContext<RoleClient>,
+    ) {
+        let _ = self.0.send(params.data);
+    }
+}
 
 /// Launches `cotald mcp` as `m` (the way a host does) and initializes an MCP session with it.
-async fn agent(m: &Minted) -> Agent {
+async fn agent(m: &Minted) -> RunningService<RoleClient, ()> {
+    agent_as(m, ()).await
+}
+
+/// [`agent`] with a client handler of its own.
+async fn agent_as<H: ClientHandler>(m: &Minted, handler: H) -> RunningService<RoleClient, H> {
     let mut cmd = tokio::process::Command::new(cotald_bin());
     cmd.arg("mcp")
         .arg("--creds")
@@ -32,7 +52,7 @@ async fn agent(m: &Minted) -> Agent {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn cotald mcp");
-    tokio::time::timeout(TIMEOUT, ().serve(transport))
+    tokio::time::timeout(TIMEOUT, handler.serve(transport))
         .await
         .expect("initialize in time")
         .expect("initialize")
@@ -150,7 +170,8 @@ async fn two_agents_exchange_a_channel_message_a_dm_by_name_and_an_anycast_task(
     bob_args.extend(["--role", "reviewer"]);
     let bob = mint(tmp.path(), "bob", "main", &bob_args).await;
 
-    let b = agent(&bob).await;
+    let (notes, mut announced) = mpsc::unbounded_channel();
+    let b = agent_as(&bob, Listener(notes)).await;
     let info = b.peer_info().expect("server info");
     assert_eq!(
         info.server_info.as_ref().map(|s| s.name.as_str()),
@@ -223,6 +244,20 @@ async fn two_agents_exchange_a_channel_message_a_dm_by_name_and_an_anycast_task(
         json!({"channel": "general", "text": "hello from alice", "mentions": ["bob"]}),
     )
     .await;
+    // Hosts that show notifications hear of it at once; the inbox has it either way.
+    let note = tokio::time::timeout(TIMEOUT, announced.recv())
+        .await
+        .expect("an arrival is announced")
+        .unwrap();
+    assert_eq!(note["event"], "message");
+    assert_eq!(note["id"], sent["id"]);
+    assert!(
+        note["summary"]
+            .as_str()
+            .unwrap()
+            .starts_with("#general alice: hello from alice"),
+        "{note}"
+    );
     let (got, _) = inbox_until(&b, |m| text(m) == "hello from alice").await;
     assert_eq!(got["kind"], "channel");
     assert_eq!(got["channel"], "general");
