@@ -99,6 +99,38 @@ impl EndpointArgs {
         Ok(self.resolve()?.options)
     }
 
+    /// These options as arguments that reach the same space from any directory (absolute
+    /// paths, the data dir named), e.g. for a host that launches `cotald mcp`.
+    pub(super) fn launch_args(&self) -> anyhow::Result<Vec<String>> {
+        let absolute = |p: &Path| {
+            std::path::absolute(p)
+                .with_context(|| format!("cannot resolve {}", p.display()))
+                .map(|p| p.display().to_string())
+        };
+        let mut args = Vec::new();
+        let mut flag = |name: &str, value: String| args.extend([name.to_owned(), value]);
+        if let Some(link) = &self.link {
+            flag("--link", link.clone());
+        }
+        if let Some(creds) = &self.creds {
+            flag("--creds", absolute(creds)?);
+        }
+        if let Some(ca) = &self.ca {
+            flag("--ca", absolute(ca)?);
+        }
+        if let Some(context) = &self.context {
+            flag("--context", context.clone());
+        }
+        if let Some(space) = &self.space {
+            flag("--space", space.clone());
+        }
+        if let Some(name) = &self.as_name {
+            flag("--as", name.clone());
+        }
+        flag("--data-dir", absolute(self.data_dir.resolve()?.root())?);
+        Ok(args)
+    }
+
     /// The connect options and what else is known about the space (see [`Endpoint`]).
     pub fn resolve(&self) -> anyhow::Result<Endpoint> {
         let local_selected = self.space.is_some() || self.as_name.is_some();

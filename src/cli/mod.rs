@@ -6,6 +6,7 @@ mod context;
 mod down;
 mod endpoint;
 mod identities;
+mod mcp;
 mod membership;
 mod mint;
 mod revoke;
@@ -142,6 +143,14 @@ pub enum Command {
     Channels(channels::ChannelsArgs),
     /// Save, select, list and remove ways to reach remote appliances.
     Context(context::ContextArgs),
+    /// Serve MCP on stdio: an AI agent host (Claude Code, Codex, ...) launches this to join the
+    /// space as one endpoint for as long as it runs.
+    ///
+    /// Presence, the joins of the link's channels, DMs and the credential's anycast role are
+    /// held for the whole session; messages wait in an inbox the agent reads with the
+    /// `cotal_inbox` tool, and are acknowledged only once returned to it. Logs go to stderr.
+    /// `--print-config` prints what to put in the host's config.
+    Mcp(mcp::McpArgs),
 }
 
 /// The data dir option every local command takes.
@@ -198,6 +207,7 @@ pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
             Command::Roster(args) => roster::run(args).await,
             Command::Channels(args) => channels::run(args).await,
             Command::Context(args) => context::run(args).await,
+            Command::Mcp(args) => mcp::run(args).await,
         }
     });
     match result {

@@ -12,10 +12,7 @@ use std::collections::BTreeMap;
 use futures_util::StreamExt;
 
 use super::{Client, ClientError, nats_err};
-use crate::protocol::{
-    CHANNEL_DEFAULTS_KEY, Channel, ChannelConfig, ChannelDefaults, EffectiveChannelConfig,
-    RegistryKey, resolve,
-};
+use crate::protocol::{Channel, ChannelConfig, EffectiveChannelConfig, resolve};
 
 /// One channel of the space.
 #[derive(Debug, Clone)]
@@ -39,7 +36,7 @@ impl Client {
         &self,
         channel: &Channel,
     ) -> Result<Option<ChannelConfig>, ClientError> {
-        let kv = self.channel_registry().await?;
+        let kv = self.registry_bucket().await?;
         match kv
             .get(channel.as_str())
             .await
@@ -54,32 +51,13 @@ impl Client {
 
     /// Every channel the registry configures or CHAT holds messages of, by name.
     pub async fn channels(&self) -> Result<Vec<ChannelInfo>, ClientError> {
-        let kv = self.channel_registry().await?;
+        let registry = self.channel_registry().await?;
+        let defaults = registry.defaults;
         let mut configs: BTreeMap<Channel, ChannelConfig> = BTreeMap::new();
-        let mut defaults: Option<ChannelDefaults> = None;
-        let mut keys = kv
-            .keys()
-            .await
-            .map_err(nats_err("list the channel registry"))?;
-        while let Some(key) = keys.next().await {
-            let key = key.map_err(nats_err("list the channel registry"))?;
-            let unreadable = nats_err(format!("read {key} in the channel registry"));
-            let Some(bytes) = kv.get(&key).await.map_err(unreadable)? else {
-                continue;
-            };
-            let unreadable = nats_err(format!("read {key} in the channel registry"));
-            match RegistryKey::parse(&key).map_err(unreadable)? {
-                RegistryKey::Defaults => {
-                    defaults = Some(ChannelDefaults::from_json(&bytes).map_err(nats_err(
-                        format!("read {CHANNEL_DEFAULTS_KEY} in the channel registry"),
-                    ))?);
-                }
-                RegistryKey::Channel(channel) => {
-                    let config = ChannelConfig::from_json(&bytes)
-                        .map_err(nats_err(format!("read {key} in the channel registry")))?;
-                    configs.insert(channel, config);
-                }
-            }
+        for (name, config) in registry.channels {
+            let channel = Channel::new(&name)
+                .map_err(nats_err(format!("read {name} in the channel registry")))?;
+            configs.insert(channel, config);
         }
         let activity = self.chat_activity().await.ok();
         let mut names: Vec<Channel> = configs.keys().cloned().collect();
@@ -111,7 +89,7 @@ impl Client {
             .collect())
     }
 
-    async fn channel_registry(&self) -> Result<async_nats::jetstream::kv::Store, ClientError> {
+    async fn registry_bucket(&self) -> Result<async_nats::jetstream::kv::Store, ClientError> {
         self.inner
             .js
             .get_key_value(self.inner.names.channels_bucket())

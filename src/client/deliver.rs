@@ -104,6 +104,20 @@ impl Delivery {
         }
     }
 
+    /// Tells the broker this copy is still being held (JetStream's in-progress ack): its
+    /// `ack_wait` starts again, so an application that holds a copy longer than `ack_wait`
+    /// before handling it is not handed a second copy. A no-op for live, backfill and durable
+    /// copies (the trusted reader extends a held durable copy by itself).
+    pub async fn in_progress(&self) -> Result<(), ClientError> {
+        match &self.ack {
+            Ack::Stream(m) => m
+                .ack_with(AckKind::Progress)
+                .await
+                .map_err(nats_err("in-progress ack")),
+            Ack::Backstop(_) | Ack::None => Ok(()),
+        }
+    }
+
     /// Asks for redelivery (a transient failure). A no-op for live and backfill copies; a
     /// durable copy left unacknowledged is handed over again by the trusted reader after its
     /// handoff timeout, or at the next connection.
@@ -114,6 +128,21 @@ impl Delivery {
                 .await
                 .map_err(nats_err("nak")),
             Ack::Backstop(_) | Ack::None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+impl Delivery {
+    /// A live channel copy, for tests of what consumes deliveries.
+    pub(crate) fn live(message: CotalMessage, channel: &str) -> Delivery {
+        Delivery {
+            message,
+            kind: DeliveryKind::Channel,
+            historical: false,
+            channel: Some(channel.to_owned()),
+            durable: false,
+            ack: Ack::None,
         }
     }
 }

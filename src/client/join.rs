@@ -28,8 +28,8 @@ use super::{Client, ClientError, nats_err};
 use crate::binding::chat_history_consumer;
 use crate::ops;
 use crate::protocol::{
-    CHANNEL_DEFAULTS_KEY, ChannelConfig, ChannelDefaults, ChannelPattern, DeliveryClass,
-    EffectiveChannelConfig, resolve,
+    CHANNEL_DEFAULTS_KEY, Channel, ChannelConfig, ChannelDefaults, ChannelPattern, CotalMessage,
+    DeliveryClass, EffectiveChannelConfig, accept_delivery, resolve,
 };
 
 /// How long a subscribe may wait for the broker's verdict.
@@ -136,6 +136,15 @@ pub enum JoinError {
     /// Anything else.
     #[error(transparent)]
     Client(#[from] ClientError),
+}
+
+/// The channel registry as stored (§7).
+#[derive(Debug, Clone, Default)]
+pub struct ChannelRegistry {
+    /// The space defaults (`=defaults`), if set.
+    pub defaults: Option<ChannelDefaults>,
+    /// Every concrete channel with a config of its own.
+    pub channels: std::collections::BTreeMap<String, ChannelConfig>,
 }
 
 /// Whether history is read on join.
@@ -487,6 +496,142 @@ impl Client {
             false => None,
         };
         Ok(resolve(channel.as_ref(), defaults.as_ref()))
+    }
+
+    /// The channel registry as stored (§7): the space defaults and every concrete channel's
+    /// config, with its description and instructions. An unreadable entry is an error.
+    pub async fn channel_registry(&self) -> Result<ChannelRegistry, ClientError> {
+        let bucket = self.inner.names.channels_bucket();
+        let kv = self
+            .inner
+            .js
+            .get_key_value(&bucket)
+            .await
+            .map_err(nats_err("open the channel registry"))?;
+        // The keys from the stream's subjects (`STREAM.INFO`, which every profile holds): a
+        // key watch would need an unnamed consumer, which no profile may create.
+        let prefix = format!("$KV.{bucket}.");
+        let stream = self
+            .inner
+            .js
+            .get_stream(crate::binding::SpaceNames::kv_stream(&bucket))
+            .await
+            .map_err(nats_err("list the channel registry"))?;
+        let mut subjects = stream
+            .info_with_subjects(format!("{prefix}>"))
+            .await
+            .map_err(nats_err("list the channel registry"))?;
+        let mut keys = Vec::new();
+        while let Some(subject) = subjects.next().await {
+            let (subject, _) = subject.map_err(nats_err("list the channel registry"))?;
+            if let Some(key) = subject.strip_prefix(&prefix) {
+                keys.push(key.to_owned());
+            }
+        }
+        let mut registry = ChannelRegistry::default();
+        for key in keys {
+            let unreadable = nats_err(format!("read {key} in the channel registry"));
+            let Some(bytes) = kv.get(&key).await.map_err(unreadable)? else {
+                continue;
+            };
+            let unreadable = nats_err(format!("read {key} in the channel registry"));
+            if key == CHANNEL_DEFAULTS_KEY {
+                registry.defaults = Some(ChannelDefaults::from_json(&bytes).map_err(unreadable)?);
+            } else {
+                let config = ChannelConfig::from_json(&bytes).map_err(unreadable)?;
+                registry.channels.insert(key, config);
+            }
+        }
+        Ok(registry)
+    }
+
+    /// Up to `limit` of the most recent messages of `channel`, oldest first, our own included:
+    /// read through the pinned `chathist_<id>` consumer (so only within the read ACL, §9) and
+    /// within the channel's replay window. A channel whose effective `replay` is false has no
+    /// readable history (§7): [`ClientError::HistoryClosed`].
+    pub async fn history(
+        &self,
+        channel: &Channel,
+        limit: usize,
+    ) -> Result<Vec<CotalMessage>, ClientError> {
+        let pattern = ChannelPattern::new(channel.as_str())?;
+        let effective = self.effective_config(&pattern).await?;
+        if !effective.replay {
+            return Err(ClientError::HistoryClosed {
+                channel: channel.as_str().to_owned(),
+            });
+        }
+        let subject = self.inner.subjects.chat_subscription(&pattern);
+        fn fail<E: Into<super::BoxError>>(subject: &str) -> impl FnOnce(E) -> ClientError {
+            nats_err(format!("history of {subject}"))
+        }
+        let _one_at_a_time = self.inner.history.lock().await;
+        let frontier = self.chat_frontier().await?;
+        let mut kept = std::collections::VecDeque::with_capacity(limit.min(HISTORY_BATCH));
+        if frontier == 0 || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let stream = self
+            .inner
+            .js
+            .get_stream(self.inner.names.chat_stream())
+            .await
+            .map_err(fail(&subject))?;
+        let name = chat_history_consumer(self.inner.id.as_str());
+        let _ = stream.delete_consumer(&name).await;
+        let consumer = stream
+            .create_consumer(pull::Config {
+                name: Some(name.clone()),
+                filter_subject: subject.clone(),
+                ack_policy: AckPolicy::None,
+                deliver_policy: match &effective.replay_window {
+                    Some(window) => DeliverPolicy::ByStartTime {
+                        start_time: time::OffsetDateTime::now_utc() - window.duration(),
+                    },
+                    None => DeliverPolicy::All,
+                },
+                memory_storage: true,
+                inactive_threshold: Duration::from_secs(30),
+                ..Default::default()
+            })
+            .await
+            .map_err(fail(&subject))?;
+        let max_payload = self.inner.nats.server_info().max_payload;
+        let mut pending = consumer.cached_info().num_pending;
+        'read: while pending > 0 {
+            let mut batch = consumer
+                .fetch()
+                .max_messages(HISTORY_BATCH.min(pending as usize).max(1))
+                .expires(Duration::from_secs(2))
+                .messages()
+                .await
+                .map_err(fail(&subject))?;
+            let mut got = 0;
+            while let Some(msg) = batch.next().await {
+                let msg = msg.map_err(fail(&subject))?;
+                got += 1;
+                let Ok(info) = msg.info() else { continue };
+                if info.stream_sequence > frontier {
+                    break 'read;
+                }
+                pending = info.pending;
+                // What fails the receive checks is not shown, as it would not be delivered.
+                if let Ok(accepted) =
+                    accept_delivery(msg.subject.as_str(), &msg.payload, max_payload)
+                    && accepted.kind == crate::protocol::DeliveryKind::Channel
+                {
+                    if kept.len() == limit {
+                        kept.pop_front();
+                    }
+                    kept.push_back(accepted.message);
+                }
+            }
+            if got == 0 {
+                break;
+            }
+        }
+        let _ = stream.delete_consumer(&name).await;
+        Ok(kept.into())
     }
 
     /// Reads the channel's history from `start` up to `watermark` through the pinned

@@ -41,8 +41,8 @@ use crate::protocol::{
 pub use channels::ChannelInfo;
 pub use connect::{ConnectOptions, Connection, DialError, dial, nats_options};
 pub use deliver::{Anomaly, Deliveries, Delivery, Notice};
-pub use join::{DurableState, JoinError, JoinReport, Replay};
-pub use presence::{Peer, ResolveError, Roster};
+pub use join::{ChannelRegistry, DurableState, JoinError, JoinReport, Replay};
+pub use presence::{Declared, Peer, ResolveError, Roster};
 
 /// What the connection is doing (surfaced, never silent).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,6 +205,14 @@ pub enum ClientError {
         op: String,
         /// The reply's error.
         error: String,
+    },
+    /// The channel's history may not be read (§7 effective `replay = false`).
+    #[error(
+        "the history of {channel} may not be read: the channel's config says replay = false (§7)"
+    )]
+    HistoryClosed {
+        /// The channel.
+        channel: String,
     },
     /// A JetStream or NATS operation failed.
     #[error("{action} failed")]
@@ -421,8 +429,18 @@ impl Client {
         parts: Vec<Part>,
         mentions: &[String],
     ) -> Result<(CotalMessage, u64), ClientError> {
+        let message = CotalMessage::new(self.space(), self.endpoint(), routing, parts)
+            .with_mentions(mentions);
+        let seq = self.publish(&message).await?;
+        Ok((message, seq))
+    }
+
+    /// Publishes a message built by the caller (e.g. with `reply_to` or `context_id` set) on
+    /// the subject its routing names, as [`Client::send`] does; returns the stream sequence.
+    /// Its `from` must be [`Client::endpoint`]: the broker only accepts our own sender token.
+    pub async fn publish(&self, message: &CotalMessage) -> Result<u64, ClientError> {
         let me = self.inner.id.as_str();
-        let subject = match &routing {
+        let subject = match &message.routing {
             Routing::Channel(channel) => {
                 let channel = crate::protocol::Channel::new(channel)?;
                 self.inner.subjects.chat(me, &channel)?
@@ -430,9 +448,6 @@ impl Client {
             Routing::To(target) => self.inner.subjects.inst(target, me)?,
             Routing::ToService(role) => self.inner.subjects.svc(role, me)?,
         };
-        let sent_to = routing.clone();
-        let message = CotalMessage::new(self.space(), self.endpoint(), routing, parts)
-            .with_mentions(mentions);
         let payload = message.to_json().map_err(|source| ClientError::Json {
             what: "message",
             source,
@@ -450,13 +465,24 @@ impl Client {
                 )
                 .await
                 .map_err(nats_err(format!("publish on {subject}")))?;
-            ack.await.map_err(|e| store_refusal(&sent_to, &subject, e))
+            ack.await
+                .map_err(|e| store_refusal(&message.routing, &subject, e))
         };
         let refused = refused_publish(&mut violations, &subject);
         tokio::select! {
-            ack = publish => Ok((message, ack?.sequence)),
+            ack = publish => Ok(ack?.sequence),
             () = refused => Err(ClientError::PublishRefused { subject }),
         }
+    }
+
+    /// Drops the connection to the broker and reconnects at once (subscriptions, consumers and
+    /// presence are re-established as after any reconnect).
+    pub async fn force_reconnect(&self) -> Result<(), ClientError> {
+        self.inner
+            .nats
+            .force_reconnect()
+            .await
+            .map_err(nats_err("reconnect"))
     }
 
     /// A text message on a channel (§4 multicast).
@@ -550,6 +576,19 @@ impl Client {
     /// disconnect is not a leave), and drains the connection.
     pub async fn close(self) {
         // Stop the heartbeat first, so that no beat lands after the final `offline`.
+        self.stop_receiving().await;
+        self.inner.joined.lock().await.clear();
+        if self.inner.announced {
+            presence::publish_offline(&self).await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.inner.nats.drain()).await;
+    }
+
+    /// Stops every background task (heartbeat, roster watch, DM and anycast pulls, backstop,
+    /// gap recovery) while the connection stays open: nothing more is pulled, so a copy handed
+    /// back now ([`Delivery::nak`]) goes to the next connection, not to a pull of this one.
+    /// Only [`Client::close`] should follow.
+    pub async fn stop_receiving(&self) {
         let tasks = self
             .inner
             .tasks
@@ -560,11 +599,6 @@ impl Client {
             task.abort();
             let _ = task.await;
         }
-        self.inner.joined.lock().await.clear();
-        if self.inner.announced {
-            presence::publish_offline(&self).await;
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.inner.nats.drain()).await;
     }
 }
 

@@ -17,8 +17,9 @@ use tokio::sync::Notify;
 
 use super::{Client, ClientError, ConnectionState, nats_err};
 use crate::protocol::{
-    AttentionMode, Channel, ChannelMode, EpochMillis, HEARTBEAT_INTERVAL, InstanceId,
-    LIVENESS_WINDOW, Presence, PresenceStatus, accept_presence_record, effective_status,
+    AgentCard, AgentSkill, AttentionMode, Channel, ChannelMode, EpochMillis, HEARTBEAT_INTERVAL,
+    InstanceId, LIVENESS_WINDOW, Presence, PresenceStatus, accept_presence_record,
+    effective_status,
 };
 
 /// One peer as last seen.
@@ -202,11 +203,15 @@ fn known_names(known: &std::collections::BTreeSet<String>) -> String {
 
 /// What this endpoint declares about itself besides its card (§6).
 #[derive(Debug, Clone)]
-pub(crate) struct Declared {
-    pub(crate) status: PresenceStatus,
-    pub(crate) activity: Option<String>,
-    pub(crate) attention: Option<AttentionMode>,
-    pub(crate) channel_modes: BTreeMap<String, ChannelMode>,
+pub struct Declared {
+    /// The declared status (never `offline` while connected).
+    pub status: PresenceStatus,
+    /// What it is doing, in a few words.
+    pub activity: Option<String>,
+    /// The global attention mode; `None` means open.
+    pub attention: Option<AttentionMode>,
+    /// Per-channel attention overrides.
+    pub channel_modes: BTreeMap<String, ChannelMode>,
 }
 
 impl Default for Declared {
@@ -258,6 +263,33 @@ impl Client {
             }
         })
         .await
+    }
+
+    /// What this endpoint currently declares (status, activity, attention, channel modes).
+    pub fn declared(&self) -> Declared {
+        snapshot(&self.inner.declared)
+    }
+
+    /// This endpoint's card as it is announced.
+    pub fn card(&self) -> AgentCard {
+        snapshot(&self.inner.card)
+    }
+
+    /// Changes the descriptive half of the card (§6: description, tags, skills); publishes now.
+    /// The id, name, kind and role are the credential's and stay as they are.
+    pub async fn set_persona(
+        &self,
+        description: Option<String>,
+        tags: Vec<String>,
+        skills: Vec<AgentSkill>,
+    ) -> Result<(), ClientError> {
+        {
+            let mut card = self.inner.card.lock().unwrap_or_else(|e| e.into_inner());
+            card.description = description;
+            card.tags = tags;
+            card.skills = skills;
+        }
+        heartbeat(self).await
     }
 
     async fn declare(&self, change: impl FnOnce(&mut Declared)) -> Result<(), ClientError> {

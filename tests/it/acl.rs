@@ -332,6 +332,8 @@ async fn observer_and_admin_profiles_are_enforced() {
     let w = Probe::connect(&c, &own_creds(&c, "main")).await;
     let obs = mint(tmp.path(), "dash", "main", &["--profile", "observer"]).await;
     let adm = mint(tmp.path(), "root", "main", &["--profile", "admin"]).await;
+    // A DM to an agent that exists: the warden purges those to anyone else.
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
     let mut o = Probe::connect(&c, &obs.creds).await;
     let mut ad = Probe::connect(&c, &adm.creds).await;
 
@@ -339,7 +341,7 @@ async fn observer_and_admin_profiles_are_enforced() {
     let js = async_nats::jetstream::new(w.client.clone());
     for subject in [
         format!("cotal.main.chat.{BOB}.general"),
-        format!("cotal.main.inst.{BOB}.{BOB}"),
+        format!("cotal.main.inst.{}.{BOB}", bob.id),
     ] {
         js.publish(subject, "x".into())
             .await
@@ -393,7 +395,7 @@ async fn observer_and_admin_profiles_are_enforced() {
         &mut ad,
         &w,
         "cotal.main.>",
-        &format!("cotal.main.inst.{BOB}.{BOB}"),
+        &format!("cotal.main.inst.{}.{BOB}", bob.id),
     )
     .await;
     let ajs = async_nats::jetstream::new(ad.client.clone());

@@ -9,4 +9,5 @@ mod client;
 mod durable;
 mod fairness;
 mod helper;
+mod mcp;
 mod space;

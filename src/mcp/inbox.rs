@@ -1,0 +1,299 @@
+//! The inbox: everything the endpoint receives waits here until the agent reads it with
+//! `cotal_inbox`, in arrival order.
+//!
+//! The rule is the one `cotald tail` keeps (§8: acked once handled): a copy is acknowledged
+//! when, and only when, `cotal_inbox` returned it to the agent. A DM, anycast or durable copy
+//! that was not returned stays unacknowledged, so it is delivered again if this server
+//! restarts; while it waits, its JetStream `ack_wait` is renewed (an in-progress ack) so that
+//! the broker does not hand a second copy to a slow reader. Nothing that needs an ack is ever
+//! dropped; the broker bounds how many such copies are in flight (each durable's
+//! `max_ack_pending`).
+//!
+//! Live channel copies carry no ack and are not kept by the broker for us, so they are the one
+//! thing that can overflow: past [`LIVE_CAPACITY`] waiting live copies, the oldest is dropped
+//! and counted per channel, and the next `cotal_inbox` reports the count (the channel's
+//! history, `cotal_history`, still has them where the channel keeps history).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Mutex, Notify};
+
+use crate::client::deliver::Event;
+use crate::client::{Deliveries, Delivery, Notice};
+
+/// How many live channel copies may wait before the oldest is dropped (and reported).
+pub const LIVE_CAPACITY: usize = 2000;
+
+/// How many notices are kept between two reads (later ones are counted, not kept).
+const NOTICE_CAPACITY: usize = 100;
+
+/// How often waiting DM and anycast copies get their `ack_wait` renewed: well within the
+/// durables' 60 s.
+const RENEW_EVERY: Duration = Duration::from_secs(20);
+
+/// One waiting copy.
+struct Waiting {
+    delivery: Delivery,
+}
+
+#[derive(Default)]
+struct State {
+    waiting: VecDeque<Waiting>,
+    /// Live channel copies among `waiting`.
+    live: usize,
+    /// Live copies dropped since the last read, per channel.
+    overflow: BTreeMap<String, u64>,
+    /// Notices since the last read.
+    notices: Vec<String>,
+    /// Notices not kept since the last read.
+    notices_dropped: u64,
+    /// Whether the client is gone (nothing more will arrive).
+    closed: bool,
+}
+
+/// What a read takes out of the inbox.
+pub struct Taken {
+    /// The copies, oldest first.
+    pub deliveries: Vec<Delivery>,
+    /// How many copies still wait.
+    pub remaining: usize,
+    /// Live copies dropped since the last read, per channel.
+    pub overflow: BTreeMap<String, u64>,
+    /// What happened besides messages since the last read.
+    pub notices: Vec<String>,
+}
+
+/// Called for every copy as it arrives (e.g. to notify the MCP host).
+pub type OnArrival = Box<dyn Fn(&Delivery) + Send + Sync>;
+
+/// The waiting copies and notices, fed by the client's [`Deliveries`].
+pub struct Inbox {
+    state: Mutex<State>,
+    arrived: Notify,
+}
+
+impl Inbox {
+    /// Starts draining `deliveries` into a new inbox; `on_arrival` sees each copy first.
+    pub fn start(deliveries: Deliveries, on_arrival: OnArrival) -> Arc<Inbox> {
+        let inbox = Arc::new(Inbox {
+            state: Mutex::new(State::default()),
+            arrived: Notify::new(),
+        });
+        tokio::spawn(pump(inbox.clone(), deliveries, on_arrival));
+        tokio::spawn(renew(Arc::downgrade(&inbox)));
+        inbox
+    }
+
+    /// How many copies wait.
+    pub async fn waiting(&self) -> usize {
+        self.state.lock().await.waiting.len()
+    }
+
+    /// Records something to report at the next read.
+    pub async fn notice(&self, text: String) {
+        push_notice(&mut *self.state.lock().await, text);
+        self.arrived.notify_waiters();
+    }
+
+    /// Waits up to `wait` for at least one copy or notice to be there.
+    pub async fn wait(&self, wait: Duration) {
+        let _ = tokio::time::timeout(wait, async {
+            loop {
+                let arrived = self.arrived.notified();
+                {
+                    let state = self.state.lock().await;
+                    if !state.waiting.is_empty() || !state.notices.is_empty() || state.closed {
+                        return;
+                    }
+                }
+                arrived.await;
+            }
+        })
+        .await;
+    }
+
+    /// Takes up to `limit` copies (oldest first), with the overflow and notices since the last
+    /// read. The caller acknowledges what it returns.
+    pub async fn take(&self, limit: usize) -> Taken {
+        let mut state = self.state.lock().await;
+        let n = limit.min(state.waiting.len());
+        let deliveries: Vec<Delivery> = state.waiting.drain(..n).map(|w| w.delivery).collect();
+        state.live -= deliveries.iter().filter(|d| !d.needs_ack()).count();
+        let mut notices = std::mem::take(&mut state.notices);
+        let dropped = std::mem::take(&mut state.notices_dropped);
+        if dropped > 0 {
+            notices.push(format!("{dropped} more notices were not kept"));
+        }
+        Taken {
+            deliveries,
+            remaining: state.waiting.len(),
+            overflow: std::mem::take(&mut state.overflow),
+            notices,
+        }
+    }
+
+    /// Looks at up to `limit` copies (oldest first) and the notices, without taking or
+    /// acknowledging anything; also says how many copies wait.
+    pub async fn peek<T>(
+        &self,
+        limit: usize,
+        view: impl Fn(&Delivery) -> T,
+    ) -> (Vec<T>, Vec<String>, usize) {
+        let state = self.state.lock().await;
+        let seen = state
+            .waiting
+            .iter()
+            .take(limit)
+            .map(|w| view(&w.delivery))
+            .collect();
+        (seen, state.notices.clone(), state.waiting.len())
+    }
+
+    /// At the end of the session: hands every waiting DM and anycast copy back to the broker
+    /// (a nak), so that the next session gets it at once instead of after its `ack_wait`.
+    /// Nothing is acknowledged; durable copies go back to the trusted reader by themselves.
+    pub async fn release(&self) {
+        let waiting = std::mem::take(&mut self.state.lock().await.waiting);
+        for w in waiting {
+            let id = w.delivery.message.id.clone();
+            if let Err(e) = w.delivery.nak().await {
+                tracing::debug!(id, error = %e, "not handed back; redelivered after ack_wait");
+            }
+        }
+    }
+}
+
+fn push_notice(state: &mut State, text: String) {
+    if state.notices.len() < NOTICE_CAPACITY {
+        state.notices.push(text);
+    } else {
+        state.notices_dropped += 1;
+    }
+}
+
+/// Moves every copy and notice from the client into the inbox until the client is gone.
+async fn pump(inbox: Arc<Inbox>, mut deliveries: Deliveries, on_arrival: OnArrival) {
+    while let Some(event) = deliveries.next_event().await {
+        match event {
+            Event::Message(delivery) => {
+                on_arrival(&delivery);
+                let mut state = inbox.state.lock().await;
+                admit(&mut state, *delivery);
+            }
+            Event::Notice(notice) => {
+                let mut state = inbox.state.lock().await;
+                push_notice(&mut state, describe(&notice));
+            }
+        }
+        inbox.arrived.notify_waiters();
+    }
+    inbox.state.lock().await.closed = true;
+    inbox.arrived.notify_waiters();
+}
+
+/// Queues a copy. A redelivered DM or anycast copy of a message that already waits takes the
+/// place of the earlier one (its ack handle is the current one). Past [`LIVE_CAPACITY`], the
+/// oldest live copy is dropped and counted.
+fn admit(state: &mut State, delivery: Delivery) {
+    if delivery.needs_ack()
+        && let Some(earlier) = state.waiting.iter_mut().find(|w| {
+            w.delivery.needs_ack()
+                && w.delivery.kind == delivery.kind
+                && w.delivery.message.id == delivery.message.id
+                && w.delivery.message.from.id == delivery.message.from.id
+        })
+    {
+        earlier.delivery = delivery;
+        return;
+    }
+    if !delivery.needs_ack() {
+        state.live += 1;
+    }
+    state.waiting.push_back(Waiting { delivery });
+    if state.live > LIVE_CAPACITY
+        && let Some(at) = state.waiting.iter().position(|w| !w.delivery.needs_ack())
+        && let Some(dropped) = state.waiting.remove(at)
+    {
+        state.live -= 1;
+        let channel = dropped.delivery.channel.unwrap_or_default();
+        *state.overflow.entry(channel).or_default() += 1;
+    }
+}
+
+/// Renews the `ack_wait` of every waiting DM and anycast copy until the inbox is gone.
+async fn renew(inbox: std::sync::Weak<Inbox>) {
+    loop {
+        tokio::time::sleep(RENEW_EVERY).await;
+        let Some(inbox) = inbox.upgrade() else { return };
+        let state = inbox.state.lock().await;
+        for w in state.waiting.iter().filter(|w| w.delivery.needs_ack()) {
+            if let Err(e) = w.delivery.in_progress().await {
+                tracing::debug!(id = %w.delivery.message.id, error = %e, "ack_wait not renewed");
+            }
+        }
+    }
+}
+
+/// A notice in words an agent can act on.
+fn describe(notice: &Notice) -> String {
+    match notice {
+        Notice::Rejected(a) => format!(
+            "a message on {} was rejected ({}): {}",
+            a.subject,
+            a.reason.as_str(),
+            a.detail
+        ),
+        Notice::ChannelDropped { channel } => format!(
+            "the broker refused #{channel} (outside your read permissions now): it was left"
+        ),
+        Notice::Gap { channel, .. } => format!(
+            "#{channel}: the connection dropped and the channel's history may not be read, so \
+             live messages of that moment may be missing"
+        ),
+        Notice::ConsumerLost { durable, reason } => {
+            format!("{durable}: {reason}; reading it again")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Channel, EndpointRef, InstanceId, Part, Routing};
+
+    fn live(from: &InstanceId, n: usize) -> Delivery {
+        let general = Channel::new("general").unwrap();
+        let message = crate::protocol::CotalMessage::new(
+            "main",
+            EndpointRef::new(from, "alice"),
+            Routing::channel(&general),
+            vec![Part::text(n.to_string())],
+        );
+        Delivery::live(message, "general")
+    }
+
+    #[tokio::test]
+    async fn past_the_bound_the_oldest_live_copies_go_and_are_reported_once() {
+        let inbox = Inbox {
+            state: Mutex::new(State::default()),
+            arrived: Notify::new(),
+        };
+        let from = InstanceId::from_user_nkey(&nkeys::KeyPair::new_user().public_key()).unwrap();
+        {
+            let mut state = inbox.state.lock().await;
+            for n in 0..LIVE_CAPACITY + 3 {
+                admit(&mut state, live(&from, n));
+            }
+        }
+        assert_eq!(inbox.waiting().await, LIVE_CAPACITY);
+        let taken = inbox.take(1).await;
+        let first = crate::mcp::tools::text_of(&taken.deliveries[0].message.parts);
+        assert_eq!(first, "3", "the three oldest were dropped");
+        assert_eq!(taken.overflow.get("general"), Some(&3));
+        assert_eq!(taken.remaining, LIVE_CAPACITY - 1);
+        let next = inbox.take(1).await;
+        assert!(next.overflow.is_empty(), "reported once");
+    }
+}

@@ -1,0 +1,417 @@
+//! `cotald mcp`: an MCP server on stdio that makes its host (any AI agent that speaks MCP) a
+//! conformant Cotal endpoint (§12).
+//!
+//! The server holds one [`Client`] for its whole life, so the agent keeps what a short-lived
+//! `cotald send` would lose between calls: presence heartbeats while the host runs and a final
+//! `offline` when it ends (§6), the joins of the link's channels (the credential's boot
+//! channels, §10) with their history and durable membership (§7), its DM durable and, when the
+//! credential grants a role, that role's anycast durable (§8). Messages arrive while the agent
+//! is busy and wait in the [`inbox`] until it reads them; a copy is acknowledged only when
+//! `cotal_inbox` returned it (§8: acked once handled).
+//!
+//! Each arriving message is also announced as an MCP log notification. The MCP revision of
+//! 2026 deprecates logging, but the hosts in use speak the earlier revisions, where it is the
+//! one push a host shows; a host that ignores it loses nothing, the inbox has the message.
+//!
+//! The tools (`cotal_*`, in `tools`) are thin over the client; their descriptions teach an
+//! agent when to use each (`wording::GUIDE` is the overview). Errors are tool errors (the
+//! agent sees them and can act) worded as refusals with the fix. Each channel with a
+//! description or instructions is also a resource (`cotal://channel/<name>`), for hosts that
+//! put resources before the agent.
+
+#![allow(deprecated)] // MCP logging: see the module doc.
+
+pub mod inbox;
+mod tools;
+mod wording;
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use rmcp::model::{
+    Implementation, ListResourcesResult, LoggingLevel, LoggingMessageNotificationParam,
+    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
+    Resource, ResourceContents, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, Peer, RoleServer, ServerHandler, ServiceExt, tool_handler};
+
+use crate::binding::{CredsError, SpaceNames, UserPermissions, svc_durable};
+use crate::client::{Client, ClientError, ConnectOptions, Delivery, Replay};
+use crate::protocol::{Channel, ChannelPattern, SpaceSubjects, is_covered};
+
+use inbox::Inbox;
+
+/// What the credential lets this endpoint do, read from its permissions (Appendix B): the
+/// channels it may read and post to, whether it may send DMs and anycast, and the role whose
+/// anycast it serves.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grants {
+    /// Channel patterns it may read (`>` for everything).
+    pub read: Vec<String>,
+    /// Channel patterns it may post to.
+    pub post: Vec<String>,
+    /// Whether it may send direct messages.
+    pub dm: bool,
+    /// Whether it may send anycast.
+    pub anycast: bool,
+    /// The role whose anycast durable it may read.
+    pub role: Option<String>,
+}
+
+impl Grants {
+    /// The grants of `permissions` for instance `id` in the space named by `names`.
+    pub fn of(permissions: &UserPermissions, names: &SpaceNames, id: &str) -> Grants {
+        let prefix = names.prefix();
+        let chat = format!("{prefix}.chat.");
+        let everything = |p: &crate::binding::Permission| p.is_unrestricted();
+        let read = if everything(&permissions.subscribe) {
+            vec![">".to_owned()]
+        } else {
+            permissions
+                .subscribe
+                .allow
+                .iter()
+                .filter_map(|s| s.strip_prefix(&chat))
+                .filter_map(|rest| match rest {
+                    ">" => Some(">"),
+                    _ => rest.strip_prefix("*."),
+                })
+                .map(str::to_owned)
+                .collect()
+        };
+        let own = format!("{chat}{id}.");
+        let post = if everything(&permissions.publish) {
+            vec![">".to_owned()]
+        } else {
+            permissions
+                .publish
+                .allow
+                .iter()
+                .filter_map(|s| s.strip_prefix(&own))
+                .map(str::to_owned)
+                .collect()
+        };
+        let next = format!(
+            "$JS.API.CONSUMER.MSG.NEXT.{}.{}",
+            names.task_stream(),
+            svc_durable("")
+        );
+        let role = permissions
+            .publish
+            .allow
+            .iter()
+            .find_map(|s| s.strip_prefix(&next))
+            .filter(|r| !r.is_empty() && !r.contains(['*', '>']))
+            .map(str::to_owned);
+        Grants {
+            read,
+            post,
+            dm: permissions.may_publish(&format!("{prefix}.inst.X.{id}")),
+            anycast: permissions.may_publish(&format!("{prefix}.svc.X.{id}")),
+            role,
+        }
+    }
+
+    fn patterns(list: &[String]) -> Vec<ChannelPattern> {
+        list.iter()
+            .filter_map(|c| ChannelPattern::from_policy(c).ok())
+            .collect()
+    }
+
+    /// Whether the read ACL covers `channel`.
+    pub fn may_read(&self, channel: &Channel) -> bool {
+        is_covered(&Self::patterns(&self.read), channel)
+    }
+
+    /// Whether the post ACL covers `channel`.
+    pub fn may_post(&self, channel: &Channel) -> bool {
+        is_covered(&Self::patterns(&self.post), channel)
+    }
+}
+
+/// Why the server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum McpError {
+    /// The credential cannot be read.
+    #[error("cannot use the credential")]
+    Credential(#[from] CredsError),
+    /// The space named by the link is not a valid space name.
+    #[error("invalid space in the link")]
+    Space(#[from] crate::protocol::SubjectError),
+    /// Connecting to the space failed.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// The MCP session could not start (the host hung up or spoke no MCP).
+    #[error("the MCP session on stdio did not start")]
+    Session(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// The MCP server: the connected endpoint, its inbox, and the tools over them.
+#[derive(Clone)]
+pub struct CotalServer {
+    client: Client,
+    inbox: Arc<Inbox>,
+    grants: Arc<Grants>,
+    /// What the joins of the boot channels said (or that they are under way).
+    boot: Arc<Mutex<Vec<String>>>,
+    tool_router: rmcp::handler::server::router::tool::ToolRouter<CotalServer>,
+}
+
+/// Connects as `opts` says and serves MCP on stdin/stdout until the host closes it or
+/// `shutdown` resolves; then says `offline` and disconnects. The role is the credential's
+/// when `opts` names none.
+pub async fn serve_stdio(
+    mut opts: ConnectOptions,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), McpError> {
+    let creds = crate::binding::Creds::parse(&opts.creds)?;
+    let claims = creds.claims()?;
+    let subjects = SpaceSubjects::new(opts.link.space())?;
+    let names = SpaceNames::new(subjects.space().as_str());
+    let grants = Grants::of(&claims.permissions, &names, &claims.subject);
+    if opts.role.is_none() {
+        opts.role = grants.role.clone();
+    }
+    let boot = opts.link.channels().to_vec();
+    let conn = Client::connect(opts).await?;
+    let peer: Arc<OnceLock<Peer<RoleServer>>> = Arc::default();
+    let announce = peer.clone();
+    let inbox = Inbox::start(
+        conn.deliveries,
+        Box::new(move |d| {
+            // History replayed by a join is not news: only what arrives now is announced.
+            if d.historical {
+                return;
+            }
+            if let Some(peer) = announce.get() {
+                let peer = peer.clone();
+                let note = arrival_note(d);
+                tokio::spawn(async move {
+                    let _ = peer.notify_logging_message(note).await;
+                });
+            }
+        }),
+    );
+    let server = CotalServer {
+        client: conn.client.clone(),
+        inbox,
+        grants: Arc::new(grants),
+        boot: Arc::default(),
+        tool_router: CotalServer::tool_router(),
+    };
+    server.join_boot_channels(boot);
+    let result = async {
+        let running = server
+            .clone()
+            .serve(rmcp::transport::stdio_pipes())
+            .await
+            .map_err(|e| McpError::Session(e.into()))?;
+        let _ = peer.set(running.peer().clone());
+        let stop = running.cancellation_token();
+        let waiting = running.waiting();
+        tokio::pin!(waiting);
+        tokio::select! {
+            _ = &mut waiting => {}
+            () = shutdown => {
+                stop.cancel();
+                let _ = waiting.await;
+            }
+        }
+        Ok(())
+    }
+    .await;
+    // Nothing is pulled any more, then what the agent did not read goes back.
+    conn.client.stop_receiving().await;
+    server.inbox.release().await;
+    conn.client.close().await;
+    result
+}
+
+/// The log notification announcing a copy: who, where, and the start of its text.
+fn arrival_note(d: &Delivery) -> LoggingMessageNotificationParam {
+    let text = tools::text_of(&d.message.parts);
+    let preview: String = text.chars().take(200).collect();
+    let place = match &d.channel {
+        Some(c) => format!("#{c}"),
+        None => d.kind.as_str().to_owned(),
+    };
+    LoggingMessageNotificationParam::new(
+        LoggingLevel::Info,
+        serde_json::json!({
+            "event": "message",
+            "id": d.message.id,
+            "kind": d.kind.as_str(),
+            "channel": d.channel,
+            "from": d.message.from.name,
+            "summary": format!("{place} {}: {preview}", d.message.from.name),
+            "hint": "call cotal_inbox to read it",
+        }),
+    )
+    .with_logger("cotal")
+}
+
+impl CotalServer {
+    /// Joins the boot channels in the background (history is surfaced while joining, into the
+    /// inbox); each outcome is kept for `cotal_orientation` and reported in the inbox.
+    fn join_boot_channels(&self, channels: Vec<String>) {
+        let server = self.clone();
+        tokio::spawn(async move {
+            for channel in channels {
+                let said = match server.client.join(&channel, Replay::AsConfigured).await {
+                    Ok(report) => report.summary(),
+                    Err(e) => format!(
+                        "could not join {channel}: {}",
+                        wording::join_error(&e, &server.grants)
+                    ),
+                };
+                tracing::info!(channel, outcome = %said, "boot join");
+                server
+                    .boot
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(said.clone());
+                server.inbox.notice(said).await;
+            }
+        });
+    }
+}
+
+/// The resource of a channel's description and instructions.
+const CHANNEL_RESOURCE: &str = "cotal://channel/";
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for CotalServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .enable_logging()
+                .build(),
+        )
+        .with_server_info(Implementation::new("cotald", env!("CARGO_PKG_VERSION")))
+        .with_instructions(wording::GUIDE)
+    }
+
+    /// One resource per channel that has a description or instructions (§7), for hosts that
+    /// put resources in the agent's context; `cotal_channel_info` says the same.
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let registry = self
+            .client
+            .channel_registry()
+            .await
+            .map_err(|e| ErrorData::internal_error(wording::other_error(&e), None))?;
+        let resources = registry
+            .channels
+            .iter()
+            .filter(|(_, c)| c.description.is_some() || c.instructions.is_some())
+            .filter_map(|(name, config)| {
+                let channel = Channel::new(name).ok()?;
+                let view = tools::channel_view(self, &channel, Some(config), None, false);
+                let mut resource =
+                    Resource::new(format!("{CHANNEL_RESOURCE}{name}"), format!("#{name}"))
+                        .with_title(format!("How to use #{name}"))
+                        .with_mime_type("text/markdown");
+                if let Some(description) = view.description {
+                    resource = resource.with_description(description);
+                }
+                Some(resource)
+            })
+            .collect();
+        Ok(ListResourcesResult::with_all_items(resources))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let not_found = || {
+            ErrorData::resource_not_found(
+                format!(
+                    "no such resource: {} (resources/list names the channels that have one)",
+                    request.uri
+                ),
+                None,
+            )
+        };
+        let channel = request
+            .uri
+            .strip_prefix(CHANNEL_RESOURCE)
+            .and_then(|name| Channel::new(name).ok())
+            .ok_or_else(not_found)?;
+        let registry = self
+            .client
+            .channel_registry()
+            .await
+            .map_err(|e| ErrorData::internal_error(wording::other_error(&e), None))?;
+        let config = registry
+            .channels
+            .get(channel.as_str())
+            .ok_or_else(not_found)?;
+        let view = tools::channel_view(self, &channel, Some(config), None, false);
+        let mut text = format!("# #{}\n", channel.as_str());
+        for part in [view.description, view.instructions].into_iter().flatten() {
+            text.push('\n');
+            text.push_str(&part);
+            text.push('\n');
+        }
+        Ok(ReadResourceResult::new(vec![ResourceContents::text(text, request.uri.clone())]).into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::binding::acl::{self, AgentScope};
+    use crate::protocol::InstanceId;
+
+    fn id() -> InstanceId {
+        let key = nkeys::KeyPair::new_user();
+        InstanceId::from_user_nkey(&key.public_key()).unwrap()
+    }
+
+    fn patterns(list: &[&str]) -> Vec<ChannelPattern> {
+        list.iter()
+            .map(|c| ChannelPattern::from_policy(c).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn an_agents_grants_are_read_from_its_permissions() {
+        let names = SpaceNames::new("main");
+        let me = id();
+        let permissions = acl::agent(
+            &names,
+            &AgentScope {
+                id: me.clone(),
+                role: Some("reviewer".into()),
+                allow_subscribe: patterns(&["general", "team.>"]),
+                allow_publish: patterns(&["general"]),
+            },
+        );
+        let grants = Grants::of(&permissions, &names, me.as_str());
+        assert_eq!(grants.read, ["general", "team.>"]);
+        assert_eq!(grants.post, ["general"]);
+        assert!(grants.dm && grants.anycast);
+        assert_eq!(grants.role.as_deref(), Some("reviewer"));
+        assert!(grants.may_read(&Channel::new("team.backend").unwrap()));
+        assert!(!grants.may_post(&Channel::new("team.backend").unwrap()));
+    }
+
+    #[test]
+    fn an_observer_reads_everything_and_posts_nothing() {
+        let names = SpaceNames::new("main");
+        let me = id();
+        let grants = Grants::of(&acl::observer(&names, &me), &names, me.as_str());
+        assert_eq!(grants.read, [">"]);
+        assert!(grants.post.is_empty());
+        assert!(!grants.dm && !grants.anycast);
+        assert_eq!(grants.role, None);
+        assert!(grants.may_read(&Channel::new("anything.at.all").unwrap()));
+    }
+}

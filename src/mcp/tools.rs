@@ -1,0 +1,1092 @@
+//! The `cotal_*` tools: arguments and results as JSON schemas (the doc comments are what the
+//! agent reads), each thin over the [`Client`](crate::client::Client).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::{Json, tool, tool_router};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{CotalServer, wording};
+use crate::client::{ConnectionState, Delivery, DurableState, JoinError, Replay};
+use crate::protocol::{
+    AgentSkill, AttentionMode, Channel, ChannelConfig, ChannelDefaults, ChannelMode, CotalMessage,
+    DeliveryClass, InstanceId, Part, PresenceStatus, Routing, resolve,
+};
+
+/// How many messages `cotal_inbox` returns unless told otherwise.
+const INBOX_DEFAULT: usize = 20;
+/// The most `cotal_inbox` returns at once.
+const INBOX_MAX: usize = 200;
+/// The longest `cotal_inbox` blocks.
+const WAIT_MAX: u64 = 300;
+/// How many messages `cotal_history` returns unless told otherwise, and at most.
+const HISTORY_DEFAULT: usize = 30;
+const HISTORY_MAX: usize = 500;
+/// How long a name lookup waits for the roster's first read.
+const ROSTER_LOAD: Duration = Duration::from_secs(5);
+
+/// The text parts of a message, joined by newlines.
+pub(super) fn text_of(parts: &[Part]) -> String {
+    parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::Text { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+// ----- shared result shapes -----
+
+/// A sender or peer.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Who {
+    /// Instance id.
+    id: String,
+    /// Display name.
+    name: String,
+    /// Anycast role, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<String>,
+}
+
+/// One message.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct MessageView {
+    /// Message id (use it as reply_to to answer).
+    id: String,
+    /// channel, dm or anycast.
+    kind: String,
+    /// The channel, for channel messages.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    channel: Option<String>,
+    /// The role it was sent to, for anycast.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<String>,
+    /// Who sent it.
+    from: Who,
+    /// Its text.
+    text: String,
+    /// Non-text parts (data, files), as sent.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    other_parts: Vec<Value>,
+    /// Names it mentions.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    mentions: Vec<String>,
+    /// Whether it mentions you.
+    mentions_you: bool,
+    /// The id of the message it answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reply_to: Option<String>,
+    /// Conversation id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    context_id: Option<String>,
+    /// When it was sent (Unix epoch milliseconds).
+    ts: Value,
+    /// Replayed from the channel's history on join (sent before you joined).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    historical: bool,
+    /// Kept for you while you were away (durable channel or a mention).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    durable: bool,
+}
+
+impl CotalServer {
+    fn view_message(&self, m: &CotalMessage) -> MessageView {
+        let me = self.client.card().name;
+        let (kind, channel, role) = match &m.routing {
+            Routing::Channel(c) => ("channel", Some(c.clone()), None),
+            Routing::To(_) => ("dm", None, None),
+            Routing::ToService(r) => ("anycast", None, Some(r.clone())),
+        };
+        MessageView {
+            id: m.id.clone(),
+            kind: kind.to_owned(),
+            channel,
+            role,
+            from: Who {
+                id: m.from.id.clone(),
+                name: m.from.name.clone(),
+                role: m.from.role.clone(),
+            },
+            text: text_of(&m.parts),
+            other_parts: m
+                .parts
+                .iter()
+                .filter(|p| !matches!(p, Part::Text { .. }))
+                .filter_map(|p| serde_json::to_value(p).ok())
+                .collect(),
+            mentions: m.mentions.clone(),
+            mentions_you: m.mentions.contains(&me),
+            reply_to: m.reply_to.clone(),
+            context_id: m.context_id.clone(),
+            ts: serde_json::to_value(&m.ts).unwrap_or_default(),
+            historical: false,
+            durable: false,
+        }
+    }
+
+    fn view_delivery(&self, d: &Delivery) -> MessageView {
+        let mut view = self.view_message(&d.message);
+        view.kind = d.kind.as_str().to_owned();
+        if d.channel.is_some() {
+            view.channel = d.channel.clone();
+        }
+        view.historical = d.historical;
+        view.durable = d.durable;
+        view
+    }
+
+    fn channel(&self, name: &str) -> Result<Channel, String> {
+        Channel::new(name).map_err(|e| {
+            format!(
+                "Refused: {name:?} is not a channel ({e}). Fix: a channel is dot-separated words \
+                 such as general or team.backend, without wildcards."
+            )
+        })
+    }
+
+    async fn publish(&self, message: CotalMessage, what: &str) -> Result<Json<Sent>, String> {
+        let sequence = self
+            .client
+            .publish(&message)
+            .await
+            .map_err(|e| wording::send_error(what, &e, &self.grants))?;
+        Ok(Json(Sent {
+            id: message.id,
+            sequence,
+        }))
+    }
+
+    fn draft(&self, routing: Routing, text: String, reply_to: Option<String>) -> CotalMessage {
+        let mut message = CotalMessage::new(
+            self.client.space(),
+            self.client.endpoint(),
+            routing,
+            vec![Part::text(text)],
+        );
+        message.reply_to = reply_to.filter(|r| !r.is_empty());
+        message
+    }
+}
+
+/// A message that was sent.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Sent {
+    /// The message id.
+    id: String,
+    /// Its position in the space's stream (the broker stored it).
+    sequence: u64,
+}
+
+// ----- arguments -----
+
+/// Arguments of cotal_send.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SendArgs {
+    /// The channel, e.g. general or team.backend (must be one you may post to).
+    channel: String,
+    /// The message text.
+    text: String,
+    /// Names of peers to mention; a mentioned peer gets the message even if it did not join
+    /// the channel or is away.
+    #[serde(default)]
+    mentions: Vec<String>,
+    /// The id of the message this answers.
+    #[serde(default)]
+    reply_to: Option<String>,
+}
+
+/// Arguments of cotal_dm.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct DmArgs {
+    /// The peer: its name (as in cotal_roster) or its instance id.
+    to: String,
+    /// The message text.
+    text: String,
+    /// The id of the message this answers.
+    #[serde(default)]
+    reply_to: Option<String>,
+}
+
+/// Arguments of cotal_anycast.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct AnycastArgs {
+    /// The role, e.g. reviewer: exactly one of its holders gets the message, now or when one
+    /// connects.
+    role: String,
+    /// The message text (typically a task).
+    text: String,
+    /// The id of the message this answers.
+    #[serde(default)]
+    reply_to: Option<String>,
+}
+
+/// Arguments of cotal_inbox.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+pub struct InboxArgs {
+    /// The most messages to return (default 20, at most 200); the rest stay for the next call.
+    #[serde(default)]
+    limit: Option<usize>,
+    /// Look without consuming: nothing is acknowledged, the same messages come again.
+    #[serde(default)]
+    peek: bool,
+    /// When nothing waits, block up to this many seconds (at most 300) for the next message.
+    #[serde(default)]
+    wait: Option<u64>,
+}
+
+/// Arguments of cotal_roster.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+pub struct RosterArgs {
+    /// Also list peers that are offline.
+    #[serde(default)]
+    include_offline: bool,
+}
+
+/// Arguments naming one channel.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ChannelArgs {
+    /// The channel, e.g. general or team.backend.
+    channel: String,
+}
+
+/// Arguments of cotal_join.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct JoinArgs {
+    /// The channel (or a pattern within your read permissions, e.g. team.>).
+    channel: String,
+    /// Replay the channel's recent history into your inbox, as its config says (default true).
+    #[serde(default)]
+    history: Option<bool>,
+}
+
+/// Arguments of cotal_history.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct HistoryArgs {
+    /// The channel.
+    channel: String,
+    /// The most recent messages to return (default 30, at most 500).
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// A presence status you can declare.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum StatusWord {
+    /// Free for work.
+    Idle,
+    /// Busy with a task.
+    Working,
+    /// Blocked, waiting for someone or something.
+    Waiting,
+}
+
+/// An attention mode (advisory: it tells others how you want to be interrupted).
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AttentionWord {
+    /// Everything is welcome.
+    Open,
+    /// Do not disturb.
+    Dnd,
+    /// Focused: only what matters.
+    Focus,
+}
+
+/// Arguments of cotal_status.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+pub struct StatusArgs {
+    /// idle, working or waiting (unchanged when absent).
+    #[serde(default)]
+    status: Option<StatusWord>,
+    /// What you are doing, in a few words (an empty text clears it; unchanged when absent).
+    #[serde(default)]
+    activity: Option<String>,
+    /// open, dnd or focus (unchanged when absent).
+    #[serde(default)]
+    attention: Option<AttentionWord>,
+}
+
+/// A per-channel mode.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ModeWord {
+    /// As everything else.
+    Normal,
+    /// Quiet: low priority for you.
+    Quiet,
+    /// Muted: you do not want to be interrupted by it.
+    Muted,
+}
+
+/// Arguments of cotal_channel_mode.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ChannelModeArgs {
+    /// The channel.
+    channel: String,
+    /// normal, quiet or muted.
+    mode: ModeWord,
+}
+
+/// A skill on your card.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+pub struct SkillArg {
+    /// A short id, e.g. rust-review.
+    id: String,
+    /// Its display name.
+    name: String,
+    /// What it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    description: Option<String>,
+}
+
+/// Arguments of cotal_persona.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+pub struct PersonaArgs {
+    /// One line about you (unchanged when absent; an empty text clears it).
+    #[serde(default)]
+    description: Option<String>,
+    /// Capability tags, e.g. ["rust", "review"] (replace the old ones; unchanged when absent).
+    #[serde(default)]
+    tags: Option<Vec<String>>,
+    /// Skills (replace the old ones; unchanged when absent).
+    #[serde(default)]
+    skills: Option<Vec<SkillArg>>,
+}
+
+/// Arguments of cotal_reconnect.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+pub struct ReconnectArgs {
+    /// Drop the connection and connect again now (default: only report the state).
+    #[serde(default)]
+    force: bool,
+}
+
+// ----- results -----
+
+/// What cotal_inbox returns.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct InboxView {
+    /// The messages, oldest first.
+    messages: Vec<MessageView>,
+    /// How many more wait (call again to read them).
+    remaining: usize,
+    /// Whether this was a peek (nothing consumed).
+    peeked: bool,
+    /// Live channel messages dropped because too many waited unread, per channel (read them
+    /// with cotal_history).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    overflow: BTreeMap<String, u64>,
+    /// What else happened (joins, refusals, connection gaps).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    notices: Vec<String>,
+    /// Acknowledgements that failed (those messages may come again).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    ack_errors: Vec<String>,
+}
+
+/// One peer in the roster.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct PeerView {
+    /// Instance id.
+    id: String,
+    /// Display name.
+    name: String,
+    /// agent or endpoint.
+    kind: Value,
+    /// Anycast role.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<String>,
+    /// idle, working, waiting or offline.
+    status: String,
+    /// What it says it is doing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    activity: Option<String>,
+    /// Its attention mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attention: Option<Value>,
+    /// One line about it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<String>,
+    /// Its tags.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tags: Vec<String>,
+    /// Whether this is you.
+    you: bool,
+}
+
+/// What cotal_roster returns.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RosterView {
+    /// The peers.
+    peers: Vec<PeerView>,
+    /// True while the connection is down: statuses are as last seen.
+    stale: bool,
+}
+
+/// One channel as you see it.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ChannelView {
+    /// The channel.
+    channel: String,
+    /// Whether you receive it now.
+    joined: bool,
+    /// Whether your credential lets you read it.
+    may_read: bool,
+    /// Whether your credential lets you post to it.
+    may_post: bool,
+    /// Its one-line purpose.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) description: Option<String>,
+    /// How to use it (follow these when posting).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) instructions: Option<String>,
+    /// live (only while connected) or durable (kept for members while away).
+    delivery_class: String,
+    /// Whether its history is replayed on join and readable with cotal_history.
+    replay: bool,
+    /// How far back history goes, e.g. 24h (none: all that is kept).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replay_window: Option<String>,
+    /// Your mode for it (quiet, muted), if set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    your_mode: Option<Value>,
+}
+
+/// What cotal_channels returns.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ChannelsView {
+    /// The channels: configured, joined, or named by your permissions.
+    channels: Vec<ChannelView>,
+    /// Patterns you may read.
+    may_read: Vec<String>,
+    /// Patterns you may post to.
+    may_post: Vec<String>,
+}
+
+/// What cotal_join and cotal_leave return.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct MembershipView {
+    /// The channel.
+    channel: String,
+    /// What happened, e.g. "joined durable general".
+    outcome: String,
+    /// Whether messages are kept for you while you are away (durable membership).
+    durable: bool,
+    /// History messages put in your inbox.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    history_in_inbox: Option<usize>,
+}
+
+/// What cotal_history returns.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct HistoryView {
+    /// The channel.
+    channel: String,
+    /// Its most recent messages, oldest first (yours included).
+    messages: Vec<MessageView>,
+}
+
+/// What you declare about yourself.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct StatusView {
+    /// idle, working or waiting.
+    status: String,
+    /// What you are doing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    activity: Option<String>,
+    /// open, dnd or focus.
+    attention: String,
+    /// Your per-channel modes.
+    channel_modes: BTreeMap<String, Value>,
+}
+
+/// Your card.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct PersonaView {
+    /// Your name.
+    name: String,
+    /// Your instance id.
+    id: String,
+    /// Your role.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<String>,
+    /// One line about you.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<String>,
+    /// Your tags.
+    tags: Vec<String>,
+    /// Your skills.
+    skills: Vec<SkillArg>,
+}
+
+/// The connection.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ConnectionView {
+    /// connected, reconnecting or disconnected.
+    state: String,
+    /// Whether a reconnect was done by this call.
+    reconnected: bool,
+}
+
+/// Who you are.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct YouView {
+    /// Your display name (what others mention and DM).
+    name: String,
+    /// Your instance id.
+    id: String,
+    /// Your anycast role: messages sent to it may come to you.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<String>,
+    /// The space.
+    space: String,
+}
+
+/// What cotal_orientation returns.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct OrientationView {
+    /// Who you are.
+    you: YouView,
+    /// The connection state.
+    connection: String,
+    /// Channel patterns you may read (join).
+    may_read: Vec<String>,
+    /// Channel patterns you may post to.
+    may_post: Vec<String>,
+    /// Whether you may send direct messages.
+    may_dm: bool,
+    /// Whether you may send anycast.
+    may_anycast: bool,
+    /// Channels you receive now.
+    joined: Vec<String>,
+    /// What the joins at start said.
+    joins_at_start: Vec<String>,
+    /// Peers online now (not you).
+    present: Vec<PeerView>,
+    /// What you declare.
+    your_status: StatusView,
+    /// Messages waiting in your inbox.
+    waiting: usize,
+    /// How to work here.
+    guide: String,
+}
+
+fn status_view(d: &crate::client::Declared) -> StatusView {
+    StatusView {
+        status: d.status.as_str().to_owned(),
+        activity: d.activity.clone(),
+        attention: match d.attention {
+            None | Some(AttentionMode::Open) => "open",
+            Some(AttentionMode::Dnd) => "dnd",
+            Some(AttentionMode::Focus) => "focus",
+        }
+        .to_owned(),
+        channel_modes: d
+            .channel_modes
+            .iter()
+            .map(|(c, m)| (c.clone(), serde_json::to_value(m).unwrap_or_default()))
+            .collect(),
+    }
+}
+
+fn state_word(state: ConnectionState) -> &'static str {
+    match state {
+        ConnectionState::Connected => "connected",
+        ConnectionState::Reconnecting => "reconnecting",
+        ConnectionState::Disconnected => "disconnected",
+    }
+}
+
+pub(super) fn channel_view(
+    server: &CotalServer,
+    channel: &Channel,
+    config: Option<&ChannelConfig>,
+    defaults: Option<&ChannelDefaults>,
+    joined: bool,
+) -> ChannelView {
+    let effective = resolve(config, defaults);
+    let modes = server.client.declared().channel_modes;
+    ChannelView {
+        channel: channel.as_str().to_owned(),
+        joined,
+        may_read: server.grants.may_read(channel),
+        may_post: server.grants.may_post(channel),
+        description: config
+            .and_then(|c| c.description.as_ref())
+            .and_then(|d| serde_json::to_value(d).ok())
+            .and_then(|v| v.as_str().map(str::to_owned)),
+        instructions: config
+            .and_then(|c| c.instructions.as_ref())
+            .and_then(|d| serde_json::to_value(d).ok())
+            .and_then(|v| v.as_str().map(str::to_owned)),
+        delivery_class: match effective.delivery_class {
+            DeliveryClass::Live => "live",
+            DeliveryClass::Durable => "durable",
+        }
+        .to_owned(),
+        replay: effective.replay,
+        replay_window: effective.replay_window.map(|w| w.as_str().to_owned()),
+        your_mode: modes
+            .get(channel.as_str())
+            .and_then(|m| serde_json::to_value(m).ok()),
+    }
+}
+
+#[tool_router(router = tool_router, vis = "pub(super)")]
+impl CotalServer {
+    /// Call this first. Tells who you are (name, id, role, space), what you may read and post,
+    /// the channels you receive, who is present, what you declare about yourself, how many
+    /// messages wait for you, and how to work in the space.
+    #[tool(name = "cotal_orientation")]
+    async fn orientation(&self) -> Result<Json<OrientationView>, String> {
+        let _ = tokio::time::timeout(ROSTER_LOAD, self.client.roster().loaded()).await;
+        let card = self.client.card();
+        let connection = state_word(*self.client.state().borrow()).to_owned();
+        let present = self
+            .peer_views(false)
+            .into_iter()
+            .filter(|p| !p.you)
+            .collect();
+        Ok(Json(OrientationView {
+            you: YouView {
+                name: card.name,
+                id: card.id,
+                role: card.role,
+                space: self.client.space().to_owned(),
+            },
+            connection,
+            may_read: self.grants.read.clone(),
+            may_post: self.grants.post.clone(),
+            may_dm: self.grants.dm,
+            may_anycast: self.grants.anycast,
+            joined: self.client.joined().await,
+            joins_at_start: self.boot.lock().map(|b| b.clone()).unwrap_or_default(),
+            present,
+            your_status: status_view(&self.client.declared()),
+            waiting: self.inbox.waiting().await,
+            guide: wording::GUIDE.to_owned(),
+        }))
+    }
+
+    /// Post a message to a channel; everyone who joined it gets it. Read the channel's
+    /// instructions first (cotal_channel_info). Mention peers by name to be sure they see it;
+    /// set reply_to to the id of the message you answer.
+    #[tool(name = "cotal_send")]
+    async fn send(&self, Parameters(args): Parameters<SendArgs>) -> Result<Json<Sent>, String> {
+        let channel = self.channel(&args.channel)?;
+        let message = self
+            .draft(Routing::channel(&channel), args.text, args.reply_to)
+            .with_mentions(&args.mentions);
+        self.publish(message, "channel").await
+    }
+
+    /// Send a direct message to one peer, by name (as cotal_roster shows it) or instance id.
+    /// Only that peer reads it; it is kept for the peer until it reads it, even if it is away.
+    #[tool(name = "cotal_dm")]
+    async fn dm(&self, Parameters(args): Parameters<DmArgs>) -> Result<Json<Sent>, String> {
+        let _ = tokio::time::timeout(ROSTER_LOAD, self.client.roster().loaded()).await;
+        let to: InstanceId = self
+            .client
+            .roster()
+            .resolve(&args.to)
+            .map_err(|e| wording::resolve_error(&e))?;
+        let message = self.draft(Routing::to(&to), args.text, args.reply_to);
+        self.publish(message, "dm").await
+    }
+
+    /// Send a message to a role (anycast): exactly one holder of the role gets it, now or when
+    /// one connects. Use it to hand out a task without choosing who does it.
+    #[tool(name = "cotal_anycast")]
+    async fn anycast(
+        &self,
+        Parameters(args): Parameters<AnycastArgs>,
+    ) -> Result<Json<Sent>, String> {
+        let message = self.draft(Routing::to_service(args.role), args.text, args.reply_to);
+        self.publish(message, "anycast").await
+    }
+
+    /// Read what arrived for you since the last call, oldest first: channel messages, direct
+    /// messages, anycast tasks, messages kept for you while away, mentions. What this returns
+    /// is consumed (acknowledged, it will not come again); what it does not return stays for
+    /// the next call. peek looks without consuming. wait blocks until a message arrives (use it
+    /// when you are idle and waiting for others). Also reports notices and any overflow.
+    #[tool(name = "cotal_inbox")]
+    async fn inbox(
+        &self,
+        Parameters(args): Parameters<InboxArgs>,
+    ) -> Result<Json<InboxView>, String> {
+        let limit = args.limit.unwrap_or(INBOX_DEFAULT).clamp(1, INBOX_MAX);
+        if let Some(wait) = args.wait.filter(|w| *w > 0) {
+            self.inbox
+                .wait(Duration::from_secs(wait.min(WAIT_MAX)))
+                .await;
+        }
+        if args.peek {
+            let (messages, notices, waiting) =
+                self.inbox.peek(limit, |d| self.view_delivery(d)).await;
+            return Ok(Json(InboxView {
+                remaining: waiting - messages.len(),
+                messages,
+                peeked: true,
+                overflow: BTreeMap::new(),
+                notices,
+                ack_errors: Vec::new(),
+            }));
+        }
+        let taken = self.inbox.take(limit).await;
+        let mut messages = Vec::with_capacity(taken.deliveries.len());
+        let mut ack_errors = Vec::new();
+        for delivery in taken.deliveries {
+            messages.push(self.view_delivery(&delivery));
+            let id = delivery.message.id.clone();
+            // Acknowledged once it is in the answer (§8), and only then.
+            if let Err(e) = delivery.ack().await {
+                ack_errors.push(format!("{id}: {}", crate::ops::error_text(&e)));
+            }
+        }
+        Ok(Json(InboxView {
+            messages,
+            remaining: taken.remaining,
+            peeked: false,
+            overflow: taken.overflow,
+            notices: taken.notices,
+            ack_errors,
+        }))
+    }
+
+    /// Who is in the space: name, id, role, status (idle/working/waiting/offline), what they
+    /// are doing, their attention mode and description. Use names from here for cotal_dm and
+    /// mentions.
+    #[tool(name = "cotal_roster")]
+    async fn roster(
+        &self,
+        Parameters(args): Parameters<RosterArgs>,
+    ) -> Result<Json<RosterView>, String> {
+        let _ = tokio::time::timeout(ROSTER_LOAD, self.client.roster().loaded()).await;
+        Ok(Json(RosterView {
+            peers: self.peer_views(args.include_offline),
+            stale: self.client.roster().is_stale(),
+        }))
+    }
+
+    /// The channels: the configured ones, the ones you joined, and those your permissions
+    /// name, each with its description and instructions, whether you joined it, whether you
+    /// may read and post, and its delivery (live or durable) and history settings.
+    #[tool(name = "cotal_channels")]
+    async fn channels(&self) -> Result<Json<ChannelsView>, String> {
+        let registry = self
+            .client
+            .channel_registry()
+            .await
+            .map_err(|e| wording::other_error(&e))?;
+        let joined = self.client.joined().await;
+        let mut names: std::collections::BTreeSet<String> =
+            registry.channels.keys().cloned().collect();
+        names.extend(joined.iter().cloned());
+        names.extend(self.grants.read.iter().cloned());
+        names.extend(self.grants.post.iter().cloned());
+        let channels = names
+            .iter()
+            .filter_map(|n| Channel::new(n).ok())
+            .map(|c| {
+                channel_view(
+                    self,
+                    &c,
+                    registry.channels.get(c.as_str()),
+                    registry.defaults.as_ref(),
+                    joined.iter().any(|j| j == c.as_str()),
+                )
+            })
+            .collect();
+        Ok(Json(ChannelsView {
+            channels,
+            may_read: self.grants.read.clone(),
+            may_post: self.grants.post.clone(),
+        }))
+    }
+
+    /// One channel: its description, instructions (follow them when posting), delivery and
+    /// history settings, whether you joined it and may read and post.
+    #[tool(name = "cotal_channel_info")]
+    async fn channel_info(
+        &self,
+        Parameters(args): Parameters<ChannelArgs>,
+    ) -> Result<Json<ChannelView>, String> {
+        let channel = self.channel(&args.channel)?;
+        let registry = self
+            .client
+            .channel_registry()
+            .await
+            .map_err(|e| wording::other_error(&e))?;
+        let joined = self.client.joined().await;
+        Ok(Json(channel_view(
+            self,
+            &channel,
+            registry.channels.get(channel.as_str()),
+            registry.defaults.as_ref(),
+            joined.iter().any(|j| j == channel.as_str()),
+        )))
+    }
+
+    /// Join a channel: from now on its messages come to your inbox, and its recent history is
+    /// put there too (unless history is false). On a durable channel you become a member:
+    /// messages are kept for you while you are away, until you leave.
+    #[tool(name = "cotal_join")]
+    async fn join(
+        &self,
+        Parameters(args): Parameters<JoinArgs>,
+    ) -> Result<Json<MembershipView>, String> {
+        let replay = match args.history {
+            Some(false) => Replay::Off,
+            _ => Replay::AsConfigured,
+        };
+        let report = self
+            .client
+            .join(&args.channel, replay)
+            .await
+            .map_err(|e| wording::join_error(&e, &self.grants))?;
+        Ok(Json(MembershipView {
+            outcome: report.summary(),
+            durable: report.durable == DurableState::Established,
+            history_in_inbox: Some(report.backfilled),
+            channel: report.channel,
+        }))
+    }
+
+    /// Leave a channel: its messages stop coming, and on a durable channel your membership
+    /// ends (nothing is kept for you any more).
+    #[tool(name = "cotal_leave")]
+    async fn leave(
+        &self,
+        Parameters(args): Parameters<ChannelArgs>,
+    ) -> Result<Json<MembershipView>, String> {
+        match self.client.leave(&args.channel).await {
+            Ok(()) => Ok(Json(MembershipView {
+                outcome: format!("left {}", args.channel),
+                durable: false,
+                history_in_inbox: None,
+                channel: args.channel,
+            })),
+            // Not joined in this session, but maybe a durable member from an earlier one.
+            Err(JoinError::NotJoined(channel)) => match self.client.durable_leave(&channel).await {
+                Ok(m) => Ok(Json(MembershipView {
+                    outcome: format!(
+                        "left durable {} (nothing after stream sequence {} is kept for you)",
+                        m.channel,
+                        m.leave_cursor.unwrap_or(m.join_cursor)
+                    ),
+                    durable: false,
+                    history_in_inbox: None,
+                    channel: m.channel,
+                })),
+                Err(_) => Err(wording::join_error(
+                    &JoinError::NotJoined(channel),
+                    &self.grants,
+                )),
+            },
+            Err(e) => Err(wording::join_error(&e, &self.grants)),
+        }
+    }
+
+    /// The most recent messages of one channel (yours included), oldest first, without
+    /// touching your inbox. Use it to catch up on a channel before posting.
+    #[tool(name = "cotal_history")]
+    async fn history(
+        &self,
+        Parameters(args): Parameters<HistoryArgs>,
+    ) -> Result<Json<HistoryView>, String> {
+        let channel = self.channel(&args.channel)?;
+        let limit = args.limit.unwrap_or(HISTORY_DEFAULT).clamp(1, HISTORY_MAX);
+        // The broker would refuse the read too, but only as a timeout.
+        if !self.grants.may_read(&channel) {
+            return Err(wording::unreadable(&channel, &self.grants));
+        }
+        let messages = self
+            .client
+            .history(&channel, limit)
+            .await
+            .map_err(|e| wording::other_error(&e))?;
+        Ok(Json(HistoryView {
+            channel: channel.as_str().to_owned(),
+            messages: messages.iter().map(|m| self.view_message(m)).collect(),
+        }))
+    }
+
+    /// Declare what you are doing, so others know whether to wait for you: status (idle,
+    /// working, waiting), a short activity, and your attention (open, dnd, focus). Set working
+    /// when you take a task and idle when done. Without arguments, shows what you declare.
+    #[tool(name = "cotal_status")]
+    async fn status(
+        &self,
+        Parameters(args): Parameters<StatusArgs>,
+    ) -> Result<Json<StatusView>, String> {
+        let now = self.client.declared();
+        if args.status.is_some() || args.activity.is_some() {
+            let status = match args.status {
+                Some(StatusWord::Idle) => PresenceStatus::Idle,
+                Some(StatusWord::Working) => PresenceStatus::Working,
+                Some(StatusWord::Waiting) => PresenceStatus::Waiting,
+                None => now.status,
+            };
+            let activity = match args.activity {
+                Some(a) if a.is_empty() => None,
+                Some(a) => Some(a),
+                None => now.activity,
+            };
+            self.client
+                .set_status(status, activity)
+                .await
+                .map_err(|e| wording::other_error(&e))?;
+        }
+        if let Some(attention) = args.attention {
+            let mode = match attention {
+                AttentionWord::Open => None,
+                AttentionWord::Dnd => Some(AttentionMode::Dnd),
+                AttentionWord::Focus => Some(AttentionMode::Focus),
+            };
+            self.client
+                .set_attention(mode)
+                .await
+                .map_err(|e| wording::other_error(&e))?;
+        }
+        Ok(Json(status_view(&self.client.declared())))
+    }
+
+    /// Set how a channel concerns you (advisory, others see it): quiet, muted, or normal to
+    /// clear. Returns everything you declare.
+    #[tool(name = "cotal_channel_mode")]
+    async fn channel_mode(
+        &self,
+        Parameters(args): Parameters<ChannelModeArgs>,
+    ) -> Result<Json<StatusView>, String> {
+        let channel = self.channel(&args.channel)?;
+        let mode = match args.mode {
+            ModeWord::Normal => None,
+            ModeWord::Quiet => Some(ChannelMode::Quiet),
+            ModeWord::Muted => Some(ChannelMode::Muted),
+        };
+        self.client
+            .set_channel_mode(&channel, mode)
+            .await
+            .map_err(|e| wording::other_error(&e))?;
+        Ok(Json(status_view(&self.client.declared())))
+    }
+
+    /// Describe yourself to others (your card): a one-line description, tags and skills. Your
+    /// name, id and role come from your credential. Without arguments, shows your card.
+    #[tool(name = "cotal_persona")]
+    async fn persona(
+        &self,
+        Parameters(args): Parameters<PersonaArgs>,
+    ) -> Result<Json<PersonaView>, String> {
+        let card = self.client.card();
+        if args.description.is_some() || args.tags.is_some() || args.skills.is_some() {
+            let description = match args.description {
+                Some(d) if d.is_empty() => None,
+                Some(d) => Some(d),
+                None => card.description.clone(),
+            };
+            let tags = args.tags.unwrap_or(card.tags.clone());
+            let skills = match args.skills {
+                Some(skills) => skills
+                    .into_iter()
+                    .map(|s| AgentSkill {
+                        id: s.id,
+                        name: s.name,
+                        description: s.description,
+                        extra: Default::default(),
+                    })
+                    .collect(),
+                None => card.skills.clone(),
+            };
+            self.client
+                .set_persona(description, tags, skills)
+                .await
+                .map_err(|e| wording::other_error(&e))?;
+        }
+        let card = self.client.card();
+        Ok(Json(PersonaView {
+            name: card.name,
+            id: card.id,
+            role: card.role,
+            description: card.description,
+            tags: card.tags,
+            skills: card
+                .skills
+                .into_iter()
+                .map(|s| SkillArg {
+                    id: s.id,
+                    name: s.name,
+                    description: s.description,
+                })
+                .collect(),
+        }))
+    }
+
+    /// The connection to the space (connected, reconnecting, disconnected). With force, drop
+    /// it and connect again now (channels, DMs and presence come back by themselves).
+    #[tool(name = "cotal_reconnect")]
+    async fn reconnect(
+        &self,
+        Parameters(args): Parameters<ReconnectArgs>,
+    ) -> Result<Json<ConnectionView>, String> {
+        let mut state = self.client.state();
+        if args.force {
+            self.client
+                .force_reconnect()
+                .await
+                .map_err(|e| wording::other_error(&e))?;
+            let _ = tokio::time::timeout(
+                Duration::from_secs(10),
+                state.wait_for(|s| *s == ConnectionState::Connected),
+            )
+            .await;
+        }
+        let now = *state.borrow();
+        Ok(Json(ConnectionView {
+            state: state_word(now).to_owned(),
+            reconnected: args.force,
+        }))
+    }
+}
+
+impl CotalServer {
+    fn peer_views(&self, include_offline: bool) -> Vec<PeerView> {
+        let roster = self.client.roster();
+        let me = self.client.id().as_str().to_owned();
+        roster
+            .peers()
+            .into_iter()
+            .filter_map(|(id, peer)| {
+                let status = roster.status(&id).unwrap_or(PresenceStatus::Offline);
+                if status == PresenceStatus::Offline && !include_offline {
+                    return None;
+                }
+                let card = &peer.presence.card;
+                Some(PeerView {
+                    you: id == me,
+                    name: card.name.clone(),
+                    kind: serde_json::to_value(card.kind).unwrap_or_default(),
+                    role: card.role.clone(),
+                    status: status.as_str().to_owned(),
+                    activity: peer.presence.activity.clone(),
+                    attention: peer
+                        .presence
+                        .attention
+                        .and_then(|a| serde_json::to_value(a).ok()),
+                    description: card.description.clone(),
+                    tags: card.tags.clone(),
+                    id,
+                })
+            })
+            .collect()
+    }
+}

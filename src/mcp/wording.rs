@@ -1,0 +1,143 @@
+//! What the server says to the agent: its instructions, and errors as refusals an agent can act
+//! on (what was refused, in the spec's words, and the fix), in the CLI's wording.
+
+use crate::client::{ClientError, JoinError, ResolveError};
+use crate::protocol::Channel;
+
+use super::Grants;
+
+/// The server's instructions (sent at initialize), also part of `cotal_orientation`.
+pub const GUIDE: &str = "\
+You are an endpoint in a Cotal space: a shared room where agents and people coordinate through \
+channels (#name, everyone joined reads them), direct messages (one instance) and anycast (one \
+holder of a role). Messages reach you while this server runs, even between your tool calls; \
+they wait in your inbox until you read them.
+
+How to work here:
+1. Call cotal_orientation first: who you are, what you may read and post, who is present, how \
+many messages wait.
+2. Read with cotal_inbox. Pass wait (seconds) to block until something arrives when you have \
+nothing else to do. What cotal_inbox returns is acknowledged and will not come again; \
+peek looks without consuming.
+3. Post with cotal_send (a channel), cotal_dm (one peer, by name or id) or cotal_anycast (a \
+role: one of its holders gets it). Answer a message with reply_to set to its id. Mention \
+peers by name to make sure they see it.
+4. Say what you are doing with cotal_status (working/waiting/idle and a short activity), so \
+others know whether to wait for you.
+5. Before posting in a channel, read its description and instructions (cotal_channels, \
+cotal_channel_info) and follow them.
+
+cotal_roster shows who is present, cotal_join/cotal_leave change your channels, cotal_history \
+reads a channel's recent messages, cotal_persona describes you to others, cotal_channel_mode \
+quiets or mutes a channel for you, cotal_reconnect shows or renews the connection.";
+
+/// A refused send, DM or anycast, with the fix.
+pub fn send_error(what: &str, e: &ClientError, grants: &Grants) -> String {
+    let text = crate::ops::error_text(e);
+    let fix = match e {
+        ClientError::PublishRefused { .. } => match what {
+            "channel" => format!(
+                "You may post to: {}. Fix: post to one of those channels, or ask the space's \
+                 operator to mint your credential again with --allow-publish <channel>.",
+                list_or_none(&grants.post)
+            ),
+            _ => "Fix: this credential may not send direct messages or anycast (observers \
+                  and admins publish nothing); use an agent credential."
+                .to_owned(),
+        },
+        ClientError::Channel(_) | ClientError::Subject(_) => {
+            "Fix: a channel is dot-separated words such as general or team.backend, without \
+             wildcards; a role is one word."
+                .to_owned()
+        }
+        _ => connection_fix(e),
+    };
+    refusal(&text, &fix)
+}
+
+/// A refused join or leave, with the fix.
+pub fn join_error(e: &JoinError, grants: &Grants) -> String {
+    let text = crate::ops::error_text(e);
+    let fix = match e {
+        JoinError::Refused { .. } => format!(
+            "You may read: {}. Fix: join one of those, or ask the space's operator to mint \
+             your credential again with --allow-subscribe <channel>.",
+            list_or_none(&grants.read)
+        ),
+        JoinError::AlreadyJoined(_) => {
+            "Nothing to do: you already receive this channel (see cotal_channels).".to_owned()
+        }
+        JoinError::NotJoined(_) => {
+            "Fix: cotal_channels lists the channels you have joined.".to_owned()
+        }
+        JoinError::Invalid { .. } => "Fix: a channel is dot-separated words such as general \
+                                      or team.backend (a join may end in > or use *)."
+            .to_owned(),
+        JoinError::Client(e) => connection_fix(e),
+    };
+    refusal(&text, &fix)
+}
+
+/// A channel outside the read ACL, with the fix.
+pub fn unreadable(channel: &Channel, grants: &Grants) -> String {
+    refusal(
+        &format!(
+            "{} is outside this credential's read permissions (allowSubscribe)",
+            channel.as_str()
+        ),
+        &format!(
+            "You may read: {}. Fix: use one of those, or ask the space's operator to mint your \
+             credential again with --allow-subscribe {}.",
+            list_or_none(&grants.read),
+            channel.as_str()
+        ),
+    )
+}
+
+/// A name that does not pick out one peer, with the fix.
+pub fn resolve_error(e: &ResolveError) -> String {
+    refusal(
+        &e.to_string(),
+        "Fix: cotal_roster lists who is in the space with their ids; give a name from it, or an \
+         instance id.",
+    )
+}
+
+/// Any other refused operation.
+pub fn other_error(e: &ClientError) -> String {
+    refusal(&crate::ops::error_text(e), &connection_fix(e))
+}
+
+fn connection_fix(e: &ClientError) -> String {
+    match e {
+        ClientError::Timeout { .. } | ClientError::Nats { .. } | ClientError::Connect { .. } => {
+            "Fix: the appliance may be restarting; cotal_reconnect shows the connection, then \
+             try again."
+                .to_owned()
+        }
+        ClientError::NoResponders { .. } => {
+            "Fix: the appliance's manager does not answer; is `cotald up` running?".to_owned()
+        }
+        ClientError::HistoryClosed { .. } => {
+            "Fix: this channel keeps no readable history; read what arrives with cotal_inbox."
+                .to_owned()
+        }
+        _ => String::new(),
+    }
+}
+
+fn refusal(text: &str, fix: &str) -> String {
+    if fix.is_empty() {
+        format!("Refused: {text}.")
+    } else {
+        format!("Refused: {text}. {fix}")
+    }
+}
+
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() {
+        "nothing".to_owned()
+    } else {
+        items.join(", ")
+    }
+}

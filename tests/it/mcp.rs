@@ -1,0 +1,680 @@
+//! `cotald mcp`: real MCP clients (the Rust SDK's) driving real `cotald mcp` processes as two
+//! identities of one space.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use rmcp::model::{CallToolRequestParams, CallToolResult, ReadResourceRequestParams};
+use rmcp::service::RunningService;
+use rmcp::transport::TokioChildProcess;
+use rmcp::{ClientHandler, Peer, RoleClient, ServiceExt};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use cotald::protocol::PresenceStatus;
+
+use crate::helper::{
+    Cotald, Minted, Probe, TIMEOUT, cotald_bin, endpoint, mint, operator_endpoint, set_channel,
+};
+
+type Agent = Peer<RoleClient>;
+
+/// An MCP client that passes on the log notifications it receives.
+struct Listener(mpsc::UnboundedSender<Value>);
+
+#[allow(deprecated)] // MCP logging: what hosts of the earlier revisions show.
+impl ClientHandler for Listener {
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: rmcp::service::NotificationContext<RoleClient>,
+    ) {
+        let _ = self.0.send(params.data);
+    }
+}
+
+/// Launches `cotald mcp` as `m` (the way a host does) and initializes an MCP session with it.
+async fn agent(m: &Minted) -> RunningService<RoleClient, ()> {
+    agent_as(m, ()).await
+}
+
+/// [`agent`] with a client handler of its own.
+async fn agent_as<H: ClientHandler>(m: &Minted, handler: H) -> RunningService<RoleClient, H> {
+    let mut cmd = tokio::process::Command::new(cotald_bin());
+    cmd.arg("mcp")
+        .arg("--creds")
+        .arg(&m.creds)
+        .args(["--link", &m.link])
+        .arg("--ca")
+        .arg(&m.ca);
+    let (transport, _) = TokioChildProcess::builder(cmd)
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn cotald mcp");
+    tokio::time::timeout(TIMEOUT, handler.serve(transport))
+        .await
+        .expect("initialize in time")
+        .expect("initialize")
+}
+
+/// Calls a tool; the raw result (which may be a tool error).
+async fn call_raw(agent: &Agent, tool: &str, args: Value) -> CallToolResult {
+    let Value::Object(args) = args else {
+        panic!("arguments are an object")
+    };
+    tokio::time::timeout(
+        TIMEOUT + Duration::from_secs(35),
+        agent.call_tool(CallToolRequestParams::new(tool.to_owned()).with_arguments(args)),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{tool} answers in time"))
+    .unwrap_or_else(|e| panic!("{tool}: {e}"))
+}
+
+/// Calls a tool that must succeed; its structured result.
+async fn call(agent: &Agent, tool: &str, args: Value) -> Value {
+    let result = call_raw(agent, tool, args).await;
+    assert_ne!(result.is_error, Some(true), "{tool} failed: {result:?}");
+    result
+        .structured_content
+        .unwrap_or_else(|| panic!("{tool} returns structured content"))
+}
+
+/// The text of a tool error.
+async fn refusal(agent: &Agent, tool: &str, args: Value) -> String {
+    let result = call_raw(agent, tool, args).await;
+    assert_eq!(
+        result.is_error,
+        Some(true),
+        "{tool} should fail: {result:?}"
+    );
+    result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect()
+}
+
+/// Reads the inbox (blocking up to 30 s per call) until a message satisfying `pred` comes;
+/// returns it and every message read on the way.
+async fn inbox_until(agent: &Agent, pred: impl Fn(&Value) -> bool) -> (Value, Vec<Value>) {
+    let mut read = Vec::new();
+    let found = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let got = call(agent, "cotal_inbox", json!({"wait": 30})).await;
+            for m in got["messages"].as_array().unwrap() {
+                read.push(m.clone());
+                if pred(m) {
+                    return m.clone();
+                }
+            }
+        }
+    })
+    .await
+    .expect("the message within the timeout");
+    (found, read)
+}
+
+/// Reads the inbox until a notice containing `needle` (e.g. a boot join's outcome) comes.
+async fn notice_until(agent: &Agent, needle: &str) {
+    let mut seen = Vec::new();
+    let found = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let got = call(agent, "cotal_inbox", json!({"wait": 30})).await;
+            for n in got["notices"].as_array().cloned().unwrap_or_default() {
+                let n = n.as_str().unwrap().to_owned();
+                if n.contains(needle) {
+                    return;
+                }
+                seen.push(n);
+            }
+        }
+    })
+    .await;
+    assert!(
+        found.is_ok(),
+        "no notice containing {needle:?}; seen: {seen:?}"
+    );
+}
+
+fn text(m: &Value) -> &str {
+    m["text"].as_str().unwrap()
+}
+
+const TOOLS: &[&str] = &[
+    "cotal_anycast",
+    "cotal_channel_info",
+    "cotal_channel_mode",
+    "cotal_channels",
+    "cotal_dm",
+    "cotal_history",
+    "cotal_inbox",
+    "cotal_join",
+    "cotal_leave",
+    "cotal_orientation",
+    "cotal_persona",
+    "cotal_reconnect",
+    "cotal_roster",
+    "cotal_send",
+    "cotal_status",
+];
+
+#[tokio::test]
+async fn two_agents_exchange_a_channel_message_a_dm_by_name_and_an_anycast_task() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let channels = ["--subscribe", "general", "--allow-publish", "general"];
+    let alice = mint(tmp.path(), "alice", "main", &channels).await;
+    let mut bob_args = channels.to_vec();
+    bob_args.extend(["--role", "reviewer"]);
+    let bob = mint(tmp.path(), "bob", "main", &bob_args).await;
+
+    let (notes, mut announced) = mpsc::unbounded_channel();
+    let b = agent_as(&bob, Listener(notes)).await;
+    let info = b.peer_info().expect("server info");
+    assert_eq!(
+        info.server_info.as_ref().map(|s| s.name.as_str()),
+        Some("cotald")
+    );
+    assert!(
+        info.instructions
+            .as_deref()
+            .is_some_and(|i| i.contains("cotal_orientation"))
+    );
+    let tools = b.list_all_tools().await.unwrap();
+    let mut names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    names.sort();
+    assert_eq!(names, TOOLS);
+    for tool in &tools {
+        assert_eq!(
+            tool.input_schema.get("type"),
+            Some(&json!("object")),
+            "{}",
+            tool.name
+        );
+        assert!(
+            tool.description.as_deref().is_some_and(|d| d.len() > 40),
+            "{} teaches its use",
+            tool.name
+        );
+        assert!(
+            tool.output_schema.is_some(),
+            "{} has a result schema",
+            tool.name
+        );
+    }
+    let send = tools.iter().find(|t| t.name == "cotal_send").unwrap();
+    let required: Vec<&str> = send.input_schema["required"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(required, ["channel", "text"]);
+    for field in ["mentions", "reply_to"] {
+        assert!(
+            send.input_schema["properties"].get(field).is_some(),
+            "{field}"
+        );
+    }
+    notice_until(&b, "joined durable general").await;
+
+    let a = agent(&alice).await;
+    notice_until(&a, "joined durable general").await;
+    let me = call(&a, "cotal_orientation", json!({})).await;
+    assert_eq!(me["you"]["name"], "alice");
+    assert_eq!(me["you"]["id"], alice.id.as_str());
+    assert_eq!(me["you"]["space"], "main");
+    assert_eq!(me["may_post"], json!(["general"]));
+    assert_eq!(me["joined"], json!(["general"]));
+    assert!(
+        me["present"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "bob" && p["role"] == "reviewer"),
+        "{me}"
+    );
+
+    // A channel message, answered with reply_to.
+    let sent = call(
+        &a,
+        "cotal_send",
+        json!({"channel": "general", "text": "hello from alice", "mentions": ["bob"]}),
+    )
+    .await;
+    // Hosts that show notifications hear of it at once; the inbox has it either way.
+    let note = tokio::time::timeout(TIMEOUT, announced.recv())
+        .await
+        .expect("an arrival is announced")
+        .unwrap();
+    assert_eq!(note["event"], "message");
+    assert_eq!(note["id"], sent["id"]);
+    assert!(
+        note["summary"]
+            .as_str()
+            .unwrap()
+            .starts_with("#general alice: hello from alice"),
+        "{note}"
+    );
+    let (got, _) = inbox_until(&b, |m| text(m) == "hello from alice").await;
+    assert_eq!(got["kind"], "channel");
+    assert_eq!(got["channel"], "general");
+    assert_eq!(got["from"]["name"], "alice");
+    assert_eq!(got["id"], sent["id"]);
+    assert_eq!(got["mentions_you"], true);
+    call(
+        &b,
+        "cotal_send",
+        json!({"channel": "general", "text": "hi alice", "reply_to": sent["id"]}),
+    )
+    .await;
+    let (reply, _) = inbox_until(&a, |m| text(m) == "hi alice").await;
+    assert_eq!(reply["reply_to"], sent["id"]);
+
+    // A DM by name: peek shows it without consuming; inbox returns it once.
+    call(&a, "cotal_dm", json!({"to": "bob", "text": "psst, bob"})).await;
+    let peeked = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let p = call(&b, "cotal_inbox", json!({"peek": true, "wait": 30})).await;
+            if p["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| text(m) == "psst, bob")
+            {
+                return p;
+            }
+        }
+    })
+    .await
+    .expect("the DM is peeked");
+    assert_eq!(peeked["peeked"], true);
+    let again = call(&b, "cotal_inbox", json!({"peek": true})).await;
+    assert_eq!(
+        again["messages"], peeked["messages"],
+        "a peek consumes nothing"
+    );
+    let (dm, _) = inbox_until(&b, |m| text(m) == "psst, bob").await;
+    assert_eq!(dm["kind"], "dm");
+    assert_eq!(dm["from"]["name"], "alice");
+    let after = call(&b, "cotal_inbox", json!({"peek": true})).await;
+    assert!(
+        !after["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| text(m) == "psst, bob"),
+        "returned once: {after}"
+    );
+
+    // An anycast task to the role bob holds.
+    call(
+        &a,
+        "cotal_anycast",
+        json!({"role": "reviewer", "text": "please review PR 7"}),
+    )
+    .await;
+    let (task, _) = inbox_until(&b, |m| text(m) == "please review PR 7").await;
+    assert_eq!(task["kind"], "anycast");
+    assert_eq!(task["role"], "reviewer");
+
+    // Status and roster: what bob declares, alice sees.
+    let status = call(
+        &b,
+        "cotal_status",
+        json!({"status": "working", "activity": "reviewing PR 7"}),
+    )
+    .await;
+    assert_eq!(status["status"], "working");
+    tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let roster = call(&a, "cotal_roster", json!({})).await;
+            if roster["peers"].as_array().unwrap().iter().any(|p| {
+                p["name"] == "bob" && p["status"] == "working" && p["activity"] == "reviewing PR 7"
+            }) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .expect("alice's roster shows bob working");
+
+    // History, channels and the channel's config.
+    let history = call(&a, "cotal_history", json!({"channel": "general"})).await;
+    let texts: Vec<&str> = history["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(text)
+        .collect();
+    assert_eq!(texts, ["hello from alice", "hi alice"]);
+    let channels = call(&a, "cotal_channels", json!({})).await;
+    let general = channels["channels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["channel"] == "general")
+        .cloned()
+        .expect("general is listed");
+    assert_eq!(general["joined"], true);
+    assert_eq!(general["may_post"], true);
+
+    // Refusals are tool errors that name the fix.
+    let refused = refusal(&a, "cotal_send", json!({"channel": "secret", "text": "x"})).await;
+    assert!(refused.contains("refused to publish"), "{refused}");
+    assert!(refused.contains("You may post to: general"), "{refused}");
+    assert!(refused.contains("--allow-publish"), "{refused}");
+    let unknown = refusal(&a, "cotal_dm", json!({"to": "carol", "text": "x"})).await;
+    assert!(unknown.contains("nobody named `carol`"), "{unknown}");
+    assert!(unknown.contains("cotal_roster"), "{unknown}");
+    let outside = refusal(&a, "cotal_join", json!({"channel": "secret"})).await;
+    assert!(outside.contains("refused by the broker"), "{outside}");
+    assert!(outside.contains("--allow-subscribe"), "{outside}");
+
+    // The host ends bob's session: its last word is `offline` (§6), not a lapsed heartbeat.
+    let watcher = operator_endpoint(tmp.path(), &alice, true).await;
+    let roster = watcher.client.roster().clone();
+    b.cancel().await.unwrap();
+    tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let changed = roster.changed();
+            if roster
+                .peer(&bob.id)
+                .is_some_and(|p| p.presence.status == PresenceStatus::Offline)
+            {
+                return;
+            }
+            changed.await;
+        }
+    })
+    .await
+    .expect("bob's final presence record says offline");
+
+    a.cancel().await.unwrap();
+    watcher.client.close().await;
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn only_what_inbox_returned_is_acked_and_the_rest_comes_again_after_a_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &[]).await;
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
+    let sender = endpoint(&alice, |o| o.presence = false).await;
+    let to_bob = cotald::protocol::Routing::to(
+        &cotald::protocol::InstanceId::from_user_nkey(&bob.id).unwrap(),
+    );
+
+    let b = agent(&bob).await;
+    for text in ["first", "second"] {
+        sender.client.send_text(to_bob.clone(), text).await.unwrap();
+    }
+    // Both wait in the inbox; only the first is returned (limit 1).
+    tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let p = call(&b, "cotal_inbox", json!({"peek": true, "wait": 30})).await;
+            if p["messages"].as_array().unwrap().len() + p["remaining"].as_u64().unwrap() as usize
+                >= 2
+            {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("both DMs arrive");
+    let got = call(&b, "cotal_inbox", json!({"limit": 1})).await;
+    let texts: Vec<&str> = got["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(text)
+        .collect();
+    assert_eq!(texts, ["first"]);
+    assert_eq!(got["remaining"], 1);
+    b.cancel().await.unwrap();
+
+    // A new session gets the unread one, and only it: the first was acked.
+    let b = agent(&bob).await;
+    let (second, read) = inbox_until(&b, |m| text(m) == "second").await;
+    assert_eq!(second["kind"], "dm");
+    assert!(read.iter().all(|m| text(m) != "first"), "{read:?}");
+    drained(&c, tmp.path(), &format!("dm_{}", bob.id)).await;
+
+    b.cancel().await.unwrap();
+    sender.client.close().await;
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn channels_carry_their_instructions_and_the_agent_manages_memberships_and_its_card() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let carol = mint(
+        tmp.path(),
+        "carol",
+        "main",
+        &[
+            "--subscribe",
+            "general",
+            "--allow-subscribe",
+            "general,ops,quiet",
+            "--allow-publish",
+            "general,ops",
+        ],
+    )
+    .await;
+    let op = operator_endpoint(tmp.path(), &carol, false).await;
+    set_channel(
+        &op,
+        "ops",
+        json!({
+            "description": "Deploys and incidents",
+            "instructions": "Post one line per deploy.",
+            "deliveryClass": "durable",
+        }),
+    )
+    .await;
+    set_channel(
+        &op,
+        "quiet",
+        json!({"replay": false, "deliveryClass": "live"}),
+    )
+    .await;
+
+    let a = agent(&carol).await;
+    notice_until(&a, "joined durable general").await;
+    let ops = call(&a, "cotal_channel_info", json!({"channel": "ops"})).await;
+    assert_eq!(ops["description"], "Deploys and incidents");
+    assert_eq!(ops["instructions"], "Post one line per deploy.");
+    assert_eq!(ops["delivery_class"], "durable");
+    assert_eq!(ops["joined"], false);
+    assert_eq!(ops["may_post"], true);
+
+    // The instructions are a resource too.
+    let resources = a.list_all_resources().await.unwrap();
+    let uris: Vec<&str> = resources.iter().map(|r| r.uri.as_str()).collect();
+    assert!(uris.contains(&"cotal://channel/ops"), "{uris:?}");
+    assert!(
+        !uris.contains(&"cotal://channel/quiet"),
+        "quiet has nothing to say"
+    );
+    let read = a
+        .read_resource(ReadResourceRequestParams::new("cotal://channel/ops"))
+        .await
+        .unwrap();
+    let body = serde_json::to_value(&read.contents[0]).unwrap();
+    assert!(
+        body["text"]
+            .as_str()
+            .unwrap()
+            .contains("Post one line per deploy."),
+        "{body}"
+    );
+
+    // Join and leave: a durable membership, ended by the leave.
+    let joined = call(&a, "cotal_join", json!({"channel": "ops"})).await;
+    assert_eq!(joined["outcome"], "joined durable ops");
+    assert_eq!(joined["durable"], true);
+    let listed = call(&a, "cotal_channels", json!({})).await;
+    assert!(
+        listed["channels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["channel"] == "ops" && c["joined"] == true),
+        "{listed}"
+    );
+    let left = call(&a, "cotal_leave", json!({"channel": "ops"})).await;
+    assert_eq!(left["outcome"], "left ops");
+    let again = refusal(&a, "cotal_leave", json!({"channel": "ops"})).await;
+    assert!(again.contains("not joined to ops"), "{again}");
+    assert!(again.contains("cotal_channels"), "{again}");
+
+    // A channel without readable history says so.
+    let quiet = call(&a, "cotal_join", json!({"channel": "quiet"})).await;
+    assert_eq!(quiet["outcome"], "joined live quiet");
+    let closed = refusal(&a, "cotal_history", json!({"channel": "quiet"})).await;
+    assert!(closed.contains("replay = false"), "{closed}");
+    let outside = refusal(&a, "cotal_history", json!({"channel": "secret"})).await;
+    assert!(
+        outside.contains("outside this credential's read"),
+        "{outside}"
+    );
+    assert!(
+        outside.contains("You may read: general, ops, quiet"),
+        "{outside}"
+    );
+
+    // What carol declares about herself.
+    let modes = call(
+        &a,
+        "cotal_channel_mode",
+        json!({"channel": "general", "mode": "muted"}),
+    )
+    .await;
+    assert_eq!(modes["channel_modes"]["general"], "muted");
+    let status = call(&a, "cotal_status", json!({"attention": "focus"})).await;
+    assert_eq!(status["attention"], "focus");
+    assert_eq!(status["status"], "idle");
+    let card = call(
+        &a,
+        "cotal_persona",
+        json!({"description": "Deploy bot", "tags": ["ops"], "skills": [{"id": "deploy", "name": "Deploy"}]}),
+    )
+    .await;
+    assert_eq!(card["name"], "carol");
+    assert_eq!(card["description"], "Deploy bot");
+    assert_eq!(card["tags"], json!(["ops"]));
+    assert_eq!(card["skills"][0]["id"], "deploy");
+
+    // A forced reconnect comes back, and the endpoint still posts.
+    let conn = call(&a, "cotal_reconnect", json!({"force": true})).await;
+    assert_eq!(conn["state"], "connected");
+    assert_eq!(conn["reconnected"], true);
+    call(
+        &a,
+        "cotal_send",
+        json!({"channel": "general", "text": "back"}),
+    )
+    .await;
+
+    a.cancel().await.unwrap();
+    op.client.close().await;
+    c.stop().await;
+}
+
+/// Waits until the DM durable `consumer` has nothing pending and nothing unacknowledged.
+async fn drained(c: &Cotald, dir: &Path, consumer: &str) {
+    let probe = Probe::connect(c, &dir.join("spaces/main/local-operator.creds")).await;
+    let js = async_nats::jetstream::new(probe.client);
+    let stream = js.get_stream("DM_main").await.unwrap();
+    tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let info = stream.consumer_info(consumer).await.unwrap();
+            if info.num_pending == 0 && info.num_ack_pending == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("every DM acknowledged");
+}
+
+#[tokio::test]
+async fn print_config_names_absolute_paths() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tokio::process::Command::new(cotald_bin())
+        .current_dir(tmp.path())
+        .args([
+            "mcp",
+            "--creds",
+            "bob.creds",
+            "--link",
+            "cotals://127.0.0.1:4222/main?channels=general",
+            "--ca",
+            "ca.pem",
+            "--data-dir",
+            "data",
+            "--print-config",
+            "claude",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let server = &doc["mcpServers"]["cotal"];
+    assert_eq!(server["type"], "stdio");
+    assert_eq!(server["command"], cotald_bin());
+    let dir = tmp.path().canonicalize().unwrap();
+    assert_eq!(
+        server["args"],
+        json!([
+            "mcp",
+            "--link",
+            "cotals://127.0.0.1:4222/main?channels=general",
+            "--creds",
+            dir.join("bob.creds").display().to_string(),
+            "--ca",
+            dir.join("ca.pem").display().to_string(),
+            "--data-dir",
+            dir.join("data").display().to_string(),
+        ])
+    );
+
+    // Acting as a minted identity of the local appliance: the name and the data dir.
+    let out = tokio::process::Command::new(cotald_bin())
+        .current_dir(tmp.path())
+        .args([
+            "mcp",
+            "--as",
+            "bob",
+            "--data-dir",
+            "data",
+            "--print-config",
+            "json",
+        ])
+        .output()
+        .await
+        .unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        doc["mcpServers"]["cotal"]["args"],
+        json!([
+            "mcp",
+            "--as",
+            "bob",
+            "--data-dir",
+            dir.join("data").display().to_string()
+        ])
+    );
+}
