@@ -182,41 +182,20 @@ async fn send_many_in_flight(
 }
 
 /// `n` raw JetStream publishes of `payload` on `subject`, each with its own `Nats-Msg-Id` (as
-/// cotald sends them), `in_flight` at a time, acks awaited.
+/// cotald sends them), `in_flight` at a time, acks awaited. With `spread`, the subject gets a
+/// suffix `_<run>_<k>` that changes every half DM pair bound: a raw reader has nobody trimming
+/// what it read, and the operator may name any sender.
 async fn raw_publish(
     js: &jetstream::Context,
     subject: &str,
     payload: &bytes::Bytes,
     n: usize,
     in_flight: usize,
-) -> anyhow::Result<()> {
-    let prefix = crate::protocol::new_message_id();
-    bounded(
-        "raw publishing",
-        futures_util::stream::iter(0..n)
-            .map(|i| {
-                let message = PublishMessage::build()
-                    .payload(payload.clone())
-                    .message_id(format!("{prefix}.{i}"));
-                async move { js.send_publish(subject.to_owned(), message).await?.await }
-            })
-            .buffer_unordered(in_flight)
-            .try_for_each(|_| std::future::ready(Ok(()))),
-    )
-    .await?
-    .context("raw publish")
-}
-
-/// [`raw_publish`] over subjects `<subject>_<run>_<k>`, a new one every half pair bound.
-async fn raw_publish_spread(
-    js: &jetstream::Context,
-    subject: &str,
-    payload: &bytes::Bytes,
-    n: usize,
-    in_flight: usize,
+    spread: bool,
 ) -> anyhow::Result<()> {
     let per_subject = (crate::binding::streams::DM_MAX_MSGS_PER_PAIR / 2) as usize;
-    let prefix = crate::protocol::new_message_id();
+    let prefix = crate::protocol::new_message_id().replace('-', "");
+    let prefix = &prefix;
     bounded(
         "raw publishing",
         futures_util::stream::iter(0..n)
@@ -224,7 +203,10 @@ async fn raw_publish_spread(
                 let message = PublishMessage::build()
                     .payload(payload.clone())
                     .message_id(format!("{prefix}.{i}"));
-                let subject = format!("{subject}_{}_{}", prefix.replace('-', ""), i / per_subject);
+                let subject = match spread {
+                    true => format!("{subject}_{prefix}_{}", i / per_subject),
+                    false => subject.to_owned(),
+                };
                 async move { js.send_publish(subject, message).await?.await }
             })
             .buffer_unordered(in_flight)
@@ -343,7 +325,7 @@ async fn live_throughput(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<Case
                     ..
                 } = &mut *pair;
                 let start = Instant::now();
-                let sending = raw_publish(raw_js, raw_subject, raw_payload, n, IN_FLIGHT);
+                let sending = raw_publish(raw_js, raw_subject, raw_payload, n, IN_FLIGHT, false);
                 let receiving = async {
                     for _ in 0..n {
                         bounded("a raw message", raw_sub.next())
@@ -499,8 +481,6 @@ async fn dm_throughput(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseRe
         tokio::sync::Mutex::new(bench.connect(&to, |o| o.receive_backstop = false).await?);
     let route = [Routing::to(&InstanceId::from_user_nkey(&to.id)?)];
     let raw_js = jetstream::new(bench.raw.clone());
-    // The raw side has nobody trimming what it read, so it spreads its DMs over as many
-    // (target, sender) subjects as the pair bound asks; the operator may name any sender.
     let raw_subject = format!("cotal.{SPACE}.inst.{}.{}", raw_target.id, bench.operator.id);
     let raw_payload = payload(
         &sender.client,
@@ -557,7 +537,7 @@ async fn dm_throughput(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseRe
                 let mut messages = consumer.messages().await?;
                 for chunk in windows(n) {
                     let sending =
-                        raw_publish_spread(raw_js, raw_subject, raw_payload, chunk, DM_IN_FLIGHT);
+                        raw_publish(raw_js, raw_subject, raw_payload, chunk, DM_IN_FLIGHT, true);
                     let receiving = async {
                         for _ in 0..chunk {
                             let msg = bounded("a raw DM", messages.next())
