@@ -49,6 +49,8 @@ type CaseFuture<'a> = Pin<Box<dyn Future<Output = anyhow::Result<Vec<CaseResult>
 /// A case: the result names it produces, and how to run it.
 pub(super) struct Case {
     pub(super) names: &'static [&'static str],
+    /// A throughput case: measured again with every write synced.
+    pub(super) throughput: bool,
     pub(super) run: for<'a> fn(&'a Bench, Sizes) -> CaseFuture<'a>,
 }
 
@@ -56,26 +58,32 @@ pub(super) struct Case {
 pub(super) const ALL: &[Case] = &[
     Case {
         names: &["live_throughput"],
+        throughput: true,
         run: |b, s| Box::pin(live_throughput(b, s)),
     },
     Case {
         names: &["live_latency_p50", "live_latency_p99"],
+        throughput: false,
         run: |b, s| Box::pin(live_latency(b, s)),
     },
     Case {
         names: &["dm_throughput"],
+        throughput: true,
         run: |b, s| Box::pin(dm_throughput(b, s)),
     },
     Case {
         names: &["durable_publish_100_members"],
+        throughput: true,
         run: |b, s| Box::pin(durable_publish(b, s)),
     },
     Case {
         names: &["catchup_10k"],
+        throughput: false,
         run: |b, s| Box::pin(catch_up(b, s)),
     },
     Case {
         names: &["durable_end_to_end"],
+        throughput: false,
         run: |b, s| Box::pin(durable_end_to_end(b, s)),
     },
 ];

@@ -13,7 +13,9 @@
 //! `durable_publish_100_members` (100 absent durable members vs 1), `catchup_10k` (a returning
 //! durable member's backlog vs a raw pull of the same range), `durable_end_to_end` (an online
 //! member on a durable channel vs on a live one), `startup_cold`/`_warm` (`cotald up` to
-//! ready vs the bundled broker alone on the config cotald rendered).
+//! ready vs the bundled broker alone on the config cotald rendered). The throughput cases run
+//! again on an appliance whose profile syncs every write (`sync_interval = "always"`), named
+//! with a `_sync_always` suffix.
 
 mod cases;
 
@@ -99,7 +101,7 @@ enum Better {
 /// One case's figures.
 #[derive(Debug, Serialize)]
 struct CaseResult {
-    name: &'static str,
+    name: String,
     unit: &'static str,
     /// The median of cotald's repetitions.
     cotald: f64,
@@ -130,7 +132,7 @@ impl CaseResult {
         let (c_min, c_med, c_max) = spread(cotald);
         let (b_min, b_med, b_max) = spread(baseline);
         CaseResult {
-            name,
+            name: name.to_owned(),
             unit,
             cotald: c_med,
             baseline: b_med,
@@ -184,35 +186,52 @@ pub(super) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let tmp = tempfile_dir()?;
     let mut results = Vec::new();
 
-    let appliance = Appliance::up(&exe, &tmp.join("data"), &tmp).await?;
-    progress(format!(
-        "appliance ready on {} ({} cores); {} repetitions per case{}",
-        appliance.listen,
-        cores(),
-        sizes.runs,
-        if args.quick { ", quick sizes" } else { "" }
-    ));
-    let bench = Bench::new(&appliance).await?;
-    for case in cases::ALL {
-        if !case.names.iter().any(|n| wanted(n)) {
+    // The shipped profile, then the same with every write synced (`sync_interval = "always"`):
+    // the throughput cases again, named with a `_sync_always` suffix.
+    let always = tmp.join("sync-always.toml");
+    std::fs::write(
+        &always,
+        crate::profile::EMBEDDED_LOCAL
+            .replace("sync_interval = \"1s\"", "sync_interval = \"always\""),
+    )?;
+    for (config, suffix) in [(None, ""), (Some(always.as_path()), "_sync_always")] {
+        let selected: Vec<&cases::Case> = cases::ALL
+            .iter()
+            .filter(|case| config.is_none() || case.throughput)
+            .filter(|case| case.names.iter().any(|n| wanted(&format!("{n}{suffix}"))))
+            .collect();
+        if selected.is_empty() {
             continue;
         }
-        let started = Instant::now();
-        let found = (case.run)(&bench, sizes)
-            .await
-            .with_context(|| case.names[0])?;
-        for result in &found {
-            progress(format!("{}", Line(result)));
-        }
+        let dir = tmp.join(format!("data{suffix}"));
+        let appliance = Appliance::up(&exe, &dir, config, &tmp).await?;
         progress(format!(
-            "  ({} took {:.1} s)",
-            case.names[0],
-            started.elapsed().as_secs_f64()
+            "appliance{suffix} ready on {} ({} cores); {} repetitions per case{}",
+            appliance.listen,
+            cores(),
+            sizes.runs,
+            if args.quick { ", quick sizes" } else { "" }
         ));
-        results.extend(found);
+        let bench = Bench::new(&appliance).await?;
+        for case in selected {
+            let started = Instant::now();
+            let mut found = (case.run)(&bench, sizes)
+                .await
+                .with_context(|| format!("{}{suffix}", case.names[0]))?;
+            for result in &mut found {
+                result.name.push_str(suffix);
+                progress(format!("{}", Line(result)));
+            }
+            progress(format!(
+                "  ({}{suffix} took {:.1} s)",
+                case.names[0],
+                started.elapsed().as_secs_f64()
+            ));
+            results.extend(found);
+        }
+        bench.close().await;
+        appliance.stop().await;
     }
-    bench.close().await;
-    appliance.stop().await;
 
     if wanted("startup_cold") || wanted("startup_warm") {
         let started = Instant::now();
@@ -332,11 +351,21 @@ struct Appliance {
 const TIMEOUT: Duration = Duration::from_secs(120);
 
 impl Appliance {
-    async fn up(exe: &Path, dir: &Path, logs: &Path) -> anyhow::Result<Appliance> {
+    async fn up(
+        exe: &Path,
+        dir: &Path,
+        config: Option<&Path>,
+        logs: &Path,
+    ) -> anyhow::Result<Appliance> {
         let stderr = std::fs::File::create(logs.join("cotald-up.stderr"))?;
-        let mut child = tokio::process::Command::new(exe)
+        let mut command = tokio::process::Command::new(exe);
+        command
             .args(["up", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(dir)
+            .arg(dir);
+        if let Some(config) = config {
+            command.arg("--config").arg(config);
+        }
+        let mut child = command
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
