@@ -65,6 +65,10 @@ struct Sizes {
     members: usize,
     /// Backlog of the returning member.
     backlog: usize,
+    /// Simulated instances heartbeating in the presence case.
+    instances: usize,
+    /// How long the presence case holds them online after the roster converged.
+    hold: Duration,
 }
 
 impl Sizes {
@@ -77,6 +81,8 @@ impl Sizes {
                 samples: 500,
                 members: 100,
                 backlog: 2_000,
+                instances: 2_000,
+                hold: Duration::from_secs(8),
             }
         } else {
             Sizes {
@@ -85,6 +91,8 @@ impl Sizes {
                 samples: 2_000,
                 members: 100,
                 backlog: 10_000,
+                instances: 2_000,
+                hold: Duration::from_secs(20),
             }
         }
     }
@@ -118,6 +126,9 @@ struct CaseResult {
     baseline_is: &'static str,
     /// The goal the ratio is held to, in words.
     goal: &'static str,
+    /// Further figures of the case (name → value).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    extra: std::collections::BTreeMap<&'static str, f64>,
 }
 
 impl CaseResult {
@@ -144,6 +155,7 @@ impl CaseResult {
             baseline_max: b_max,
             baseline_is,
             goal,
+            extra: Default::default(),
         }
     }
 }
@@ -296,7 +308,11 @@ impl std::fmt::Display for Line<'_> {
             r.unit,
             figure(r.baseline),
             r.ratio
-        )
+        )?;
+        for (name, value) in &r.extra {
+            write!(f, "; {name} {}", figure(*value))?;
+        }
+        Ok(())
     }
 }
 
@@ -330,6 +346,14 @@ fn table(out: &mut dyn Write, results: &[CaseResult]) -> std::io::Result<()> {
             r.goal,
             r.baseline_is
         )?;
+        if !r.extra.is_empty() {
+            let extra: Vec<String> = r
+                .extra
+                .iter()
+                .map(|(name, value)| format!("{name} {}", figure(*value)))
+                .collect();
+            writeln!(out, "{:<28} {}", "", extra.join(", "))?;
+        }
     }
     writeln!(
         out,
