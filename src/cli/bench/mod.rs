@@ -302,7 +302,7 @@ impl std::fmt::Display for Line<'_> {
         let r = self.0;
         write!(
             f,
-            "{:<28} cotald {:>10} {:<6} baseline {:>10}   ratio {:.2}",
+            "{:<40} cotald {:>10} {:<6} baseline {:>10}   ratio {:.2}",
             r.name,
             figure(r.cotald),
             r.unit,
@@ -328,7 +328,7 @@ fn table(out: &mut dyn Write, results: &[CaseResult]) -> std::io::Result<()> {
     writeln!(out)?;
     writeln!(
         out,
-        "{:<28} {:>22} {:>22} {:>6}  {:<7} goal; baseline",
+        "{:<40} {:>22} {:>22} {:>6}  {:<7} goal; baseline",
         "case (median, min-max)", "cotald", "baseline", "ratio", "unit"
     )?;
     for r in results {
@@ -337,7 +337,7 @@ fn table(out: &mut dyn Write, results: &[CaseResult]) -> std::io::Result<()> {
         };
         writeln!(
             out,
-            "{:<28} {:>22} {:>22} {:>6.2}  {:<7} {}; {}",
+            "{:<40} {:>22} {:>22} {:>6.2}  {:<7} {}; {}",
             r.name,
             range(r.cotald, r.cotald_min, r.cotald_max),
             range(r.baseline, r.baseline_min, r.baseline_max),
@@ -352,7 +352,7 @@ fn table(out: &mut dyn Write, results: &[CaseResult]) -> std::io::Result<()> {
                 .iter()
                 .map(|(name, value)| format!("{name} {}", figure(*value)))
                 .collect();
-            writeln!(out, "{:<28} {}", "", extra.join(", "))?;
+            writeln!(out, "{:<40} {}", "", extra.join(", "))?;
         }
     }
     writeln!(
