@@ -364,7 +364,9 @@ impl Running {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
-            .process_group(0);
+            .process_group(0)
+            // A service manager hears from cotald alone, never from its child (sd_notify).
+            .env_remove("NOTIFY_SOCKET");
         let parent = std::process::id() as libc::pid_t;
         // SAFETY: prctl and getppid are async-signal-safe; the closure allocates nothing.
         unsafe {

@@ -29,6 +29,11 @@ pub struct Cotald {
 impl Cotald {
     /// Spawns `cotald up --data-dir DIR --listen 127.0.0.1:0 ARGS…` without waiting.
     pub fn spawn(data_dir: &Path, args: &[&str]) -> Cotald {
+        Self::spawn_with_env(data_dir, args, &[])
+    }
+
+    /// [`Cotald::spawn`] with extra environment variables.
+    pub fn spawn_with_env(data_dir: &Path, args: &[&str], env: &[(&str, &Path)]) -> Cotald {
         let listen: &[&str] = if args.contains(&"--listen") {
             &[]
         } else {
@@ -41,6 +46,7 @@ impl Cotald {
             .args(listen)
             .args(args)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

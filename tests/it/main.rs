@@ -11,3 +11,4 @@ mod fairness;
 mod helper;
 mod mcp;
 mod space;
+mod systemd;
