@@ -32,9 +32,12 @@ impl Cotald {
         Self::spawn_with_env(data_dir, args, &[])
     }
 
-    /// [`Cotald::spawn`] with extra environment variables.
-    pub fn spawn_with_env(data_dir: &Path, args: &[&str], env: &[(&str, &Path)]) -> Cotald {
-        let listen: &[&str] = if args.contains(&"--listen") {
+    /// [`Cotald::spawn`] with extra environment variables (`COTALD_LISTEN` replaces the
+    /// loopback listener).
+    pub fn spawn_with_env(data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Cotald {
+        let listen: &[&str] = if args.contains(&"--listen")
+            || env.iter().any(|(name, _)| *name == "COTALD_LISTEN")
+        {
             &[]
         } else {
             &["--listen", "127.0.0.1:0"]

@@ -11,4 +11,4 @@ mod fairness;
 mod helper;
 mod mcp;
 mod space;
-mod systemd;
+mod packaging;

@@ -1,5 +1,6 @@
-//! The service manager protocol (`sd_notify`, systemd's `Type=notify`): the real appliance
-//! notifies a real datagram socket the test binds in place of systemd's.
+//! How the packages run cotald. The service manager protocol (`sd_notify`, systemd's
+//! `Type=notify`): the real appliance notifies a real datagram socket the test binds in place
+//! of systemd's. The container's settings: the listener and hostnames from the environment.
 
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ async fn ready_is_notified_once_the_spaces_are_served_and_stopping_on_sigterm() 
     let data = tmp.path().join("data");
     let notify_path = tmp.path().join("notify.sock");
     let socket = UnixDatagram::bind(&notify_path).unwrap();
-    let mut c = Cotald::spawn_with_env(&data, &[], &[("NOTIFY_SOCKET", &notify_path)]);
+    let mut c = Cotald::spawn_with_env(&data, &[], &[("NOTIFY_SOCKET", notify_path.to_str().unwrap())]);
 
     // Everything before READY=1 is a status; READY=1 comes exactly once.
     let ready = loop {
@@ -92,7 +93,7 @@ async fn cotald_down_also_notifies_stopping() {
     let data = tmp.path().join("data");
     let notify_path = tmp.path().join("notify.sock");
     let socket = UnixDatagram::bind(&notify_path).unwrap();
-    let mut c = Cotald::spawn_with_env(&data, &[], &[("NOTIFY_SOCKET", &notify_path)]);
+    let mut c = Cotald::spawn_with_env(&data, &[], &[("NOTIFY_SOCKET", notify_path.to_str().unwrap())]);
     while !notification(&socket).await.contains("READY=1") {}
     let down = tokio::process::Command::new(cotald_bin())
         .args(["down", "--data-dir"])
@@ -144,4 +145,33 @@ async fn the_packaged_unit_waits_for_ready_and_verifies() {
         }
         Err(e) => panic!("cannot run systemd-analyze: {e}"),
     }
+}
+
+/// What the container image sets: `COTALD_LISTEN` on every interface, `COTALD_HOSTNAME` the
+/// names clients dial (comma-separated), the first of which the links name.
+#[tokio::test]
+async fn listener_and_hostnames_come_from_the_environment() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Cotald::spawn_with_env(
+        tmp.path(),
+        &[],
+        &[
+            ("COTALD_LISTEN", "0.0.0.0:0"),
+            ("COTALD_HOSTNAME", "localhost,cotal.invalid"),
+        ],
+    );
+    let link = c.wait_stdout("join link").await;
+    let state = c.state();
+    assert!(state.listen.ip().is_unspecified(), "{}", state.listen);
+    let port = state.listen.port();
+    assert!(
+        link.ends_with(&format!("cotals://localhost:{port}/main")),
+        "{link}"
+    );
+    // The certificate covers the name the links give: an agent dials it, TLS verified.
+    let minted = crate::helper::mint(tmp.path(), "agent", "main", &[]).await;
+    assert!(minted.link.contains(&format!("localhost:{port}")), "{}", minted.link);
+    let conn = crate::helper::endpoint(&minted, |_| {}).await;
+    conn.client.close().await;
+    c.stop().await;
 }
