@@ -35,13 +35,12 @@ impl Cotald {
     /// [`Cotald::spawn`] with extra environment variables (`COTALD_LISTEN` replaces the
     /// loopback listener).
     pub fn spawn_with_env(data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Cotald {
-        let listen: &[&str] = if args.contains(&"--listen")
-            || env.iter().any(|(name, _)| *name == "COTALD_LISTEN")
-        {
-            &[]
-        } else {
-            &["--listen", "127.0.0.1:0"]
-        };
+        let listen: &[&str] =
+            if args.contains(&"--listen") || env.iter().any(|(name, _)| *name == "COTALD_LISTEN") {
+                &[]
+            } else {
+                &["--listen", "127.0.0.1:0"]
+            };
         let mut child = Command::new(cotald_bin())
             .arg("up")
             .arg("--data-dir")

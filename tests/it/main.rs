@@ -10,5 +10,5 @@ mod durable;
 mod fairness;
 mod helper;
 mod mcp;
-mod space;
 mod packaging;
+mod space;

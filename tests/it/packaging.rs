@@ -24,7 +24,11 @@ async fn ready_is_notified_once_the_spaces_are_served_and_stopping_on_sigterm() 
     let data = tmp.path().join("data");
     let notify_path = tmp.path().join("notify.sock");
     let socket = UnixDatagram::bind(&notify_path).unwrap();
-    let mut c = Cotald::spawn_with_env(&data, &[], &[("NOTIFY_SOCKET", notify_path.to_str().unwrap())]);
+    let mut c = Cotald::spawn_with_env(
+        &data,
+        &[],
+        &[("NOTIFY_SOCKET", notify_path.to_str().unwrap())],
+    );
 
     // Everything before READY=1 is a status; READY=1 comes exactly once.
     let ready = loop {
@@ -52,10 +56,7 @@ async fn ready_is_notified_once_the_spaces_are_served_and_stopping_on_sigterm() 
     assert_eq!(report["spaces"], serde_json::json!(["main"]));
     let state = c.state();
     assert!(
-        ready.contains(&format!(
-            "STATUS=serving space main on {} ",
-            state.listen
-        )),
+        ready.contains(&format!("STATUS=serving space main on {} ", state.listen)),
         "{ready:?}"
     );
 
@@ -80,10 +81,7 @@ async fn ready_is_notified_once_the_spaces_are_served_and_stopping_on_sigterm() 
     );
     c.signal(libc::SIGTERM);
     let stopping = notification(&socket).await;
-    assert!(
-        stopping.lines().any(|l| l == "STOPPING=1"),
-        "{stopping:?}"
-    );
+    assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping:?}");
     assert_eq!(c.wait_exit().await.code(), Some(0));
 }
 
@@ -93,7 +91,11 @@ async fn cotald_down_also_notifies_stopping() {
     let data = tmp.path().join("data");
     let notify_path = tmp.path().join("notify.sock");
     let socket = UnixDatagram::bind(&notify_path).unwrap();
-    let mut c = Cotald::spawn_with_env(&data, &[], &[("NOTIFY_SOCKET", notify_path.to_str().unwrap())]);
+    let mut c = Cotald::spawn_with_env(
+        &data,
+        &[],
+        &[("NOTIFY_SOCKET", notify_path.to_str().unwrap())],
+    );
     while !notification(&socket).await.contains("READY=1") {}
     let down = tokio::process::Command::new(cotald_bin())
         .args(["down", "--data-dir"])
@@ -110,7 +112,10 @@ async fn cotald_down_also_notifies_stopping() {
 /// `systemd-analyze verify` accepts (run where systemd's tools are installed).
 #[tokio::test]
 async fn the_packaged_unit_waits_for_ready_and_verifies() {
-    let unit_path = concat!(env!("CARGO_MANIFEST_DIR"), "/packaging/systemd/cotald.service");
+    let unit_path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/packaging/systemd/cotald.service"
+    );
     let unit = std::fs::read_to_string(unit_path).unwrap();
     let settings: Vec<&str> = unit.lines().filter(|l| !l.starts_with('#')).collect();
     for expected in [
@@ -170,7 +175,11 @@ async fn listener_and_hostnames_come_from_the_environment() {
     );
     // The certificate covers the name the links give: an agent dials it, TLS verified.
     let minted = crate::helper::mint(tmp.path(), "agent", "main", &[]).await;
-    assert!(minted.link.contains(&format!("localhost:{port}")), "{}", minted.link);
+    assert!(
+        minted.link.contains(&format!("localhost:{port}")),
+        "{}",
+        minted.link
+    );
     let conn = crate::helper::endpoint(&minted, |_| {}).await;
     conn.client.close().await;
     c.stop().await;
