@@ -33,9 +33,9 @@
 //! The child runs in its own process group (a terminal's Ctrl-C reaches cotald, which then
 //! stops the child in order) and is killed with SIGKILL if cotald dies without its orderly
 //! shutdown: `PR_SET_PDEATHSIG` on Linux, a lifeline pipe and a watcher elsewhere (see
-//! `parent_death.rs`). SIGTERM would ask for a graceful stop
-//! that nobody bounds any more, and a JetStream shutdown with many consumers can hold the port
-//! for more than 20 s, so the next `up` failed with "port in use". A SIGKILL adds no new risk:
+//! `parent_death.rs`). SIGTERM would ask for a graceful stop that nobody bounds any more, and
+//! a JetStream shutdown with many consumers can hold the port for more than 20 s, so the next
+//! `up` failed with "port in use". A SIGKILL adds no new risk:
 //! cotald dying unannounced is already a crash, which the JetStream store must survive anyway
 //! (the health watch above kills the broker too).
 //!
