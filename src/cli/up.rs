@@ -10,6 +10,7 @@ use futures_util::StreamExt;
 use signal_hook::consts::{SIGINT, SIGQUIT, SIGTERM};
 
 use super::DataDirArg;
+use crate::daemon::notify::Notifier;
 use crate::daemon::{Appliance, Options, ReadyInfo};
 use crate::profile::Profile;
 use crate::supervisor::BrokerBinary;
@@ -24,10 +25,17 @@ pub struct UpArgs {
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Client listener, overriding the profile (TLS always on). Port 0 picks a free port.
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, env = "COTALD_LISTEN", value_name = "HOST:PORT")]
     listen: Option<SocketAddr>,
-    /// A DNS name or IP address clients dial, added to the server certificate (repeatable).
-    #[arg(long = "hostname", value_name = "NAME", value_parser = hostname)]
+    /// A DNS name or IP address clients dial, added to the server certificate (repeatable;
+    /// in the environment, comma-separated).
+    #[arg(
+        long = "hostname",
+        env = "COTALD_HOSTNAME",
+        value_name = "NAME",
+        value_delimiter = ',',
+        value_parser = hostname
+    )]
     hostnames: Vec<String>,
     /// Run this nats-server executable instead of the bundled one.
     #[arg(long, value_name = "PATH")]
@@ -49,6 +57,8 @@ pub(super) async fn run(args: UpArgs, embedded: BrokerBinary) -> anyhow::Result<
         hostnames: args.hostnames,
         broker: args.nats_server.map_or(embedded, BrokerBinary::External),
     };
+    let notifier = Notifier::from_env();
+    notifier.status("starting: provisioning, then the broker and the spaces");
     let appliance = tokio::select! {
         started = Appliance::start(opts) => started?,
         signal = signals.next() => {
@@ -57,12 +67,17 @@ pub(super) async fn run(args: UpArgs, embedded: BrokerBinary) -> anyhow::Result<
         }
     };
     print_ready(appliance.info());
+    // After the banner: whoever waits for READY=1 finds the links printed.
+    notifier.ready(&ready_status(appliance.info()));
     appliance
-        .run_until(async move {
-            if let Some(signal) = signals.next().await {
-                tracing::info!(signal, "shutdown requested");
-            }
-        })
+        .run_until(
+            async move {
+                if let Some(signal) = signals.next().await {
+                    tracing::info!(signal, "shutdown requested");
+                }
+            },
+            &notifier,
+        )
         .await;
     handle.close();
     Ok(ExitCode::SUCCESS)
@@ -71,6 +86,26 @@ pub(super) async fn run(args: UpArgs, embedded: BrokerBinary) -> anyhow::Result<
 /// `--hostname` is checked as it is parsed, before the data dir is touched.
 fn hostname(value: &str) -> Result<String, crate::provision::ProvisionError> {
     crate::provision::validate_hostname(value).map(|()| value.to_owned())
+}
+
+/// The one line `systemctl status` shows while the appliance serves.
+fn ready_status(info: &ReadyInfo) -> String {
+    let spaces: Vec<&str> = info.spaces.iter().map(|s| s.name.as_str()).collect();
+    let mut status = format!(
+        "serving {} on {} (nats-server {}, pid {})",
+        match spaces.as_slice() {
+            [one] => format!("space {one}"),
+            many => format!("spaces {}", many.join(", ")),
+        },
+        info.listen,
+        info.broker_version,
+        info.broker_pid
+    );
+    if !info.unserved.is_empty() {
+        let unserved: Vec<&str> = info.unserved.iter().map(|s| s.name.as_str()).collect();
+        status.push_str(&format!("; NOT SERVED: {}", unserved.join(", ")));
+    }
+    status
 }
 
 fn print_ready(info: &ReadyInfo) {

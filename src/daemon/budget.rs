@@ -18,6 +18,17 @@ use std::path::Path;
 
 /// The share of the disk (numerator, denominator) JetStream may use, as nats-server's default.
 const DISK_SHARE: (u64, u64) = (3, 4);
+/// The share of the broker's store limit (numerator, denominator) granted to spaces. Granting
+/// all of it left a space refused at the next start ("insufficient storage resources", with
+/// 10 GiB + 2 GiB granted of a 12 GiB limit): when the broker enables the accounts of its
+/// resolver at start, their reservations must fit with room to spare.
+const GRANT_SHARE: (i64, i64) = (9, 10);
+
+/// What the spaces may be granted of a store limit of `limit` bytes.
+pub fn grantable(limit: i64) -> i64 {
+    limit / GRANT_SHARE.1 * GRANT_SHARE.0
+}
+
 /// A space is not served with less JetStream storage than this.
 pub const MIN_SPACE_STORE: i64 = 32 << 20;
 
@@ -170,6 +181,19 @@ mod tests {
         let mut b = Budget::new(178 << 20);
         assert_eq!(b.grant("main", 10 << 30).unwrap(), 178 << 20);
         assert!(b.grant("lab", 10 << 30).is_err());
+    }
+
+    #[test]
+    fn spaces_are_granted_nine_tenths_of_the_store_limit() {
+        assert_eq!(grantable(10 << 30), 9 << 30);
+        assert_eq!(grantable(0), 0);
+        let limit = 12 << 30;
+        let mut b = Budget::new(grantable(limit));
+        b.grant("main", 10 << 30).unwrap();
+        assert!(
+            b.grant("lab", 10 << 30).unwrap() < limit - (10 << 30),
+            "room is left beside the reservations"
+        );
     }
 
     #[test]

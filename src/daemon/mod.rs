@@ -11,7 +11,7 @@
 //!    durables of every identity minted so far, start the space's services
 //!    ([`crate::services`]);
 //! 7. start the appliance's own services: the runtime state for `cotald status`, the admin
-//!    socket; ready.
+//!    socket; ready (and a service manager that asked is told so: [`notify`]).
 //!
 //! Every background task belongs to a [`ServiceSet`] under one root cancellation token: the
 //! appliance's set, and one per space. Shutdown cancels the root, waits for each set up to its
@@ -22,6 +22,7 @@
 
 pub mod admin;
 pub mod budget;
+pub mod notify;
 mod ops;
 mod state;
 
@@ -402,7 +403,7 @@ impl Appliance {
             local,
             link_host: link_host(status.client, &hostnames),
             system,
-            budget: std::sync::Mutex::new(budget::Budget::new(store_limit)),
+            budget: std::sync::Mutex::new(budget::Budget::new(budget::grantable(store_limit))),
             spaces: tokio::sync::Mutex::new(BTreeMap::new()),
             state: std::sync::Mutex::new(RuntimeState {
                 pid: std::process::id(),
@@ -461,13 +462,14 @@ impl Appliance {
     }
 
     /// Serves until `shutdown` resolves or an operator asks it to stop (`cotald down`), then
-    /// tears down in reverse order.
-    pub async fn run_until(self, shutdown: impl Future<Output = ()>) {
+    /// tells the service manager it is stopping and tears down in reverse order.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()>, notifier: &notify::Notifier) {
         tokio::select! {
             () = shutdown => {}
             () = self.core.stop.cancelled() => {}
         }
         tracing::info!("phase: shutting down");
+        notifier.stopping();
         self.stop().await;
         tracing::info!("phase: stopped");
     }

@@ -14,19 +14,32 @@
 //! is repeated through a pidfd, which pins the process, so the signals cannot reach a process
 //! that took the pid meanwhile. The leftover gets SIGTERM (it may flush), then SIGKILL after
 //! [`STOP_DEADLINE`]: it is already the remains of a crash, and `up` must not hang on it.
+//!
+//! Where there is no `/proc` and no pidfd (macOS, the BSDs), a recorded pid cannot be told
+//! from a process that reused it, so nothing is signalled: a live recorded pid is reported,
+//! and a start that then finds its port taken says so (the lifeline of `parent_death.rs`
+//! makes such a leftover the rarer there).
 
+#[cfg(any(target_os = "linux", target_os = "android"))]
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+#[cfg(any(target_os = "linux", target_os = "android"))]
+use std::path::PathBuf;
+#[cfg(any(target_os = "linux", target_os = "android"))]
 use std::time::Duration;
 
+#[cfg(any(target_os = "linux", target_os = "android"))]
 use tokio::io::unix::AsyncFd;
 
+#[cfg(any(target_os = "linux", target_os = "android"))]
 /// How long a leftover broker may take to stop after SIGTERM before it is killed.
 const STOP_DEADLINE: Duration = Duration::from_secs(5);
+#[cfg(any(target_os = "linux", target_os = "android"))]
 /// How long to wait for a killed leftover to be gone.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
 /// Ends every broker that `executable -c conf` left running, as recorded in `ports_dir`.
+#[cfg(any(target_os = "linux", target_os = "android"))]
 pub(super) async fn end_leftovers(ports_dir: &Path, executable: &Path, conf: &Path) {
     for pid in recorded_pids(ports_dir) {
         if pid == std::process::id() || !is_our_broker(pid, executable, conf) {
@@ -37,6 +50,24 @@ pub(super) async fn end_leftovers(ports_dir: &Path, executable: &Path, conf: &Pa
                 pid,
                 error = %e,
                 "cannot end the nats-server of this data dir that was left running"
+            );
+        }
+    }
+}
+
+/// Reports the live pids that brokers of this data dir recorded: without `/proc` they cannot be
+/// checked to be ours, so they are left alone.
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+pub(super) async fn end_leftovers(ports_dir: &Path, _executable: &Path, conf: &Path) {
+    for pid in recorded_pids(ports_dir) {
+        // SAFETY: signal 0 sends nothing; it asks whether the pid exists.
+        if pid != std::process::id() && unsafe { libc::kill(pid as libc::pid_t, 0) } == 0 {
+            tracing::warn!(
+                pid,
+                conf = %conf.display(),
+                "a process runs with the pid a nats-server of this data dir recorded; cotald \
+                 cannot check on this system that it is that broker, so it is left alone \
+                 (stop it if it is)"
             );
         }
     }
@@ -62,6 +93,7 @@ fn recorded_pids(dir: &Path) -> Vec<u32> {
     pids
 }
 
+#[cfg(any(target_os = "linux", target_os = "android"))]
 /// Whether `pid` runs `executable` (its `exe`, or its `argv[0]`) with `-c conf`: a broker of
 /// this data dir. Relative paths on its command line are taken from its working directory.
 fn is_our_broker(pid: u32, executable: &Path, conf: &Path) -> bool {
@@ -96,10 +128,12 @@ fn is_our_broker(pid: u32, executable: &Path, conf: &Path) -> bool {
     (exe_matches || argv0_matches) && conf_matches
 }
 
+#[cfg(any(target_os = "linux", target_os = "android"))]
 fn canonical(path: &Path) -> PathBuf {
     std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned())
 }
 
+#[cfg(any(target_os = "linux", target_os = "android"))]
 /// SIGTERM, then SIGKILL after [`STOP_DEADLINE`], through a pidfd. A pid that is gone, or
 /// turns out not to be ours once pinned, is left alone.
 async fn end(pid: u32, executable: &Path, conf: &Path) -> std::io::Result<()> {
@@ -150,6 +184,7 @@ async fn end(pid: u32, executable: &Path, conf: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+#[cfg(any(target_os = "linux", target_os = "android"))]
 fn send(pidfd: &AsyncFd<OwnedFd>, signal: libc::c_int) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: pidfd_send_signal on a pidfd we own, without siginfo.
@@ -176,6 +211,7 @@ fn send(pidfd: &AsyncFd<OwnedFd>, signal: libc::c_int) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    #[cfg(any(target_os = "linux", target_os = "android"))]
     #[test]
     fn a_process_that_is_not_our_broker_is_not_ours() {
         let tmp = tempfile::tempdir().unwrap();

@@ -31,13 +31,13 @@
 //! # The child dies with cotald
 //!
 //! The child runs in its own process group (a terminal's Ctrl-C reaches cotald, which then
-//! stops the child in order) and gets `PR_SET_PDEATHSIG` = SIGKILL: if cotald dies without its
-//! orderly shutdown, the kernel kills the broker at once. SIGTERM would ask for a graceful stop
-//! that nobody bounds any more, and a JetStream shutdown with many consumers can hold the port
-//! for more than 20 s, so the next `up` failed with "port in use". A SIGKILL adds no new risk:
+//! stops the child in order) and is killed with SIGKILL if cotald dies without its orderly
+//! shutdown: `PR_SET_PDEATHSIG` on Linux, a lifeline pipe and a watcher elsewhere (see
+//! `parent_death.rs`). SIGTERM would ask for a graceful stop that nobody bounds any more, and
+//! a JetStream shutdown with many consumers can hold the port for more than 20 s, so the next
+//! `up` failed with "port in use". A SIGKILL adds no new risk:
 //! cotald dying unannounced is already a crash, which the JetStream store must survive anyway
-//! (the health watch above kills the broker too). The child checks after the `prctl` that
-//! cotald is still its parent, since a parent that died before would never send the signal.
+//! (the health watch above kills the broker too).
 //!
 //! A broker may still outlive its cotald (one started by an earlier version that asked for
 //! SIGTERM, or by hand on the data dir's config). [`claim`], run before a start, therefore ends
@@ -54,6 +54,7 @@ mod binary;
 mod conf;
 mod leftover;
 pub mod monitor;
+mod parent_death;
 
 pub use binary::{BUNDLED_SHA256, BUNDLED_VERSION, BrokerBinary};
 pub use conf::{LOG_MAX_FILES, LOG_MAX_LINE, LOG_SIZE_LIMIT, MAX_CONTROL_LINE, ServerConf};
@@ -364,22 +365,13 @@ impl Running {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
-            .process_group(0);
-        let parent = std::process::id() as libc::pid_t;
-        // SAFETY: prctl and getppid are async-signal-safe; the closure allocates nothing.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // cotald died between the fork and the prctl: the signal will never come.
-                // (An OS error code: building any other error would allocate.)
-                if libc::getppid() != parent {
-                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-                }
-                Ok(())
-            });
-        }
+            .process_group(0)
+            // A service manager hears from cotald alone, never from its child (sd_notify).
+            .env_remove("NOTIFY_SOCKET");
+        parent_death::arrange(&mut cmd).map_err(|source| SupervisorError::Spawn {
+            path: spec.executable.clone(),
+            source,
+        })?;
         let mut process = cmd.spawn().map_err(|source| SupervisorError::Spawn {
             path: spec.executable.clone(),
             source,

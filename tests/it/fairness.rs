@@ -410,11 +410,13 @@ async fn a_full_pair_is_trimmed_of_what_its_target_has_read() {
     c.stop().await;
 }
 
+#[cfg(target_os = "linux")] // tmpfs and mount(2) as Linux has them
 /// A 256 MiB tmpfs on a fresh directory, unmounted when dropped.
 struct Tmpfs {
     dir: tempfile::TempDir,
 }
 
+#[cfg(target_os = "linux")]
 impl Tmpfs {
     /// Mounts it; `None` (the caller skips, saying so) only when this machine does not permit
     /// mounting (not root, or a container without the capability). Any other failure panics.
@@ -448,6 +450,7 @@ impl Tmpfs {
     }
 }
 
+#[cfg(target_os = "linux")]
 impl Drop for Tmpfs {
     fn drop(&mut self) {
         let target =
@@ -458,6 +461,7 @@ impl Drop for Tmpfs {
     }
 }
 
+#[cfg(target_os = "linux")]
 #[tokio::test]
 async fn the_default_profile_fits_a_small_disk_and_degrades_clearly_when_it_fills() {
     let Some(disk) = Tmpfs::mount() else {

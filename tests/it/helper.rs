@@ -29,11 +29,18 @@ pub struct Cotald {
 impl Cotald {
     /// Spawns `cotald up --data-dir DIR --listen 127.0.0.1:0 ARGS…` without waiting.
     pub fn spawn(data_dir: &Path, args: &[&str]) -> Cotald {
-        let listen: &[&str] = if args.contains(&"--listen") {
-            &[]
-        } else {
-            &["--listen", "127.0.0.1:0"]
-        };
+        Self::spawn_with_env(data_dir, args, &[])
+    }
+
+    /// [`Cotald::spawn`] with extra environment variables (`COTALD_LISTEN` replaces the
+    /// loopback listener).
+    pub fn spawn_with_env(data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Cotald {
+        let listen: &[&str] =
+            if args.contains(&"--listen") || env.iter().any(|(name, _)| *name == "COTALD_LISTEN") {
+                &[]
+            } else {
+                &["--listen", "127.0.0.1:0"]
+            };
         let mut child = Command::new(cotald_bin())
             .arg("up")
             .arg("--data-dir")
@@ -41,6 +48,7 @@ impl Cotald {
             .args(listen)
             .args(args)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

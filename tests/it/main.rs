@@ -10,4 +10,5 @@ mod durable;
 mod fairness;
 mod helper;
 mod mcp;
+mod packaging;
 mod space;

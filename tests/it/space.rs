@@ -50,6 +50,20 @@ async fn cli(data_dir: &Path, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// A space's retention as served: its profile's, fitted to the quota the appliance granted it
+/// (what fits on this disk, `daemon/budget.rs`), read from the account's JetStream limits.
+async fn served_retention(p: &Probe, config: &cotald::profile::SpaceConfig) -> Retention {
+    let mut retention = config.retention();
+    retention.store_budget = async_nats::jetstream::new(p.client.clone())
+        .query_account()
+        .await
+        .unwrap()
+        .limits
+        .max_storage
+        .expect("the account has a storage quota");
+    retention
+}
+
 #[tokio::test]
 async fn bootstrap_creates_exactly_the_section_8_configs() {
     let tmp = tempfile::tempdir().unwrap();
@@ -57,7 +71,7 @@ async fn bootstrap_creates_exactly_the_section_8_configs() {
     let mut p = Probe::connect(&c, &own(&c, "main")).await;
     let names = SpaceNames::new("main");
     let profile = cotald::profile::Profile::embedded().unwrap();
-    let retention: Retention = profile.spaces["main"].retention();
+    let retention = served_retention(&p, &profile.spaces["main"]).await;
 
     for expected in streams::all(&names, &retention) {
         let actual = stream_config(&mut p, &expected.name).await;
@@ -196,11 +210,9 @@ async fn a_space_added_at_runtime_is_served_and_remembered() {
         "public ⇒ live"
     );
     let lab = SpaceNames::new("lab");
-    for expected in streams::all(
-        &lab,
-        &cotald::profile::SpaceConfig::with_profile(cotald::profile::DeploymentProfile::Public)
-            .retention(),
-    ) {
+    let public =
+        cotald::profile::SpaceConfig::with_profile(cotald::profile::DeploymentProfile::Public);
+    for expected in streams::all(&lab, &served_retention(&p, &public).await) {
         let actual = stream_config(&mut p, &expected.name).await;
         assert_eq!(streams::drift(&expected, &actual), [], "{}", expected.name);
     }
