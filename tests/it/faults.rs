@@ -1049,10 +1049,13 @@ async fn soak_of_ten_minutes_keeps_memory_and_consumers_flat() {
     ];
     let start = Instant::now();
     let mut first = None;
+    let mut minute = 0;
     while start.elapsed() < SOAK {
         tokio::time::sleep(Duration::from_secs(60)).await;
+        minute += 1;
         // Churn: a short-lived client joins and leaves.
-        let carol = mint(tmp.path(), "carol", "main", &["--subscribe", "general"]).await;
+        let name = format!("carol{minute}");
+        let carol = mint(tmp.path(), &name, "main", &["--subscribe", "general"]).await;
         let cc = endpoint(&carol, |_| {}).await;
         cc.client.join("general", Replay::Off).await.unwrap();
         cc.client.leave("general").await.unwrap();
@@ -1096,5 +1099,6 @@ async fn soak_of_ten_minutes_keeps_memory_and_consumers_flat() {
         "RSS stays flat (within 2x of the first minute)"
     );
     a.client.close().await;
+    b.client.close().await;
     c.stop().await;
 }
