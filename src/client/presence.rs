@@ -5,8 +5,18 @@
 //! presence bucket's subjects plus a snapshot of every key (no consumer: see `binding/acl.rs`
 //! for why agents hold no consumer create on the buckets); it drops records whose key differs
 //! from `card.id`, treats delete/purge and stale `ts` (6000 ms) as offline, and is read again
-//! after every reconnect (the broker may have restarted). While the connection is down the
-//! roster is marked stale instead of declaring every peer offline.
+//! after every reconnect (the broker may have restarted). While the connection is down, and
+//! until the roster has been read again after a reconnect, it is marked stale instead of
+//! declaring every peer offline.
+//!
+//! A broker that stalls (stopped, or too loaded to route) keeps the connection open while no
+//! heartbeat reaches anyone: every peer's `ts` would age past the liveness window together. An
+//! endpoint that heartbeats therefore also watches its own record come back through the watch;
+//! when it has not for `ECHO_WINDOW` (1.5 heartbeats, shorter than the 3 of the liveness
+//! window, so the view turns stale before a live peer could look offline), the view is stale.
+//! Once the roster has been read again after an outage, a peer whose last record predates that
+//! read keeps its last status for one liveness window: it had no broker to beat to either, and
+//! is judged by its first heartbeat after the recovery, not by the outage's length.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,6 +31,11 @@ use crate::protocol::{
     InstanceId, LIVENESS_WINDOW, Presence, PresenceStatus, accept_presence_record,
     effective_status,
 };
+
+/// How long our own heartbeat may go without coming back through the watch before the view is
+/// stale: longer than one heartbeat interval, shorter than the liveness window minus one.
+const ECHO_WINDOW: std::time::Duration =
+    std::time::Duration::from_millis(HEARTBEAT_INTERVAL.as_millis() as u64 * 3 / 2);
 
 /// One peer as last seen.
 #[derive(Debug, Clone)]
@@ -47,6 +62,11 @@ pub struct Roster {
     peers: Arc<Mutex<BTreeMap<String, Peer>>>,
     loaded: Arc<AtomicBool>,
     stale: Arc<AtomicBool>,
+    /// Our own key and when its record last came back through the watch; `None` when this
+    /// endpoint does not heartbeat.
+    echo: Arc<Mutex<Option<(String, std::time::Instant)>>>,
+    /// When (Unix ms) the roster was last read again after an outage.
+    reread_at: Arc<AtomicU64>,
     changed: Arc<Notify>,
     updates: Arc<AtomicU64>,
 }
@@ -62,16 +82,50 @@ impl Roster {
         self.peers.lock().ok()?.get(id).cloned()
     }
 
-    /// True while the connection is down: the view is old, not the peers dead.
+    /// True while the connection is down or the roster is being read again, and while our own
+    /// heartbeat has not come back for `ECHO_WINDOW`: the view is old, not the peers dead.
     pub fn is_stale(&self) -> bool {
         self.stale.load(Ordering::Relaxed)
+            || self
+                .echo
+                .lock()
+                .ok()
+                .and_then(|echo| echo.as_ref().map(|(_, at)| at.elapsed() > ECHO_WINDOW))
+                .unwrap_or(false)
+    }
+
+    /// Expects our own key `own` to come back through the watch from now on.
+    fn expect_echo(&self, own: &str) {
+        if let Ok(mut echo) = self.echo.lock() {
+            *echo = Some((own.to_owned(), std::time::Instant::now()));
+        }
+    }
+
+    /// The roster was read in full: whatever it shows is current as of now.
+    fn refreshed(&self) {
+        if self.loaded.load(Ordering::Acquire) {
+            let now = EpochMillis::now().as_u64().unwrap_or_default();
+            self.reread_at.store(now, Ordering::Relaxed);
+        }
+        if let Ok(mut echo) = self.echo.lock()
+            && let Some((_, at)) = echo.as_mut()
+        {
+            *at = std::time::Instant::now();
+        }
     }
 
     /// A peer's status as this view can tell it: derived from `ts` while the view is current;
-    /// while it is stale, the last status seen (a stalled connection says nothing about peers).
+    /// while it is stale, or for one liveness window after it was read again following an
+    /// outage for a peer not heard from since, the last status seen (a stalled connection says
+    /// nothing about peers).
     pub fn status(&self, id: &str) -> Option<PresenceStatus> {
         let peer = self.peer(id)?;
-        Some(if self.is_stale() && !peer.removed {
+        let reread_at = self.reread_at.load(Ordering::Relaxed);
+        let now = EpochMillis::now().as_u64().unwrap_or(u64::MAX);
+        let unjudged = reread_at > 0
+            && now < reread_at.saturating_add(LIVENESS_WINDOW.as_millis() as u64)
+            && peer.presence.ts.as_u64().is_some_and(|ts| ts < reread_at);
+        Some(if (self.is_stale() || unjudged) && !peer.removed {
             peer.presence.status
         } else {
             peer.status()
@@ -150,6 +204,12 @@ impl Roster {
     }
 
     fn apply(&self, key: &str, peer: Option<Peer>) {
+        if let Ok(mut echo) = self.echo.lock()
+            && let Some((own, at)) = echo.as_mut()
+            && own == key
+        {
+            *at = std::time::Instant::now();
+        }
         if let Ok(mut peers) = self.peers.lock() {
             match peer {
                 Some(p) => {
@@ -363,6 +423,7 @@ pub(crate) async fn start(client: &Client, announce: bool) -> Result<(), ClientE
     if !announce {
         return Ok(());
     }
+    client.inner.roster.expect_echo(client.id().as_str());
     heartbeat(client).await?;
     let beat = client.clone();
     let heartbeat_task = tokio::spawn(async move {
@@ -407,6 +468,7 @@ async fn watch(client: Client) {
         };
         match bound.await {
             Ok(mut updates) => {
+                roster.refreshed();
                 roster.stale.store(false, Ordering::Relaxed);
                 roster.mark_loaded();
                 roster.changed.notify_waiters();
@@ -426,11 +488,11 @@ async fn watch(client: Client) {
                             if changed.is_err() {
                                 return;
                             }
-                            let now = *state.borrow_and_update();
-                            if now != ConnectionState::Connected {
-                                roster.stale.store(true, Ordering::Relaxed);
-                                roster.changed.notify_waiters();
-                            } else {
+                            // Down, or (a drop this watch did not see) already back: either way
+                            // the view is old until the roster has been read again.
+                            roster.stale.store(true, Ordering::Relaxed);
+                            roster.changed.notify_waiters();
+                            if *state.borrow_and_update() == ConnectionState::Connected {
                                 // Reconnected: the broker may have restarted; read it again.
                                 break;
                             }

@@ -8,6 +8,7 @@ mod cli;
 mod client;
 mod durable;
 mod fairness;
+mod faults;
 mod helper;
 mod mcp;
 mod packaging;
