@@ -11,7 +11,7 @@
 //!    durables of every identity minted so far, start the space's services
 //!    ([`crate::services`]);
 //! 7. start the appliance's own services: the runtime state for `cotald status`, the admin
-//!    socket; ready.
+//!    socket, the web dashboard ([`crate::dashboard`], when enabled); ready.
 //!
 //! Every background task belongs to a [`ServiceSet`] under one root cancellation token: the
 //! appliance's set, and one per space. Shutdown cancels the root, waits for each set up to its
@@ -22,6 +22,7 @@
 
 pub mod admin;
 pub mod budget;
+mod dashboard;
 mod ops;
 mod state;
 
@@ -69,6 +70,8 @@ pub struct Options {
     pub hostnames: Vec<String>,
     /// The broker executable.
     pub broker: BrokerBinary,
+    /// `--dashboard`, overriding the profile's dashboard listener.
+    pub dashboard: Option<SocketAddr>,
 }
 
 /// Why the appliance, or one of its operations, failed.
@@ -171,6 +174,8 @@ pub struct ReadyInfo {
     pub broker_pid: u32,
     /// The broker version.
     pub broker_version: String,
+    /// The web dashboard.
+    pub dashboard: crate::dashboard::Availability,
 }
 
 /// A running appliance.
@@ -361,9 +366,14 @@ impl Appliance {
             appliance.stop().await;
             return Err(e);
         }
+        let dashboard =
+            dashboard::start(&core, &services, &opts.profile.dashboard, opts.dashboard).await;
         tracing::info!("phase: ready");
         Ok(Appliance {
-            info: core.ready_info(&supervisor).await,
+            info: ReadyInfo {
+                dashboard,
+                ..core.ready_info(&supervisor).await
+            },
             core,
             _lock: lock,
             supervisor,
@@ -415,6 +425,7 @@ impl Appliance {
                 broker_last_restart: None,
                 services: Vec::new(),
                 unserved: Vec::new(),
+                dashboard: None,
             }),
             root: CancellationToken::new(),
             stop: CancellationToken::new(),
@@ -696,6 +707,7 @@ impl Core {
             broker_pid: status.pid,
             broker_version: version,
             unserved,
+            dashboard: crate::dashboard::Availability::Disabled,
         }
     }
 

@@ -1,0 +1,363 @@
+//! The web dashboard of a real appliance: the token, the pages, the live feed, escaping, DMs
+//! out of sight, the CSP, and a profile that turns it off.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use cotald::protocol::{Channel, InstanceId, Routing};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::helper::{Cotald, TIMEOUT, cotald_in, endpoint, mint};
+
+/// One answer: status, header fields (names lower case), body.
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Where the dashboard listens, and its token, from `cotald status --json`'s URL.
+struct Site {
+    addr: SocketAddr,
+    token: String,
+}
+
+impl Site {
+    async fn of(c: &Cotald) -> Site {
+        let out = cotald_in(&c.data_dir, &["status", "--json"]).await;
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let url = status["dashboard"]
+            .as_str()
+            .expect("status --json carries the dashboard URL")
+            .to_owned();
+        let rest = url.strip_prefix("http://").unwrap();
+        let (addr, token) = rest.split_once("/?token=").unwrap();
+        Site {
+            addr: addr.parse().unwrap(),
+            token: token.to_owned(),
+        }
+    }
+
+    fn cookie(&self) -> String {
+        format!("cotald_{}={}", self.addr.port(), self.token)
+    }
+
+    async fn get(&self, target: &str, cookie: Option<&str>) -> Answer {
+        let mut stream = TcpStream::connect(self.addr).await.unwrap();
+        let cookie = cookie
+            .map(|c| format!("Cookie: {c}\r\n"))
+            .unwrap_or_default();
+        let request = format!(
+            "GET {target} HTTP/1.1\r\nHost: {}\r\n{cookie}\r\n",
+            self.addr
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        tokio::time::timeout(TIMEOUT, stream.read_to_end(&mut raw))
+            .await
+            .expect("an answer in time")
+            .unwrap();
+        let text = String::from_utf8(raw).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        let mut lines = head.split("\r\n");
+        let status = lines
+            .next()
+            .unwrap()
+            .split(' ')
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        Answer {
+            status,
+            headers,
+            body: body.to_owned(),
+        }
+    }
+
+    /// A page, with the cookie.
+    async fn page(&self, target: &str) -> String {
+        let answer = self.get(target, Some(&self.cookie())).await;
+        assert_eq!(answer.status, 200, "{target}: {}", answer.body);
+        answer.body
+    }
+
+    /// Reloads `target` until it contains every one of `needles` (the observer's view follows
+    /// the broker's presence and traffic asynchronously).
+    async fn page_with(&self, target: &str, needles: &[&str]) -> String {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let body = self.page(target).await;
+            if needles.iter().all(|n| body.contains(n)) {
+                return body;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{target} never showed {needles:?}:\n{body}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Opens the feed's event stream of `main`.
+    async fn events(&self, query: &str) -> Events {
+        let mut stream = TcpStream::connect(self.addr).await.unwrap();
+        let request = format!(
+            "GET /spaces/main/events{query} HTTP/1.1\r\nHost: {}\r\nCookie: {}\r\n\r\n",
+            self.addr,
+            self.cookie()
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut events = Events {
+            stream,
+            seen: String::new(),
+        };
+        events.until(": following").await;
+        assert!(events.seen.starts_with("HTTP/1.1 200"), "{}", events.seen);
+        assert!(events.seen.contains("text/event-stream"), "{}", events.seen);
+        events
+    }
+}
+
+/// An open event stream and what it carried so far.
+struct Events {
+    stream: TcpStream,
+    seen: String,
+}
+
+impl Events {
+    /// Reads until what arrived contains `needle`; returns how long that took.
+    async fn until(&mut self, needle: &str) -> Duration {
+        let start = Instant::now();
+        let mut buf = [0u8; 4096];
+        while !self.seen.contains(needle) {
+            let n = tokio::time::timeout(TIMEOUT, self.stream.read(&mut buf))
+                .await
+                .unwrap_or_else(|_| panic!("no {needle:?} in the event stream:\n{}", self.seen))
+                .unwrap();
+            assert!(n > 0, "the event stream ended:\n{}", self.seen);
+            self.seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        start.elapsed()
+    }
+}
+
+fn general() -> Routing {
+    Routing::channel(&Channel::new("general").unwrap())
+}
+
+#[tokio::test]
+async fn the_token_is_required_then_carried_by_a_strict_cookie() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Cotald::up(tmp.path()).await;
+    let banner = c.wait_stdout("  dashboard ").await;
+    let site = Site::of(&c).await;
+    assert!(
+        banner.contains(&format!("http://{}/?token={}", site.addr, site.token)),
+        "{banner}"
+    );
+    assert!(site.addr.ip().is_loopback());
+    assert_eq!(site.token.len(), 64);
+
+    let none = site.get("/", None).await;
+    assert_eq!(none.status, 401, "{}", none.body);
+    assert!(none.body.contains("access token"), "{}", none.body);
+    let wrong_cookie = format!("cotald_{}={}", site.addr.port(), "0".repeat(64));
+    assert_eq!(site.get("/", Some(&wrong_cookie)).await.status, 403);
+    assert_eq!(
+        site.get("/spaces/main/feed?token=nope", None).await.status,
+        403
+    );
+    assert_eq!(site.get("/spaces/main/events", None).await.status, 401);
+
+    let login = site
+        .get(
+            &format!("/spaces/main/feed?token={}&channel=general", site.token),
+            None,
+        )
+        .await;
+    assert_eq!(login.status, 303);
+    assert_eq!(
+        login.header("location"),
+        Some("/spaces/main/feed?channel=general")
+    );
+    let cookie = login.header("set-cookie").unwrap();
+    assert!(cookie.starts_with(&site.cookie()), "{cookie}");
+    assert!(cookie.contains("HttpOnly"), "{cookie}");
+    assert!(cookie.contains("SameSite=Strict"), "{cookie}");
+
+    for target in [
+        "/",
+        "/spaces/main/roster",
+        "/health",
+        "/assets/app.js",
+        "/nowhere",
+    ] {
+        let answer = site.get(target, Some(&site.cookie())).await;
+        let csp = answer.header("content-security-policy").unwrap_or_default();
+        assert!(csp.contains("default-src 'none'"), "{target}: {csp}");
+        assert!(csp.contains("script-src 'self'"), "{target}: {csp}");
+        assert!(!csp.contains("unsafe-inline"), "{target}: {csp}");
+        assert_eq!(answer.header("x-content-type-options"), Some("nosniff"));
+    }
+    // The 401 carries them too.
+    assert_eq!(none.header("x-content-type-options"), Some("nosniff"));
+    assert!(none.header("content-security-policy").is_some());
+
+    let health = site.page("/health").await;
+    assert!(health.contains("nats-server"), "{health}");
+    assert!(health.contains("manager"), "{health}");
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn pages_show_the_roster_the_channels_and_the_live_feed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let site = Site::of(&c).await;
+    let grants = ["--allow-publish", "general"];
+    let alice = mint(tmp.path(), "alice", "main", &grants).await;
+    let bob = mint(tmp.path(), "bob", "main", &grants).await;
+    let a = endpoint(&alice, |_| {}).await;
+    let _b = endpoint(&bob, |_| {}).await;
+
+    let roster = site
+        .page_with("/spaces/main/roster", &["alice", "bob"])
+        .await;
+    assert_eq!(
+        roster.matches(r#"<tr class="peer">"#).count(),
+        2,
+        "{roster}"
+    );
+    assert!(roster.contains(&alice.id[..10]), "{roster}");
+    assert!(!roster.contains("status-offline"), "{roster}");
+
+    let mut events = site.events("").await;
+    let sent = Instant::now();
+    a.client
+        .send_text(general(), "hello from alice")
+        .await
+        .unwrap();
+    events.until("hello from alice").await;
+    let latency = sent.elapsed();
+    assert!(latency < Duration::from_secs(1), "{latency:?}");
+    assert!(
+        events.seen.contains(r#"<span class="from">alice</span>"#),
+        "{}",
+        events.seen
+    );
+    assert!(events.seen.contains(&alice.id[..10]), "{}", events.seen);
+
+    let channels = site
+        .page_with("/spaces/main/channels", &["#general", "hello from alice"])
+        .await;
+    assert!(channels.contains("durable"), "{channels}");
+    assert!(channels.contains("Everyone&#39;s channel"), "{channels}");
+
+    // History on load: a page opened now shows what was sent before.
+    let feed = site.page("/spaces/main/feed").await;
+    assert!(feed.contains("hello from alice"), "{feed}");
+    let filtered = site.page("/spaces/main/feed?channel=elsewhere").await;
+    assert!(!filtered.contains("hello from alice"), "{filtered}");
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_hostile_message_is_shown_as_text_and_dms_stay_out_of_sight() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let site = Site::of(&c).await;
+    let grants = ["--allow-publish", "general"];
+    let alice = mint(tmp.path(), "alice", "main", &grants).await;
+    let bob = mint(tmp.path(), "bob", "main", &grants).await;
+    let a = endpoint(&alice, |_| {}).await;
+    let mut b = endpoint(&bob, |_| {}).await;
+    let mut events = site.events("").await;
+
+    a.client
+        .send(
+            general(),
+            vec![cotald::protocol::Part::text(
+                "<script>alert('pwned')</script> ping @bob",
+            )],
+            &["bob".to_owned()],
+        )
+        .await
+        .unwrap();
+    let to_bob = Routing::to(&InstanceId::from_user_nkey(&bob.id).unwrap());
+    a.client.send_text(to_bob, "secret for bob").await.unwrap();
+    // Bob has it: the DM was delivered, to him only.
+    let got = loop {
+        let d = crate::helper::delivery(&mut b.deliveries).await;
+        if d.channel.is_none() {
+            break d;
+        }
+    };
+    assert!(format!("{:?}", got.message.parts).contains("secret for bob"));
+    a.client.send_text(general(), "after the dm").await.unwrap();
+    events.until("after the dm").await;
+
+    assert!(
+        events
+            .seen
+            .contains("&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;"),
+        "{}",
+        events.seen
+    );
+    assert!(!events.seen.contains("<script>"), "{}", events.seen);
+    assert!(
+        events.seen.contains(r#"<mark class="mention">@bob</mark>"#),
+        "{}",
+        events.seen
+    );
+    assert!(!events.seen.contains("secret for bob"), "{}", events.seen);
+    let feed = site.page("/spaces/main/feed").await;
+    assert!(feed.contains("&lt;script&gt;alert("), "{feed}");
+    assert!(!feed.contains("<script>alert"), "{feed}");
+    assert!(!feed.contains("secret for bob"), "{feed}");
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_disabled_dashboard_serves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let profile = tmp.path().join("profile.toml");
+    let text = cotald::profile::EMBEDDED_LOCAL.replace("enabled = true", "enabled = false");
+    assert_ne!(text, cotald::profile::EMBEDDED_LOCAL);
+    std::fs::write(&profile, text).unwrap();
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap();
+    drop(free);
+    let dir = tmp.path().join("data");
+    let mut c = Cotald::spawn(
+        &dir,
+        &[
+            "--config",
+            profile.to_str().unwrap(),
+            "--dashboard",
+            &port.to_string(),
+        ],
+    );
+    c.wait_stdout("cotald is ready").await;
+    assert_eq!(c.state().dashboard, None);
+    assert!(TcpStream::connect(port).await.is_err(), "{port} answers");
+    assert!(!dir.join("dashboard.token").exists());
+    let out = cotald_in(&dir, &["status", "--json"]).await;
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(status.get("dashboard").is_none(), "{status}");
+    c.stop().await;
+}
