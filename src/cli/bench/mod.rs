@@ -335,7 +335,14 @@ impl Appliance {
     async fn up(exe: &Path, dir: &Path, logs: &Path) -> anyhow::Result<Appliance> {
         let stderr = std::fs::File::create(logs.join("cotald-up.stderr"))?;
         let mut child = tokio::process::Command::new(exe)
-            .args(["up", "--listen", "127.0.0.1:0", "--data-dir"])
+            .args([
+                "up",
+                "--listen",
+                "127.0.0.1:0",
+                "--dashboard",
+                "127.0.0.1:0",
+                "--data-dir",
+            ])
             .arg(dir)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
