@@ -219,8 +219,16 @@ async fn the_token_is_required_then_carried_by_a_strict_cookie() {
     assert!(none.header("content-security-policy").is_some());
 
     let health = site.page("/health").await;
-    assert!(health.contains("nats-server"), "{health}");
-    assert!(health.contains("manager"), "{health}");
+    let state = c.state();
+    assert!(health.contains(&state.broker_version), "{health}");
+    assert!(
+        health.contains(r#"<tr class="stream"><td>CHAT_main</td>"#),
+        "{health}"
+    );
+    assert!(
+        health.contains(r#"<td>manager</td><td><span class="health-running">"#),
+        "{health}"
+    );
     c.stop().await;
 }
 
