@@ -34,10 +34,14 @@ pub(super) async fn start(
         Ok(token) => token,
         Err(e) => return not_served(crate::ops::error_text(&e)),
     };
-    let spaces = match observers(core).await {
-        Ok(spaces) => spaces,
-        Err(e) => return not_served(e),
-    };
+    let mut spaces = Vec::new();
+    for (name, served) in core.spaces.lock().await.iter() {
+        match observer(core, name, served) {
+            Ok(access) => spaces.push(access),
+            Err(e) => return not_served(e),
+        }
+    }
+    let (added, spaces) = tokio::sync::watch::channel(spaces);
     let state: StateView = {
         let core = core.clone();
         Arc::new(move || core.state.lock().unwrap_or_else(|e| e.into_inner()).clone())
@@ -55,6 +59,7 @@ pub(super) async fn start(
     if let Err(e) = services.start(Arc::new(dashboard)).await {
         return not_served(crate::ops::error_text(&e));
     }
+    let _ = core.dashboard.set(added);
     if let Ok(mut state) = core.state.lock() {
         state.dashboard = Some(url.clone());
     }
@@ -69,36 +74,48 @@ fn not_served(reason: String) -> Availability {
     Availability::NotServed(reason)
 }
 
-/// Per served space: the observer credential (Appendix B observer grants, never the SYS or
+/// Shows a space added while running (`cotald space add`), when the dashboard is served.
+pub(super) async fn space_added(core: &Core, name: &str) {
+    let Some(added) = core.dashboard.get() else {
+        return;
+    };
+    let access = match core.spaces.lock().await.get(name) {
+        Some(served) => observer(core, name, served),
+        None => return,
+    };
+    match access {
+        Ok(access) => {
+            added.send_modify(|spaces| spaces.push(access));
+        }
+        Err(reason) => tracing::warn!(space = name, reason, "dashboard: space not shown"),
+    }
+}
+
+/// A served space's observer: its credential (Appendix B observer grants, never the SYS or
 /// manager credential), known to the space as a builtin identity like the local operator, and
 /// the options that connect it to the appliance's own listener.
-async fn observers(core: &Arc<Core>) -> Result<Vec<SpaceAccess>, String> {
-    let spaces = core.spaces.lock().await;
-    let mut out = Vec::new();
-    for (name, served) in spaces.iter() {
-        let fail = |e: &dyn std::fmt::Display| format!("space `{name}`: observer: {e}");
-        let keys = core.keys.space(name).map_err(|e| fail(&e))?;
-        let names = SpaceNames::new(name);
-        let creds = keys
-            .own_user_creds_with(OBSERVER, |id| acl::observer(&names, id))
-            .map_err(|e| fail(&e))?;
-        let id = creds.public_key().map_err(|e| fail(&e))?;
-        served.identities.insert_builtin(observer_record(name, id));
-        let link = join_link(&core.local.to_string(), name, &[]).map_err(|e| fail(&e))?;
-        let link = JoinLink::parse(&link).map_err(|e| fail(&e))?;
-        let mut connect = ConnectOptions::new(link, creds.render());
-        connect.ca = Some(core.ca_cert.clone());
-        connect.name = Some(OBSERVER.into());
-        connect.kind = EndpointKind::Endpoint;
-        connect.receive_dms = false;
-        connect.announce = false;
-        connect.receive_backstop = false;
-        out.push(SpaceAccess {
-            name: name.clone(),
-            connect,
-        });
-    }
-    Ok(out)
+fn observer(core: &Core, name: &str, served: &super::Served) -> Result<SpaceAccess, String> {
+    let fail = |e: &dyn std::fmt::Display| format!("space `{name}`: observer: {e}");
+    let keys = core.keys.space(name).map_err(|e| fail(&e))?;
+    let names = SpaceNames::new(name);
+    let creds = keys
+        .own_user_creds_with(OBSERVER, |id| acl::observer(&names, id))
+        .map_err(|e| fail(&e))?;
+    let id = creds.public_key().map_err(|e| fail(&e))?;
+    served.identities.insert_builtin(observer_record(name, id));
+    let link = join_link(&core.local.to_string(), name, &[]).map_err(|e| fail(&e))?;
+    let link = JoinLink::parse(&link).map_err(|e| fail(&e))?;
+    let mut connect = ConnectOptions::new(link, creds.render());
+    connect.ca = Some(core.ca_cert.clone());
+    connect.name = Some(OBSERVER.into());
+    connect.kind = EndpointKind::Endpoint;
+    connect.receive_dms = false;
+    connect.announce = false;
+    connect.receive_backstop = false;
+    Ok(SpaceAccess {
+        name: name.to_owned(),
+        connect,
+    })
 }
 
 /// The dashboard's observer as the space's manager knows it: the observer profile, reading

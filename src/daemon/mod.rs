@@ -229,6 +229,8 @@ pub(crate) struct Core {
     root: CancellationToken,
     /// Cancelled when an operator asks the appliance to stop (`cotald down`).
     pub(crate) stop: CancellationToken,
+    /// Where spaces added while running are handed to the dashboard, once it is served.
+    dashboard: std::sync::OnceLock<tokio::sync::watch::Sender<Vec<crate::dashboard::SpaceAccess>>>,
 }
 
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -429,6 +431,7 @@ impl Appliance {
             }),
             root: CancellationToken::new(),
             stop: CancellationToken::new(),
+            dashboard: std::sync::OnceLock::new(),
         });
         // Spaces fail alone: one that cannot be served is reported, the others are served.
         for space in &unserved {

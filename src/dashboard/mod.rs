@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, broadcast};
+use tokio::sync::{Semaphore, broadcast, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -64,6 +64,7 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 const MONITOR_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// One space the dashboard shows, and how its observer connects.
+#[derive(Clone)]
 pub struct SpaceAccess {
     /// The space.
     pub name: String,
@@ -90,7 +91,8 @@ pub struct Dashboard {
     listener: std::sync::Mutex<Option<TcpListener>>,
     addr: SocketAddr,
     token: Token,
-    spaces: Vec<SpaceAccess>,
+    /// The spaces to show: those served at start, then each one added while running.
+    spaces: watch::Receiver<Vec<SpaceAccess>>,
     state: StateView,
 }
 
@@ -99,7 +101,7 @@ impl Dashboard {
     pub fn bind(
         listen: SocketAddr,
         token: Token,
-        spaces: Vec<SpaceAccess>,
+        spaces: watch::Receiver<Vec<SpaceAccess>>,
         state: StateView,
     ) -> std::io::Result<Self> {
         let listener = std::net::TcpListener::bind(listen)?;
@@ -141,11 +143,13 @@ impl Service for Dashboard {
                 .await
                 .map_err(ServiceError::at("binding the dashboard listener"))?,
         };
+        let mut spaces = self.spaces.clone();
         let mut observers = BTreeMap::new();
-        for access in &self.spaces {
-            match Observer::start(&access.name, access.connect.clone()).await {
+        let at_start = spaces.borrow_and_update().clone();
+        for access in at_start {
+            match Observer::start(&access.name, access.connect).await {
                 Ok(o) => {
-                    observers.insert(access.name.clone(), Arc::new(o));
+                    observers.insert(access.name, Arc::new(o));
                 }
                 Err(e) => {
                     close_all(observers).await;
@@ -156,7 +160,7 @@ impl Service for Dashboard {
         let site = Arc::new(Site {
             token: self.token.clone(),
             cookie: format!("cotald_{}", self.addr.port()),
-            observers,
+            observers: std::sync::RwLock::new(observers),
             state: self.state.clone(),
         });
         ctx.report(Health::Running);
@@ -166,6 +170,10 @@ impl Service for Dashboard {
         let outcome = loop {
             tokio::select! {
                 () = ctx.cancelled() => break Ok(()),
+                Ok(()) = spaces.changed() => {
+                    let now = spaces.borrow_and_update().clone();
+                    site.observe_added(now).await;
+                }
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => {
                         let site = site.clone();
@@ -193,7 +201,12 @@ impl Service for Dashboard {
         connections.wait().await;
         drop(listener);
         if let Ok(site) = Arc::try_unwrap(site) {
-            close_all(site.observers).await;
+            close_all(
+                site.observers
+                    .into_inner()
+                    .unwrap_or_else(|e| e.into_inner()),
+            )
+            .await;
         }
         outcome
     }
@@ -212,13 +225,41 @@ struct Site {
     token: Token,
     /// The cookie's name: per port, so that two appliances on one machine keep their own.
     cookie: String,
-    observers: BTreeMap<String, Arc<Observer>>,
+    observers: std::sync::RwLock<BTreeMap<String, Arc<Observer>>>,
     state: StateView,
 }
 
 impl Site {
+    fn observers(&self) -> BTreeMap<String, Arc<Observer>> {
+        self.observers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     fn spaces(&self) -> Vec<String> {
-        self.observers.keys().cloned().collect()
+        self.observers().into_keys().collect()
+    }
+
+    /// Observes the spaces of `spaces` not observed yet (added while running). One that
+    /// cannot be observed is logged and left out; the others are shown.
+    async fn observe_added(&self, spaces: Vec<SpaceAccess>) {
+        let known = self.spaces();
+        for access in spaces.into_iter().filter(|a| !known.contains(&a.name)) {
+            match Observer::start(&access.name, access.connect).await {
+                Ok(o) => {
+                    self.observers
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(access.name, Arc::new(o));
+                }
+                Err(e) => tracing::warn!(
+                    space = access.name,
+                    error = %crate::ops::error_text(&e),
+                    "dashboard: a space added while running is not shown"
+                ),
+            }
+        }
     }
 
     /// `None` when the request may proceed; otherwise the answer.
@@ -265,14 +306,14 @@ impl Site {
             [] => Route::Done(self.index()),
             ["health"] => Route::Done(self.health().await),
             ["spaces", space, page] => {
-                let Some(observer) = self.observers.get(*space) else {
+                let Some(observer) = self.observers().get(*space).cloned() else {
                     return Route::Done(not_found());
                 };
                 match *page {
-                    "roster" => Route::Done(self.roster(observer)),
-                    "channels" => Route::Done(self.channels(observer).await),
-                    "feed" => Route::Done(self.feed(observer, req).await),
-                    "events" => Route::Events(observer.clone()),
+                    "roster" => Route::Done(self.roster(&observer)),
+                    "channels" => Route::Done(self.channels(&observer).await),
+                    "feed" => Route::Done(self.feed(&observer, req).await),
+                    "events" => Route::Events(observer),
                     _ => Route::Done(not_found()),
                 }
             }
@@ -282,7 +323,7 @@ impl Site {
 
     fn index(&self) -> Response {
         let rows: Vec<(String, usize, usize)> = self
-            .observers
+            .observers()
             .iter()
             .map(|(name, o)| {
                 let roster = o.client.roster();

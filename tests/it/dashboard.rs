@@ -229,6 +229,18 @@ async fn the_token_is_required_then_carried_by_a_strict_cookie() {
         health.contains(r#"<td>manager</td><td><span class="health-running">"#),
         "{health}"
     );
+
+    // A space added while running gets its pages too.
+    let out = cotald_in(&c.data_dir, &["space", "add", "lab"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let index = site.page_with("/", &[r#"href="/spaces/lab/roster""#]).await;
+    assert!(index.contains(r#"href="/spaces/main/roster""#), "{index}");
+    let roster = site.page("/spaces/lab/roster").await;
+    assert!(roster.contains("Roster of lab"), "{roster}");
     c.stop().await;
 }
 
