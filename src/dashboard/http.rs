@@ -185,7 +185,8 @@ pub fn parse(head: &[u8]) -> Result<Request, Refusal> {
 }
 
 /// Percent-decodes `s` (`+` is a space in queries and harmless in paths); `None` when it is
-/// malformed or not UTF-8.
+/// malformed, not UTF-8, or decodes to a control character (nothing the dashboard serves has
+/// one, and a CR LF must never reach a header it echoes).
 fn decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -207,6 +208,9 @@ fn decode(s: &str) -> Option<String> {
                 i += 1;
             }
         }
+    }
+    if out.iter().any(|b| b.is_ascii_control()) {
+        return None;
     }
     String::from_utf8(out).ok()
 }
@@ -341,6 +345,8 @@ mod tests {
             ),
             (b"GET / HTTP/1.1\r\nA: b\r\n folded", Refusal::BadRequest),
             (b"GET /%zz HTTP/1.1", Refusal::BadRequest),
+            (b"GET /a%0d%0aSet-Cookie:x HTTP/1.1", Refusal::BadRequest),
+            (b"GET /?channel=%00 HTTP/1.1", Refusal::BadRequest),
             (b"GET /  HTTP/1.1", Refusal::BadRequest),
         ] {
             assert_eq!(

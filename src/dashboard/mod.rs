@@ -275,7 +275,8 @@ impl Site {
                 .filter(|(k, _)| k != "token")
                 .map(|(k, v)| format!("{}={}", http::encode(k), http::encode(v)))
                 .collect();
-            let mut location = req.path.clone();
+            // Always a path on this site (`//host` would leave it).
+            let mut location = format!("/{}", req.path.trim_start_matches('/'));
             if !rest.is_empty() {
                 location.push('?');
                 location.push_str(&rest.join("&"));
@@ -387,8 +388,9 @@ impl Site {
 
     async fn feed(&self, observer: &Observer, req: &Request) -> Response {
         let channel = req.param("channel").filter(|c| !c.is_empty());
-        let last = observer.last_seq();
+        // The stream resumes after the last message rendered (none kept: from the start).
         let kept = observer.kept();
+        let last = kept.last().map_or(0, |i| i.seq);
         let mut names: Vec<String> = match observer.client.channels().await {
             Ok(channels) => channels
                 .into_iter()

@@ -151,14 +151,6 @@ impl Observer {
         self.follow(0).0
     }
 
-    /// The feed position of the last kept message (0 when none).
-    pub fn last_seq(&self) -> u64 {
-        self.feed
-            .lock()
-            .map(|f| f.next_seq)
-            .unwrap_or_else(|e| e.into_inner().next_seq)
-    }
-
     /// Stops the pump and closes the connection.
     pub async fn close(self) {
         self.pump.abort();

@@ -195,6 +195,10 @@ async fn the_token_is_required_then_carried_by_a_strict_cookie() {
         login.header("location"),
         Some("/spaces/main/feed?channel=general")
     );
+    let away = site
+        .get(&format!("//elsewhere.example/?token={}", site.token), None)
+        .await;
+    assert_eq!(away.header("location"), Some("/elsewhere.example/"));
     let cookie = login.header("set-cookie").unwrap();
     assert!(cookie.starts_with(&site.cookie()), "{cookie}");
     assert!(cookie.contains("HttpOnly"), "{cookie}");
