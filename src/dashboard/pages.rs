@@ -284,9 +284,11 @@ pub fn feed(
             }
         );
     }
+    // Newest first: what just happened is at the top, where the stream adds arrivals.
     let mut list = String::new();
     for item in items
         .iter()
+        .rev()
         .filter(|i| channel.is_none_or(|c| c == i.channel))
     {
         list.push_str(&message(item));

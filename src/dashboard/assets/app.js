@@ -1,12 +1,11 @@
 // cotald dashboard: follows the feed's event stream. The server renders and escapes every
-// message; this only appends what it sends, and keeps the list bounded.
+// message; this only puts what it sends at the top of the list, and keeps the list bounded.
 "use strict";
 (function () {
   const feed = document.getElementById("feed");
   if (!feed) return;
   const live = document.getElementById("live");
   const keep = 1000;
-  const bottom = () => window.innerHeight + window.scrollY >= document.body.scrollHeight - 40;
   const source = new EventSource(feed.dataset.events);
   source.onopen = () => { live.textContent = "live"; live.classList.add("on"); };
   source.onerror = () => { live.textContent = "reconnecting…"; live.classList.remove("on"); };
@@ -14,12 +13,9 @@
     live.textContent = "live (" + e.data + " messages skipped: too fast to show)";
   });
   source.onmessage = (e) => {
-    const follow = bottom();
-    feed.insertAdjacentHTML("beforeend", e.data);
-    const added = feed.lastElementChild;
+    feed.insertAdjacentHTML("afterbegin", e.data);
+    const added = feed.firstElementChild;
     if (added) added.classList.add("fresh");
-    while (feed.children.length > keep) feed.firstElementChild.remove();
-    if (follow) window.scrollTo(0, document.body.scrollHeight);
+    while (feed.children.length > keep) feed.lastElementChild.remove();
   };
-  window.scrollTo(0, document.body.scrollHeight);
 })();
