@@ -385,3 +385,202 @@ async fn a_disabled_dashboard_serves_nothing() {
     assert!(status.get("dashboard").is_none(), "{status}");
     c.stop().await;
 }
+
+/// A WebDriver session with headless Chromium (`chromedriver`), over plain HTTP/1.1.
+struct Browser {
+    driver: tokio::process::Child,
+    addr: SocketAddr,
+    session: String,
+}
+
+impl Browser {
+    /// `None` when chromedriver is not installed, unless `COTALD_REQUIRE_BROWSER` is set
+    /// (CI installs Debian's `chromium` and `chromium-driver` and sets it): then a panic.
+    async fn start() -> Option<Browser> {
+        let Some(exe) = std::env::var_os("PATH").and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join("chromedriver"))
+                .find(|p| p.is_file())
+        }) else {
+            assert!(
+                std::env::var_os("COTALD_REQUIRE_BROWSER").is_none(),
+                "chromedriver is required (apt-get install chromium chromium-driver)"
+            );
+            eprintln!("no chromedriver: the browser test is skipped");
+            return None;
+        };
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = free.local_addr().unwrap();
+        drop(free);
+        let driver = tokio::process::Command::new(exe)
+            .arg(format!("--port={}", addr.port()))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut browser = Browser {
+            driver,
+            addr,
+            session: String::new(),
+        };
+        let deadline = Instant::now() + TIMEOUT;
+        while TcpStream::connect(addr).await.is_err() {
+            assert!(Instant::now() < deadline, "chromedriver does not listen");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let created = browser
+            .call(
+                "POST",
+                "/session",
+                serde_json::json!({"capabilities": {"alwaysMatch": {
+                    "browserName": "chrome",
+                    "goog:chromeOptions": {"args": ["--headless", "--no-sandbox", "--disable-gpu"]}
+                }}}),
+            )
+            .await;
+        browser.session = created["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no session: {created}"))
+            .to_owned();
+        Some(browser)
+    }
+
+    async fn call(&self, method: &str, path: &str, body: serde_json::Value) -> serde_json::Value {
+        let body = body.to_string();
+        let mut stream = TcpStream::connect(self.addr).await.unwrap();
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.addr,
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        // chromedriver keeps the connection open: read the head, then Content-Length bytes.
+        let read = async {
+            let mut raw = Vec::new();
+            let mut buf = [0u8; 8192];
+            loop {
+                let n = stream.read(&mut buf).await.unwrap();
+                assert!(n > 0, "chromedriver hung up");
+                raw.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&raw).into_owned();
+                let Some((head, body)) = text.split_once("\r\n\r\n") else {
+                    continue;
+                };
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse().ok())?
+                    })
+                    .expect("a Content-Length");
+                if body.len() >= length {
+                    return body[..length].to_owned();
+                }
+            }
+        };
+        let json = tokio::time::timeout(TIMEOUT, read)
+            .await
+            .expect("chromedriver answers in time");
+        let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+        value["value"].clone()
+    }
+
+    async fn open(&self, url: &str) {
+        let path = format!("/session/{}/url", self.session);
+        self.call("POST", &path, serde_json::json!({ "url": url }))
+            .await;
+    }
+
+    /// What `script` returns in the page.
+    async fn eval(&self, script: &str) -> serde_json::Value {
+        let path = format!("/session/{}/execute/sync", self.session);
+        self.call(
+            "POST",
+            &path,
+            serde_json::json!({ "script": script, "args": [] }),
+        )
+        .await
+    }
+
+    /// Evaluates `script` until `done` holds of its value (the page updates by itself).
+    async fn eval_until(
+        &self,
+        script: &str,
+        done: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let value = self.eval(script).await;
+            if done(&value) {
+                return value;
+            }
+            assert!(Instant::now() < deadline, "{script} stayed {value}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn quit(mut self) {
+        let path = format!("/session/{}", self.session);
+        self.call("DELETE", &path, serde_json::json!({})).await;
+        let _ = self.driver.kill().await;
+    }
+}
+
+#[tokio::test]
+async fn a_real_browser_shows_the_roster_and_follows_the_feed() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let site = Site::of(&c).await;
+    let grants = ["--allow-publish", "general"];
+    let alice = mint(tmp.path(), "alice", "main", &grants).await;
+    let bob = mint(tmp.path(), "bob", "main", &grants).await;
+    let a = endpoint(&alice, |_| {}).await;
+    let _b = endpoint(&bob, |_| {}).await;
+
+    // The token in the URL once; the cookie from then on.
+    let base = format!("http://{}", site.addr);
+    browser
+        .open(&format!("{base}/spaces/main/roster?token={}", site.token))
+        .await;
+    let names = browser
+        .eval_until(
+            "return [...document.querySelectorAll('tr.peer td.name')].map(e => e.textContent)",
+            |v| v.to_string().contains("alice") && v.to_string().contains("bob"),
+        )
+        .await;
+    assert_eq!(names, serde_json::json!(["alice", "bob"]));
+    assert_eq!(
+        browser.eval("return location.search").await,
+        serde_json::json!("")
+    );
+
+    browser.open(&format!("{base}/spaces/main/feed")).await;
+    browser
+        .eval_until("return document.getElementById('live').textContent", |v| {
+            v == "live"
+        })
+        .await;
+    let hostile = "<script>window.pwned = 1</script><img src=x onerror=\"window.pwned = 2\"> sent after the page loaded";
+    a.client.send_text(general(), hostile).await.unwrap();
+    let shown = browser
+        .eval_until(
+            "return [...document.querySelectorAll('li.msg.fresh .text')].map(e => e.textContent)",
+            |v| v.as_array().is_some_and(|a| !a.is_empty()),
+        )
+        .await;
+    assert_eq!(shown, serde_json::json!([hostile]), "rendered as text");
+    assert_eq!(
+        browser
+            .eval("return [typeof window.pwned, document.querySelectorAll('li.msg script, li.msg img').length]")
+            .await,
+        serde_json::json!(["undefined", 0])
+    );
+    browser.quit().await;
+    c.stop().await;
+}
