@@ -68,6 +68,9 @@ pub(super) async fn run(args: MintArgs) -> anyhow::Result<ExitCode> {
             out.display()
         );
     }
+    if let Some(out) = &args.out {
+        check_writable(out)?;
+    }
     let req = Request::Mint(MintRequest {
         name: args.name.clone(),
         space: args.space.clone(),
@@ -152,4 +155,24 @@ pub(super) async fn run(args: MintArgs) -> anyhow::Result<ExitCode> {
         })?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses an `--out` whose directory cannot take the file before anything is minted: an
+/// identity minted for a credential that was never written would only be in the way.
+fn check_writable(out: &std::path::Path) -> anyhow::Result<()> {
+    let parent = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let refused = |e: std::io::Error| {
+        anyhow::anyhow!(
+            "--out {}: cannot write there ({e}); nothing was minted",
+            out.display()
+        )
+    };
+    std::fs::create_dir_all(parent).map_err(refused)?;
+    let probe = parent.join(format!(".cotald-mint-{}.probe", std::process::id()));
+    std::fs::File::create(&probe).map_err(refused)?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }

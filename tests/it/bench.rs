@@ -1,5 +1,6 @@
-//! `cotald bench` runs its cases against an appliance of its own and reports every figure
-//! beside its baseline (the figures themselves are for reading, not asserted).
+//! `cotald bench` runs its cases against an appliance of its own (and the throughput cases
+//! again on one that syncs every write) and reports every figure beside its baseline (the
+//! figures themselves are for reading, not asserted).
 
 use crate::helper::{TIMEOUT, cotald_bin};
 
@@ -31,7 +32,12 @@ async fn bench_reports_each_case_beside_its_baseline() {
         .collect();
     assert_eq!(
         names,
-        ["live_latency_p50", "live_latency_p99", "dm_throughput"]
+        [
+            "live_latency_p50",
+            "live_latency_p99",
+            "dm_throughput",
+            "dm_throughput_sync_always"
+        ]
     );
     for r in report["results"].as_array().unwrap() {
         let (c, b, ratio) = (

@@ -368,6 +368,20 @@ async fn identities_are_listed_and_a_name_is_minted_once() {
     let again = mint(tmp.path(), "alice", "main", &["--replace"]).await;
     assert_eq!(again.id, first.id, "a replacement keeps the identity");
     mint(tmp.path(), "watcher", "main", &["--profile", "observer"]).await;
+    // An --out that cannot be written is refused before anything is minted.
+    let blocker = tmp.path().join("a-file");
+    std::fs::write(&blocker, "").unwrap();
+    let unwritable = blocker.join("ghost.creds");
+    let out = crate::helper::mint_raw(
+        tmp.path(),
+        "ghost",
+        "main",
+        &["--out", unwritable.to_str().unwrap()],
+    )
+    .await;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nothing was minted"), "{err}");
 
     let listed = cli.json(&["identities"]).await;
     let rows = listed.as_array().unwrap();

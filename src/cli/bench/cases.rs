@@ -49,6 +49,8 @@ type CaseFuture<'a> = Pin<Box<dyn Future<Output = anyhow::Result<Vec<CaseResult>
 /// A case: the result names it produces, and how to run it.
 pub(super) struct Case {
     pub(super) names: &'static [&'static str],
+    /// A throughput case: measured again with every write synced.
+    pub(super) throughput: bool,
     pub(super) run: for<'a> fn(&'a Bench, Sizes) -> CaseFuture<'a>,
 }
 
@@ -56,26 +58,37 @@ pub(super) struct Case {
 pub(super) const ALL: &[Case] = &[
     Case {
         names: &["live_throughput"],
+        throughput: true,
         run: |b, s| Box::pin(live_throughput(b, s)),
     },
     Case {
         names: &["live_latency_p50", "live_latency_p99"],
+        throughput: false,
         run: |b, s| Box::pin(live_latency(b, s)),
     },
     Case {
         names: &["dm_throughput"],
+        throughput: true,
         run: |b, s| Box::pin(dm_throughput(b, s)),
     },
     Case {
         names: &["durable_publish_100_members"],
+        throughput: true,
         run: |b, s| Box::pin(durable_publish(b, s)),
     },
     Case {
         names: &["catchup_10k"],
+        throughput: false,
         run: |b, s| Box::pin(catch_up(b, s)),
     },
     Case {
+        names: &["presence_converge_2000"],
+        throughput: false,
+        run: |b, s| Box::pin(presence_converge(b, s)),
+    },
+    Case {
         names: &["durable_end_to_end"],
+        throughput: false,
         run: |b, s| Box::pin(durable_end_to_end(b, s)),
     },
 ];
@@ -182,41 +195,20 @@ async fn send_many_in_flight(
 }
 
 /// `n` raw JetStream publishes of `payload` on `subject`, each with its own `Nats-Msg-Id` (as
-/// cotald sends them), `in_flight` at a time, acks awaited.
+/// cotald sends them), `in_flight` at a time, acks awaited. With `spread`, the subject gets a
+/// suffix `_<run>_<k>` that changes every half DM pair bound: a raw reader has nobody trimming
+/// what it read, and the operator may name any sender.
 async fn raw_publish(
     js: &jetstream::Context,
     subject: &str,
     payload: &bytes::Bytes,
     n: usize,
     in_flight: usize,
-) -> anyhow::Result<()> {
-    let prefix = crate::protocol::new_message_id();
-    bounded(
-        "raw publishing",
-        futures_util::stream::iter(0..n)
-            .map(|i| {
-                let message = PublishMessage::build()
-                    .payload(payload.clone())
-                    .message_id(format!("{prefix}.{i}"));
-                async move { js.send_publish(subject.to_owned(), message).await?.await }
-            })
-            .buffer_unordered(in_flight)
-            .try_for_each(|_| std::future::ready(Ok(()))),
-    )
-    .await?
-    .context("raw publish")
-}
-
-/// [`raw_publish`] over subjects `<subject>_<run>_<k>`, a new one every half pair bound.
-async fn raw_publish_spread(
-    js: &jetstream::Context,
-    subject: &str,
-    payload: &bytes::Bytes,
-    n: usize,
-    in_flight: usize,
+    spread: bool,
 ) -> anyhow::Result<()> {
     let per_subject = (crate::binding::streams::DM_MAX_MSGS_PER_PAIR / 2) as usize;
-    let prefix = crate::protocol::new_message_id();
+    let prefix = crate::protocol::new_message_id().replace('-', "");
+    let prefix = &prefix;
     bounded(
         "raw publishing",
         futures_util::stream::iter(0..n)
@@ -224,7 +216,10 @@ async fn raw_publish_spread(
                 let message = PublishMessage::build()
                     .payload(payload.clone())
                     .message_id(format!("{prefix}.{i}"));
-                let subject = format!("{subject}_{}_{}", prefix.replace('-', ""), i / per_subject);
+                let subject = match spread {
+                    true => format!("{subject}_{prefix}_{}", i / per_subject),
+                    false => subject.to_owned(),
+                };
                 async move { js.send_publish(subject, message).await?.await }
             })
             .buffer_unordered(in_flight)
@@ -343,7 +338,7 @@ async fn live_throughput(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<Case
                     ..
                 } = &mut *pair;
                 let start = Instant::now();
-                let sending = raw_publish(raw_js, raw_subject, raw_payload, n, IN_FLIGHT);
+                let sending = raw_publish(raw_js, raw_subject, raw_payload, n, IN_FLIGHT, false);
                 let receiving = async {
                     for _ in 0..n {
                         bounded("a raw message", raw_sub.next())
@@ -499,8 +494,6 @@ async fn dm_throughput(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseRe
         tokio::sync::Mutex::new(bench.connect(&to, |o| o.receive_backstop = false).await?);
     let route = [Routing::to(&InstanceId::from_user_nkey(&to.id)?)];
     let raw_js = jetstream::new(bench.raw.clone());
-    // The raw side has nobody trimming what it read, so it spreads its DMs over as many
-    // (target, sender) subjects as the pair bound asks; the operator may name any sender.
     let raw_subject = format!("cotal.{SPACE}.inst.{}.{}", raw_target.id, bench.operator.id);
     let raw_payload = payload(
         &sender.client,
@@ -557,7 +550,7 @@ async fn dm_throughput(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseRe
                 let mut messages = consumer.messages().await?;
                 for chunk in windows(n) {
                     let sending =
-                        raw_publish_spread(raw_js, raw_subject, raw_payload, chunk, DM_IN_FLIGHT);
+                        raw_publish(raw_js, raw_subject, raw_payload, chunk, DM_IN_FLIGHT, true);
                     let receiving = async {
                         for _ in 0..chunk {
                             let msg = bounded("a raw DM", messages.next())
@@ -855,6 +848,204 @@ async fn durable_end_to_end(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<C
         "cotald, the same traffic on a live channel",
         "as close to 1 as it goes",
     )])
+}
+
+// ---------------------------------------------------------------------------------------------
+// Presence at scale.
+
+/// [`Sizes::instances`] simulated instances heartbeat every 2 s (§6) into the space's presence
+/// directory, written raw by the operator (one KV put each, as a client's heartbeat is), while a
+/// cotald client watches the roster: the time until its roster shows all of them online, then,
+/// over [`Sizes::hold`], how often one of them was shown offline while it was beating (a false
+/// offline: the goal is none), and the CPU and memory of cotald and its broker meanwhile.
+async fn presence_converge(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
+    let observer = bench
+        .connect(&bench.operator, |o| {
+            o.receive_backstop = false;
+            o.receive_dms = false;
+        })
+        .await?;
+    let roster = observer.client.roster().clone();
+    let state = bench
+        .dir
+        .read_state()?
+        .context("the appliance under test stopped")?;
+    let (mut converged, mut false_offlines) = (Vec::new(), 0.0);
+    let mut usage = Vec::new();
+    for _ in 0..sizes.runs {
+        let ids: Vec<InstanceId> = (0..sizes.instances)
+            .map(|_| InstanceId::from_user_nkey(&nkeys::KeyPair::new_user().public_key()))
+            .collect::<Result<_, _>>()?;
+        let online = |roster: &crate::client::Roster| {
+            ids.iter()
+                .filter(|id| {
+                    roster
+                        .status(id.as_str())
+                        .is_some_and(|s| s != crate::protocol::PresenceStatus::Offline)
+                })
+                .count()
+        };
+        let stop = tokio_util::sync::CancellationToken::new();
+        let measure = async {
+            let start = Instant::now();
+            let waited = bounded("the roster to converge", async {
+                while online(&roster) < ids.len() {
+                    let _ =
+                        tokio::time::timeout(Duration::from_millis(100), roster.changed()).await;
+                }
+            })
+            .await;
+            if let Err(e) = waited {
+                bail!("{e}: {} of {} online", online(&roster), ids.len());
+            }
+            let took = start.elapsed().as_secs_f64() * 1e3;
+            // Hold: sample the roster twice a second; every instance shown offline is a false
+            // one.
+            let before = ProcessUse::of(&[state.pid, state.broker_pid]);
+            let held = Instant::now();
+            let mut offline = 0.0;
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            while held.elapsed() < sizes.hold {
+                tick.tick().await;
+                offline += (ids.len() - online(&roster)) as f64;
+            }
+            let after = ProcessUse::of(&[state.pid, state.broker_pid]);
+            anyhow::Ok((
+                took,
+                offline,
+                ProcessUse::between(&before, &after, held.elapsed()),
+            ))
+        };
+        let measured = async {
+            let measured = measure.await;
+            stop.cancel();
+            measured
+        };
+        let (beat, measured) = tokio::join!(
+            heartbeats(jetstream::new(bench.raw.clone()), &ids, stop.clone()),
+            measured
+        );
+        beat?;
+        let (took, offline, used) = measured?;
+        converged.push(took);
+        false_offlines += offline;
+        usage.push(used);
+    }
+    observer.client.close().await;
+    let window = crate::protocol::LIVENESS_WINDOW.as_secs_f64() * 1e3;
+    let mut result = CaseResult::new(
+        "presence_converge_2000",
+        "ms",
+        Better::Lower,
+        (converged, vec![window; sizes.runs]),
+        "one liveness window (§6): the goal, not a measurement",
+        "<= 1.0, and no false offline",
+    );
+    let last = usage.last().copied().unwrap_or_default();
+    result.extra.insert("false_offlines", false_offlines);
+    result
+        .extra
+        .insert("cotald_cpu_percent", last.cpu_percent[0]);
+    result
+        .extra
+        .insert("broker_cpu_percent", last.cpu_percent[1]);
+    result.extra.insert("cotald_rss_mib", last.rss_mib[0]);
+    result.extra.insert("broker_rss_mib", last.rss_mib[1]);
+    Ok(vec![result])
+}
+
+/// Writes a heartbeat of every id every 2 s until `stop`.
+async fn heartbeats(
+    js: jetstream::Context,
+    ids: &[InstanceId],
+    stop: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    let bucket = crate::binding::SpaceNames::new(SPACE).presence_bucket();
+    let mut beat = tokio::time::interval(crate::protocol::HEARTBEAT_INTERVAL);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            _ = beat.tick() => {}
+        }
+        let now = crate::protocol::EpochMillis::now();
+        futures_util::stream::iter(ids)
+            .map(|id| {
+                let card = crate::protocol::AgentCard::new(
+                    id,
+                    format!("sim-{}", &id.as_str()[..8]),
+                    crate::protocol::EndpointKind::Agent,
+                );
+                let (js, bucket, now) = (&js, &bucket, now.clone());
+                async move {
+                    let record = crate::protocol::Presence::heartbeat(
+                        card,
+                        crate::protocol::PresenceStatus::Idle,
+                        now,
+                    )?;
+                    let body = serde_json::to_vec(&record)?;
+                    js.publish(format!("$KV.{bucket}.{}", id.as_str()), body.into())
+                        .await?
+                        .await?;
+                    anyhow::Ok(())
+                }
+            })
+            .buffer_unordered(IN_FLIGHT)
+            .try_collect::<Vec<()>>()
+            .await?;
+    }
+}
+
+/// CPU time and resident memory of a few processes, from `/proc` (Linux; zeros elsewhere).
+#[derive(Debug, Clone, Copy, Default)]
+struct ProcessUse {
+    cpu_percent: [f64; 2],
+    rss_mib: [f64; 2],
+}
+
+/// Clock ticks of CPU and resident MiB of each pid.
+struct Sample(Vec<(f64, f64)>);
+
+impl ProcessUse {
+    fn of(pids: &[u32; 2]) -> Sample {
+        Sample(pids.iter().map(|&pid| proc_usage(pid)).collect())
+    }
+
+    fn between(before: &Sample, after: &Sample, elapsed: Duration) -> ProcessUse {
+        // SAFETY: sysconf has no preconditions.
+        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        let mut usage = ProcessUse::default();
+        for i in 0..2 {
+            let (cpu0, _) = before.0[i];
+            let (cpu1, rss) = after.0[i];
+            usage.cpu_percent[i] = (cpu1 - cpu0) / ticks / elapsed.as_secs_f64() * 100.0;
+            usage.rss_mib[i] = rss;
+        }
+        usage
+    }
+}
+
+/// (utime + stime in clock ticks, VmRSS in MiB) of `pid`; zeros when unreadable.
+fn proc_usage(pid: u32) -> (f64, f64) {
+    let cpu = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            // Fields after the command name, which is in parentheses and may hold spaces.
+            let rest = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let utime: f64 = fields.get(11)?.parse().ok()?;
+            let stime: f64 = fields.get(12)?.parse().ok()?;
+            Some(utime + stime)
+        })
+        .unwrap_or(0.0);
+    let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+            let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib / 1024.0)
+        })
+        .unwrap_or(0.0);
+    (cpu, rss)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -13,7 +13,9 @@
 //! `durable_publish_100_members` (100 absent durable members vs 1), `catchup_10k` (a returning
 //! durable member's backlog vs a raw pull of the same range), `durable_end_to_end` (an online
 //! member on a durable channel vs on a live one), `startup_cold`/`_warm` (`cotald up` to
-//! ready vs the bundled broker alone on the config cotald rendered).
+//! ready vs the bundled broker alone on the config cotald rendered). The throughput cases run
+//! again on an appliance whose profile syncs every write (`sync_interval = "always"`), named
+//! with a `_sync_always` suffix.
 
 mod cases;
 
@@ -63,6 +65,10 @@ struct Sizes {
     members: usize,
     /// Backlog of the returning member.
     backlog: usize,
+    /// Simulated instances heartbeating in the presence case.
+    instances: usize,
+    /// How long the presence case holds them online after the roster converged.
+    hold: Duration,
 }
 
 impl Sizes {
@@ -75,6 +81,8 @@ impl Sizes {
                 samples: 500,
                 members: 100,
                 backlog: 2_000,
+                instances: 2_000,
+                hold: Duration::from_secs(8),
             }
         } else {
             Sizes {
@@ -83,6 +91,8 @@ impl Sizes {
                 samples: 2_000,
                 members: 100,
                 backlog: 10_000,
+                instances: 2_000,
+                hold: Duration::from_secs(20),
             }
         }
     }
@@ -99,7 +109,7 @@ enum Better {
 /// One case's figures.
 #[derive(Debug, Serialize)]
 struct CaseResult {
-    name: &'static str,
+    name: String,
     unit: &'static str,
     /// The median of cotald's repetitions.
     cotald: f64,
@@ -116,6 +126,9 @@ struct CaseResult {
     baseline_is: &'static str,
     /// The goal the ratio is held to, in words.
     goal: &'static str,
+    /// Further figures of the case (name → value).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    extra: std::collections::BTreeMap<&'static str, f64>,
 }
 
 impl CaseResult {
@@ -130,7 +143,7 @@ impl CaseResult {
         let (c_min, c_med, c_max) = spread(cotald);
         let (b_min, b_med, b_max) = spread(baseline);
         CaseResult {
-            name,
+            name: name.to_owned(),
             unit,
             cotald: c_med,
             baseline: b_med,
@@ -142,6 +155,7 @@ impl CaseResult {
             baseline_max: b_max,
             baseline_is,
             goal,
+            extra: Default::default(),
         }
     }
 }
@@ -184,35 +198,52 @@ pub(super) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let tmp = tempfile_dir()?;
     let mut results = Vec::new();
 
-    let appliance = Appliance::up(&exe, &tmp.join("data"), &tmp).await?;
-    progress(format!(
-        "appliance ready on {} ({} cores); {} repetitions per case{}",
-        appliance.listen,
-        cores(),
-        sizes.runs,
-        if args.quick { ", quick sizes" } else { "" }
-    ));
-    let bench = Bench::new(&appliance).await?;
-    for case in cases::ALL {
-        if !case.names.iter().any(|n| wanted(n)) {
+    // The shipped profile, then the same with every write synced (`sync_interval = "always"`):
+    // the throughput cases again, named with a `_sync_always` suffix.
+    let always = tmp.join("sync-always.toml");
+    std::fs::write(
+        &always,
+        crate::profile::EMBEDDED_LOCAL
+            .replace("sync_interval = \"1s\"", "sync_interval = \"always\""),
+    )?;
+    for (config, suffix) in [(None, ""), (Some(always.as_path()), "_sync_always")] {
+        let selected: Vec<&cases::Case> = cases::ALL
+            .iter()
+            .filter(|case| config.is_none() || case.throughput)
+            .filter(|case| case.names.iter().any(|n| wanted(&format!("{n}{suffix}"))))
+            .collect();
+        if selected.is_empty() {
             continue;
         }
-        let started = Instant::now();
-        let found = (case.run)(&bench, sizes)
-            .await
-            .with_context(|| case.names[0])?;
-        for result in &found {
-            progress(format!("{}", Line(result)));
-        }
+        let dir = tmp.join(format!("data{suffix}"));
+        let appliance = Appliance::up(&exe, &dir, config, &tmp).await?;
         progress(format!(
-            "  ({} took {:.1} s)",
-            case.names[0],
-            started.elapsed().as_secs_f64()
+            "appliance{suffix} ready on {} ({} cores); {} repetitions per case{}",
+            appliance.listen,
+            cores(),
+            sizes.runs,
+            if args.quick { ", quick sizes" } else { "" }
         ));
-        results.extend(found);
+        let bench = Bench::new(&appliance).await?;
+        for case in selected {
+            let started = Instant::now();
+            let mut found = (case.run)(&bench, sizes)
+                .await
+                .with_context(|| format!("{}{suffix}", case.names[0]))?;
+            for result in &mut found {
+                result.name.push_str(suffix);
+                progress(format!("{}", Line(result)));
+            }
+            progress(format!(
+                "  ({}{suffix} took {:.1} s)",
+                case.names[0],
+                started.elapsed().as_secs_f64()
+            ));
+            results.extend(found);
+        }
+        bench.close().await;
+        appliance.stop().await;
     }
-    bench.close().await;
-    appliance.stop().await;
 
     if wanted("startup_cold") || wanted("startup_warm") {
         let started = Instant::now();
@@ -271,13 +302,17 @@ impl std::fmt::Display for Line<'_> {
         let r = self.0;
         write!(
             f,
-            "{:<28} cotald {:>10} {:<6} baseline {:>10}   ratio {:.2}",
+            "{:<40} cotald {:>10} {:<6} baseline {:>10}   ratio {:.2}",
             r.name,
             figure(r.cotald),
             r.unit,
             figure(r.baseline),
             r.ratio
-        )
+        )?;
+        for (name, value) in &r.extra {
+            write!(f, "; {name} {}", figure(*value))?;
+        }
+        Ok(())
     }
 }
 
@@ -293,7 +328,7 @@ fn table(out: &mut dyn Write, results: &[CaseResult]) -> std::io::Result<()> {
     writeln!(out)?;
     writeln!(
         out,
-        "{:<28} {:>22} {:>22} {:>6}  {:<7} goal; baseline",
+        "{:<40} {:>22} {:>22} {:>6}  {:<7} goal; baseline",
         "case (median, min-max)", "cotald", "baseline", "ratio", "unit"
     )?;
     for r in results {
@@ -302,7 +337,7 @@ fn table(out: &mut dyn Write, results: &[CaseResult]) -> std::io::Result<()> {
         };
         writeln!(
             out,
-            "{:<28} {:>22} {:>22} {:>6.2}  {:<7} {}; {}",
+            "{:<40} {:>22} {:>22} {:>6.2}  {:<7} {}; {}",
             r.name,
             range(r.cotald, r.cotald_min, r.cotald_max),
             range(r.baseline, r.baseline_min, r.baseline_max),
@@ -311,6 +346,14 @@ fn table(out: &mut dyn Write, results: &[CaseResult]) -> std::io::Result<()> {
             r.goal,
             r.baseline_is
         )?;
+        if !r.extra.is_empty() {
+            let extra: Vec<String> = r
+                .extra
+                .iter()
+                .map(|(name, value)| format!("{name} {}", figure(*value)))
+                .collect();
+            writeln!(out, "{:<40} {}", "", extra.join(", "))?;
+        }
     }
     writeln!(
         out,
@@ -332,9 +375,15 @@ struct Appliance {
 const TIMEOUT: Duration = Duration::from_secs(120);
 
 impl Appliance {
-    async fn up(exe: &Path, dir: &Path, logs: &Path) -> anyhow::Result<Appliance> {
+    async fn up(
+        exe: &Path,
+        dir: &Path,
+        config: Option<&Path>,
+        logs: &Path,
+    ) -> anyhow::Result<Appliance> {
         let stderr = std::fs::File::create(logs.join("cotald-up.stderr"))?;
-        let mut child = tokio::process::Command::new(exe)
+        let mut command = tokio::process::Command::new(exe);
+        command
             .args([
                 "up",
                 "--listen",
@@ -343,7 +392,11 @@ impl Appliance {
                 "127.0.0.1:0",
                 "--data-dir",
             ])
-            .arg(dir)
+            .arg(dir);
+        if let Some(config) = config {
+            command.arg("--config").arg(config);
+        }
+        let mut child = command
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
