@@ -101,6 +101,9 @@ pub struct RuntimeState {
     /// The spaces that could not be served at start, and why (the others are served).
     #[serde(default)]
     pub unserved: Vec<UnservedSpace>,
+    /// The dashboard's URL with its access token, when it is served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dashboard: Option<String>,
 }
 
 /// What the appliance of this data dir last served, kept across runs (`served.json`): a port
@@ -207,6 +210,10 @@ impl DataDir {
     /// `run/admin.sock`: the owner-only socket local commands use.
     pub fn admin_socket(&self) -> PathBuf {
         self.run().join("admin.sock")
+    }
+    /// `dashboard.token`: the dashboard's access token, kept across runs (owner-only).
+    pub fn dashboard_token(&self) -> PathBuf {
+        self.root.join("dashboard.token")
     }
     /// `log/`
     pub fn log(&self) -> PathBuf {
@@ -413,6 +420,7 @@ mod tests {
                 name: "lab".into(),
                 reason: "space `lab` refused".into(),
             }],
+            dashboard: Some("http://127.0.0.1:4280/?token=x".into()),
         };
         dir.write_state(&state).unwrap();
         assert_eq!(dir.read_state().unwrap(), Some(state));

@@ -27,6 +27,43 @@ pub struct Profile {
     pub broker: BrokerConfig,
     /// The spaces, by name (§1: one space = one account).
     pub spaces: BTreeMap<String, SpaceConfig>,
+    /// The web dashboard `cotald up` serves.
+    #[serde(default)]
+    pub dashboard: DashboardConfig,
+}
+
+/// The port the dashboard listens on unless the profile says otherwise (documented in the
+/// README and `config/local.toml`).
+pub const DASHBOARD_PORT: u16 = 4280;
+
+/// The web dashboard (`[dashboard]`): where it listens and whether it is served at all.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DashboardConfig {
+    /// Its HTTP listener; loopback unless the operator chooses to expose it (port 0 picks a
+    /// free port).
+    #[serde(default = "default_dashboard_listen")]
+    pub listen: SocketAddr,
+    /// `false` serves nothing.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+}
+
+impl Default for DashboardConfig {
+    fn default() -> Self {
+        DashboardConfig {
+            listen: default_dashboard_listen(),
+            enabled: true,
+        }
+    }
+}
+
+fn default_dashboard_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], DASHBOARD_PORT))
+}
+
+fn default_true() -> bool {
+    true
 }
 
 /// Broker-wide settings.
@@ -466,6 +503,11 @@ mod tests {
         assert!(count >= 1);
         let embedded = Profile::embedded().unwrap();
         assert_eq!(embedded.spaces["main"].profile, DeploymentProfile::Local);
+        assert!(embedded.dashboard.enabled);
+        assert_eq!(
+            embedded.dashboard.listen,
+            SocketAddr::from(([127, 0, 0, 1], DASHBOARD_PORT))
+        );
         assert_eq!(embedded.spaces["main"].jetstream.max_file_store, 10 << 30);
     }
 

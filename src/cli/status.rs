@@ -94,6 +94,9 @@ fn print_text(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
                 writeln!(out, "  last restart {} ({})", last.at, last.reason)?;
             }
             writeln!(out, "  spaces      {}", s.spaces.join(", "))?;
+            if let Some(url) = &s.dashboard {
+                writeln!(out, "  dashboard   {url}")?;
+            }
             for space in &s.unserved {
                 writeln!(out, "  NOT SERVED  {}: {}", space.name, space.reason)?;
             }

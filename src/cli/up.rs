@@ -12,6 +12,7 @@ use signal_hook::consts::{SIGINT, SIGQUIT, SIGTERM};
 use super::DataDirArg;
 use crate::daemon::notify::Notifier;
 use crate::daemon::{Appliance, Options, ReadyInfo};
+use crate::dashboard::Availability;
 use crate::profile::Profile;
 use crate::supervisor::BrokerBinary;
 
@@ -37,6 +38,10 @@ pub struct UpArgs {
         value_parser = hostname
     )]
     hostnames: Vec<String>,
+    /// The web dashboard's listener, overriding the profile's `[dashboard] listen` (port 0 picks
+    /// a free port).
+    #[arg(long, value_name = "HOST:PORT")]
+    dashboard: Option<SocketAddr>,
     /// Run this nats-server executable instead of the bundled one.
     #[arg(long, value_name = "PATH")]
     nats_server: Option<PathBuf>,
@@ -56,6 +61,7 @@ pub(super) async fn run(args: UpArgs, embedded: BrokerBinary) -> anyhow::Result<
         listen: args.listen,
         hostnames: args.hostnames,
         broker: args.nats_server.map_or(embedded, BrokerBinary::External),
+        dashboard: args.dashboard,
     };
     let notifier = Notifier::from_env();
     notifier.status("starting: provisioning, then the broker and the spaces");
@@ -142,6 +148,13 @@ fn print_ready(info: &ReadyInfo) {
                 info.link_host
             );
         }
+    }
+    match &info.dashboard {
+        Availability::Serving(url) => println!("  dashboard                 {url}"),
+        Availability::NotServed(reason) => {
+            println!("  dashboard                 NOT SERVED: {reason}")
+        }
+        Availability::Disabled => {}
     }
     println!("  CA certificate            {}", info.ca_cert.display());
     println!("  data dir                  {dir}");

@@ -561,7 +561,60 @@ impl Client {
                 channel: channel.as_str().to_owned(),
             });
         }
-        let subject = self.inner.subjects.chat_subscription(&pattern);
+        let start = |_frontier: u64| match &effective.replay_window {
+            Some(window) => DeliverPolicy::ByStartTime {
+                start_time: time::OffsetDateTime::now_utc() - window.duration(),
+            },
+            None => DeliverPolicy::All,
+        };
+        self.read_history(&pattern, limit, start).await
+    }
+
+    /// Up to `limit` of the most recent messages of every channel the credential reads, oldest
+    /// first, leaving out the channels whose effective `replay` is false or whose replay window
+    /// they are older than (§7): what an observer shows of the space's past when it opens.
+    /// Read from the last `limit` entries of CHAT (every CHAT subject is a channel message).
+    pub async fn recent(&self, limit: usize) -> Result<Vec<CotalMessage>, ClientError> {
+        let every = ChannelPattern::new(">")?;
+        let start = |frontier: u64| DeliverPolicy::ByStartSequence {
+            start_sequence: frontier.saturating_sub(limit as u64) + 1,
+        };
+        let messages = self.read_history(&every, limit, start).await?;
+        let registry = self.channel_registry().await?;
+        let now = time::OffsetDateTime::now_utc();
+        Ok(messages
+            .into_iter()
+            .filter(|m| {
+                let crate::protocol::Routing::Channel(channel) = &m.routing else {
+                    return false;
+                };
+                let effective = resolve(registry.channels.get(channel), registry.defaults.as_ref());
+                let sent = m
+                    .ts
+                    .as_u64()
+                    .and_then(|ms| {
+                        time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+                            .ok()
+                    })
+                    .unwrap_or(now);
+                effective.replay
+                    && effective
+                        .replay_window
+                        .as_ref()
+                        .is_none_or(|w| now - w.duration() <= sent)
+            })
+            .collect())
+    }
+
+    /// Reads up to the last `limit` messages matching `pattern` through the pinned
+    /// `chathist_<id>` consumer, starting where `start(frontier)` says.
+    async fn read_history(
+        &self,
+        pattern: &ChannelPattern,
+        limit: usize,
+        start: impl FnOnce(u64) -> DeliverPolicy,
+    ) -> Result<Vec<CotalMessage>, ClientError> {
+        let subject = self.inner.subjects.chat_subscription(pattern);
         fn fail<E: Into<super::BoxError>>(subject: &str) -> impl FnOnce(E) -> ClientError {
             nats_err(format!("history of {subject}"))
         }
@@ -584,12 +637,7 @@ impl Client {
                 name: Some(name.clone()),
                 filter_subject: subject.clone(),
                 ack_policy: AckPolicy::None,
-                deliver_policy: match &effective.replay_window {
-                    Some(window) => DeliverPolicy::ByStartTime {
-                        start_time: time::OffsetDateTime::now_utc() - window.duration(),
-                    },
-                    None => DeliverPolicy::All,
-                },
+                deliver_policy: start(frontier),
                 memory_storage: true,
                 inactive_threshold: Duration::from_secs(30),
                 ..Default::default()

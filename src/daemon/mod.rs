@@ -11,7 +11,8 @@
 //!    durables of every identity minted so far, start the space's services
 //!    ([`crate::services`]);
 //! 7. start the appliance's own services: the runtime state for `cotald status`, the admin
-//!    socket; ready (and a service manager that asked is told so: [`notify`]).
+//!    socket, the web dashboard ([`crate::dashboard`], when enabled); ready (and a service
+//!    manager that asked is told so: [`notify`]).
 //!
 //! Every background task belongs to a [`ServiceSet`] under one root cancellation token: the
 //! appliance's set, and one per space. Shutdown cancels the root, waits for each set up to its
@@ -22,6 +23,7 @@
 
 pub mod admin;
 pub mod budget;
+mod dashboard;
 pub mod notify;
 mod ops;
 mod state;
@@ -70,6 +72,8 @@ pub struct Options {
     pub hostnames: Vec<String>,
     /// The broker executable.
     pub broker: BrokerBinary,
+    /// `--dashboard`, overriding the profile's dashboard listener.
+    pub dashboard: Option<SocketAddr>,
 }
 
 /// Why the appliance, or one of its operations, failed.
@@ -172,6 +176,8 @@ pub struct ReadyInfo {
     pub broker_pid: u32,
     /// The broker version.
     pub broker_version: String,
+    /// The web dashboard.
+    pub dashboard: crate::dashboard::Availability,
 }
 
 /// A running appliance.
@@ -225,6 +231,8 @@ pub(crate) struct Core {
     root: CancellationToken,
     /// Cancelled when an operator asks the appliance to stop (`cotald down`).
     pub(crate) stop: CancellationToken,
+    /// Where spaces added while running are handed to the dashboard, once it is served.
+    dashboard: std::sync::OnceLock<tokio::sync::watch::Sender<Vec<crate::dashboard::SpaceAccess>>>,
 }
 
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -362,9 +370,14 @@ impl Appliance {
             appliance.stop().await;
             return Err(e);
         }
+        let dashboard =
+            dashboard::start(&core, &services, &opts.profile.dashboard, opts.dashboard).await;
         tracing::info!("phase: ready");
         Ok(Appliance {
-            info: core.ready_info(&supervisor).await,
+            info: ReadyInfo {
+                dashboard,
+                ..core.ready_info(&supervisor).await
+            },
             core,
             _lock: lock,
             supervisor,
@@ -416,9 +429,11 @@ impl Appliance {
                 broker_last_restart: None,
                 services: Vec::new(),
                 unserved: Vec::new(),
+                dashboard: None,
             }),
             root: CancellationToken::new(),
             stop: CancellationToken::new(),
+            dashboard: std::sync::OnceLock::new(),
         });
         // Spaces fail alone: one that cannot be served is reported, the others are served.
         for space in &unserved {
@@ -698,6 +713,7 @@ impl Core {
             broker_pid: status.pid,
             broker_version: version,
             unserved,
+            dashboard: crate::dashboard::Availability::Disabled,
         }
     }
 

@@ -62,6 +62,7 @@ impl Core {
         store::add_runtime_space(&self.dir, name, add.profile)?;
         self.write_state()?;
         self.record_served().await?;
+        super::dashboard::space_added(self, name).await;
         tracing::info!(space = name, profile = ?add.profile, "space added");
         Ok(info)
     }

@@ -304,9 +304,26 @@ impl SpaceKeys {
     /// key per name under the space's key directory, unrestricted within the space (whoever
     /// can read the data dir holds every key anyway).
     pub fn own_user_creds(&self, name: &str) -> Result<Creds, ProvisionError> {
+        self.own_user_creds_with(name, |_| UserPermissions::unrestricted())
+    }
+
+    /// Like [`SpaceKeys::own_user_creds`], with the grants `permissions` gives the user's
+    /// instance id (the dashboard's observer: Appendix B grants, not the whole space).
+    pub fn own_user_creds_with(
+        &self,
+        name: &str,
+        permissions: impl FnOnce(&InstanceId) -> UserPermissions,
+    ) -> Result<Creds, ProvisionError> {
         let path = self.dir.join(format!("{name}.nk"));
-        let [user] = load_group(&self.dir, &[(path, Kind::User)], true)?;
-        self.mint(name, &user, &UserPermissions::unrestricted())
+        let [user] = load_group(&self.dir, &[(path.clone(), Kind::User)], true)?;
+        let id = InstanceId::from_user_nkey(&user.public_key()).map_err(|e| {
+            ProvisionError::BadSeed {
+                path,
+                kind: "user",
+                reason: e.to_string(),
+            }
+        })?;
+        self.mint(name, &user, &permissions(&id))
     }
 }
 

@@ -27,7 +27,8 @@ pub struct Cotald {
 }
 
 impl Cotald {
-    /// Spawns `cotald up --data-dir DIR --listen 127.0.0.1:0 ARGS…` without waiting.
+    /// Spawns `cotald up --data-dir DIR --listen 127.0.0.1:0 --dashboard 127.0.0.1:0 ARGS…`
+    /// without waiting (free ports: appliances of parallel tests must not collide).
     pub fn spawn(data_dir: &Path, args: &[&str]) -> Cotald {
         Self::spawn_with_env(data_dir, args, &[])
     }
@@ -41,11 +42,17 @@ impl Cotald {
             } else {
                 &["--listen", "127.0.0.1:0"]
             };
+        let dashboard: &[&str] = if args.contains(&"--dashboard") {
+            &[]
+        } else {
+            &["--dashboard", "127.0.0.1:0"]
+        };
         let mut child = Command::new(cotald_bin())
             .arg("up")
             .arg("--data-dir")
             .arg(data_dir)
             .args(listen)
+            .args(dashboard)
             .args(args)
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())

@@ -1106,7 +1106,14 @@ mod startup {
     pub(super) fn time_up(exe: &Path, dir: &Path) -> anyhow::Result<f64> {
         let start = Instant::now();
         let mut child = Command::new(exe)
-            .args(["up", "--listen", "127.0.0.1:0", "--data-dir"])
+            .args([
+                "up",
+                "--listen",
+                "127.0.0.1:0",
+                "--dashboard",
+                "127.0.0.1:0",
+                "--data-dir",
+            ])
             .arg(dir)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())

@@ -384,7 +384,14 @@ impl Appliance {
         let stderr = std::fs::File::create(logs.join("cotald-up.stderr"))?;
         let mut command = tokio::process::Command::new(exe);
         command
-            .args(["up", "--listen", "127.0.0.1:0", "--data-dir"])
+            .args([
+                "up",
+                "--listen",
+                "127.0.0.1:0",
+                "--dashboard",
+                "127.0.0.1:0",
+                "--data-dir",
+            ])
             .arg(dir);
         if let Some(config) = config {
             command.arg("--config").arg(config);

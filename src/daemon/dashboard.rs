@@ -1,0 +1,138 @@
+//! Starting the web dashboard ([`crate::dashboard`]) as a service of the appliance: its token,
+//! an observer identity per served space, its listener. The dashboard is not part of the
+//! coordination path: when it cannot be served (a taken port), the appliance serves without it
+//! and says why.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use super::{Core, join_link};
+use crate::binding::{SpaceNames, acl};
+use crate::client::ConnectOptions;
+use crate::dashboard::{Availability, Dashboard, SpaceAccess, StateView, Token};
+use crate::ops::{CredentialProfile, IdentityRecord};
+use crate::profile::DashboardConfig;
+use crate::protocol::{EndpointKind, JoinLink};
+use crate::services::ServiceSet;
+
+/// The name of the appliance's observer user in each space.
+const OBSERVER: &str = "dashboard";
+
+/// Starts the dashboard in `services` when the profile enables it; `listen` overrides the
+/// profile's address.
+pub(super) async fn start(
+    core: &Arc<Core>,
+    services: &ServiceSet,
+    config: &DashboardConfig,
+    listen: Option<SocketAddr>,
+) -> Availability {
+    if !config.enabled {
+        return Availability::Disabled;
+    }
+    let listen = listen.unwrap_or(config.listen);
+    let token = match Token::load_or_create(&core.dir.dashboard_token()) {
+        Ok(token) => token,
+        Err(e) => return not_served(crate::ops::error_text(&e)),
+    };
+    let mut spaces = Vec::new();
+    for (name, served) in core.spaces.lock().await.iter() {
+        match observer(core, name, served) {
+            Ok(access) => spaces.push(access),
+            Err(e) => return not_served(e),
+        }
+    }
+    let (added, spaces) = tokio::sync::watch::channel(spaces);
+    let state: StateView = {
+        let core = core.clone();
+        Arc::new(move || core.state.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    };
+    let dashboard = match Dashboard::bind(listen, token, spaces, state) {
+        Ok(d) => d,
+        Err(e) => {
+            return not_served(format!(
+                "cannot listen on {listen}: {e}; set `listen` under [dashboard] in the profile \
+                 (port 0 picks a free one), pass --dashboard HOST:PORT, or set enabled = false"
+            ));
+        }
+    };
+    let url = dashboard.url();
+    if let Err(e) = services.start(Arc::new(dashboard)).await {
+        return not_served(crate::ops::error_text(&e));
+    }
+    let _ = core.dashboard.set(added);
+    if let Ok(mut state) = core.state.lock() {
+        state.dashboard = Some(url.clone());
+    }
+    if let Err(e) = core.write_state() {
+        tracing::warn!(error = %crate::ops::error_text(&e), "runtime state not written");
+    }
+    Availability::Serving(url)
+}
+
+fn not_served(reason: String) -> Availability {
+    tracing::warn!(reason, "dashboard not served");
+    Availability::NotServed(reason)
+}
+
+/// Shows a space added while running (`cotald space add`), when the dashboard is served.
+pub(super) async fn space_added(core: &Core, name: &str) {
+    let Some(added) = core.dashboard.get() else {
+        return;
+    };
+    let access = match core.spaces.lock().await.get(name) {
+        Some(served) => observer(core, name, served),
+        None => return,
+    };
+    match access {
+        Ok(access) => {
+            added.send_modify(|spaces| spaces.push(access));
+        }
+        Err(reason) => tracing::warn!(space = name, reason, "dashboard: space not shown"),
+    }
+}
+
+/// A served space's observer: its credential (Appendix B observer grants, never the SYS or
+/// manager credential), known to the space as a builtin identity like the local operator, and
+/// the options that connect it to the appliance's own listener.
+fn observer(core: &Core, name: &str, served: &super::Served) -> Result<SpaceAccess, String> {
+    let fail = |e: &dyn std::fmt::Display| format!("space `{name}`: observer: {e}");
+    let keys = core.keys.space(name).map_err(|e| fail(&e))?;
+    let names = SpaceNames::new(name);
+    let creds = keys
+        .own_user_creds_with(OBSERVER, |id| acl::observer(&names, id))
+        .map_err(|e| fail(&e))?;
+    let id = creds.public_key().map_err(|e| fail(&e))?;
+    served.identities.insert_builtin(observer_record(name, id));
+    let link = join_link(&core.local.to_string(), name, &[]).map_err(|e| fail(&e))?;
+    let link = JoinLink::parse(&link).map_err(|e| fail(&e))?;
+    let mut connect = ConnectOptions::new(link, creds.render());
+    connect.ca = Some(core.ca_cert.clone());
+    connect.name = Some(OBSERVER.into());
+    connect.kind = EndpointKind::Endpoint;
+    connect.receive_dms = false;
+    connect.announce = false;
+    connect.receive_backstop = false;
+    Ok(SpaceAccess {
+        name: name.to_owned(),
+        connect,
+    })
+}
+
+/// The dashboard's observer as the space's manager knows it: the observer profile, reading
+/// every channel, publishing nothing.
+fn observer_record(space: &str, id: String) -> IdentityRecord {
+    IdentityRecord {
+        id,
+        name: OBSERVER.into(),
+        space: space.to_owned(),
+        profile: CredentialProfile::Observer,
+        role: None,
+        subscribe: Vec::new(),
+        allow_subscribe: vec![">".into()],
+        allow_publish: Vec::new(),
+        expires_at: None,
+        issued_at: 0,
+        revokes_before: None,
+        revoked_at: None,
+    }
+}

@@ -1,0 +1,516 @@
+//! The pages, rendered on the server: every string that came from the wire or a peer goes
+//! through [`esc`] before it reaches HTML, so a message body `<script>…` is shown as text. The
+//! pages hold no inline script or style (the CSP allows neither); `app.js` only follows the
+//! feed's event stream.
+
+use std::fmt::Write;
+
+use super::http::encode;
+use super::observer::FeedItem;
+use crate::client::{ChannelInfo, Peer};
+use crate::datadir::RuntimeState;
+use crate::protocol::{EpochMillis, Part, PresenceStatus};
+use crate::services::Health;
+
+/// `s` escaped for HTML text and attribute values. A carriage return becomes a character
+/// reference too: an event stream would take it for a line end.
+pub fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            '\r' => out.push_str("&#13;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Which page of a space is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tab {
+    /// Who is there.
+    Roster,
+    /// The channels.
+    Channels,
+    /// The messages.
+    Feed,
+}
+
+impl Tab {
+    fn path(self) -> &'static str {
+        match self {
+            Tab::Roster => "roster",
+            Tab::Channels => "channels",
+            Tab::Feed => "feed",
+        }
+    }
+}
+
+/// A whole page: the header with every space's tabs and the health link, then `body`.
+/// `refresh` reloads the page every few seconds (roster, channels, health).
+pub fn layout(
+    title: &str,
+    spaces: &[String],
+    here: Option<(&str, Tab)>,
+    refresh: bool,
+    body: &str,
+) -> String {
+    let mut nav = String::new();
+    for space in spaces {
+        let _ = write!(nav, r#"<span class="space">{}</span>"#, esc(space));
+        for tab in [Tab::Roster, Tab::Channels, Tab::Feed] {
+            let current = here == Some((space.as_str(), tab));
+            let _ = write!(
+                nav,
+                r#"<a href="/spaces/{}/{}"{}>{}</a>"#,
+                encode(space),
+                tab.path(),
+                if current { r#" class="current""# } else { "" },
+                tab.path()
+            );
+        }
+    }
+    let _ = write!(nav, r#"<a href="/health" class="health">health</a>"#);
+    let refresh = if refresh {
+        r#"<meta http-equiv="refresh" content="3">"#
+    } else {
+        ""
+    };
+    format!(
+        r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">{refresh}
+<title>{title} · cotald</title><link rel="stylesheet" href="/assets/app.css"><script src="/assets/app.js" defer></script></head>
+<body><header><a href="/" class="brand">cotald</a><nav>{nav}</nav></header>
+<main>{body}</main></body></html>
+"#,
+        title = esc(title),
+    )
+}
+
+/// The overview: one line per space.
+pub fn index(spaces: &[(String, usize, usize)]) -> String {
+    let mut rows = String::new();
+    for (space, online, messages) in spaces {
+        let s = encode(space);
+        let _ = write!(
+            rows,
+            r#"<tr><td><a href="/spaces/{s}/roster">{}</a></td><td>{online}</td><td>{messages}</td><td><a href="/spaces/{s}/feed">feed</a> · <a href="/spaces/{s}/channels">channels</a></td></tr>"#,
+            esc(space)
+        );
+    }
+    format!(
+        r#"<h1>Spaces</h1><table><thead><tr><th>space</th><th>present</th><th>recent messages</th><th></th></tr></thead><tbody>{rows}</tbody></table>"#
+    )
+}
+
+/// How long ago `ts` was, in words (`4s`, `3m`, `2h`, `5d`).
+fn age(ts: &EpochMillis) -> String {
+    let (Some(then), Some(now)) = (ts.as_u64(), EpochMillis::now().as_u64()) else {
+        return "?".into();
+    };
+    let s = now.saturating_sub(then) / 1000;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86400 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
+    }
+}
+
+/// The wire word of a serializable value (`"durable"`, `"dnd"`, …).
+fn word<T: serde::Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => String::new(),
+    }
+}
+
+fn short_id(id: &str) -> String {
+    let short: String = id.chars().take(10).collect();
+    format!(
+        r#"<code class="id" title="{}">{}…</code>"#,
+        esc(id),
+        esc(&short)
+    )
+}
+
+/// The roster: every instance from presence, with its status by the liveness rule (§6).
+pub fn roster(space: &str, peers: &[(String, Peer, PresenceStatus)], stale: bool) -> String {
+    let mut rows = String::new();
+    for (id, peer, status) in peers {
+        let p = &peer.presence;
+        let modes: Vec<String> = p
+            .channel_modes
+            .iter()
+            .map(|(c, m)| format!("#{} {}", esc(c), esc(&word(m))))
+            .collect();
+        let _ = write!(
+            rows,
+            r#"<tr class="peer"><td class="name">{name}</td><td>{id}</td><td>{kind}</td><td>{role}</td><td><span class="status status-{status}">{status}</span></td><td class="activity">{activity}</td><td>{attention}{modes}</td><td>{age}</td></tr>"#,
+            name = esc(&p.card.name),
+            id = short_id(id),
+            kind = esc(&word(&p.card.kind)),
+            role = esc(p.card.role.as_deref().unwrap_or("")),
+            status = status.as_str(),
+            activity = esc(p.activity.as_deref().unwrap_or("")),
+            attention = esc(&p.attention.map(|a| word(&a)).unwrap_or_default()),
+            modes = if modes.is_empty() {
+                String::new()
+            } else {
+                format!(r#"<div class="modes">{}</div>"#, modes.join(", "))
+            },
+            age = age(&p.ts),
+        );
+    }
+    if peers.is_empty() {
+        rows.push_str(
+            r#"<tr><td colspan="8" class="empty">nobody has announced presence yet</td></tr>"#,
+        );
+    }
+    let stale = if stale {
+        r#"<p class="warn">The connection to the broker is down: this is the last roster seen.</p>"#
+    } else {
+        ""
+    };
+    format!(
+        r#"<h1>Roster of {space}</h1>{stale}<table><thead><tr><th>name</th><th>id</th><th>kind</th><th>role</th><th>status</th><th>activity</th><th>attention</th><th>heartbeat</th></tr></thead><tbody>{rows}</tbody></table>"#,
+        space = esc(space)
+    )
+}
+
+/// The channels: effective config, stored messages, the last message seen.
+pub fn channels(
+    space: &str,
+    channels: &[ChannelInfo],
+    feed: &[std::sync::Arc<FeedItem>],
+) -> String {
+    let mut rows = String::new();
+    for c in channels {
+        let name = c.channel.as_str();
+        let e = &c.effective;
+        let config = c.config.as_ref();
+        let description = config
+            .and_then(|c| c.description.as_ref())
+            .map(|d| esc(d.as_str()))
+            .unwrap_or_default();
+        let instructions = config
+            .and_then(|c| c.instructions.as_ref())
+            .map(|i| {
+                format!(
+                    r#"<details><summary>instructions</summary><pre>{}</pre></details>"#,
+                    esc(i.as_str())
+                )
+            })
+            .unwrap_or_default();
+        let last = feed
+            .iter()
+            .rev()
+            .find(|i| i.channel == name)
+            .map(|i| {
+                let text: String = summary(&i.message.parts).chars().take(80).collect();
+                format!(
+                    r#"<span class="from">{}</span>: {} <span class="age">{} ago</span>"#,
+                    esc(&i.message.from.name),
+                    esc(&text),
+                    age(&i.message.ts)
+                )
+            })
+            .unwrap_or_default();
+        let _ = write!(
+            rows,
+            r#"<tr class="channel"><td><a href="/spaces/{s}/feed?channel={n}">#{name}</a></td><td>{class}</td><td>{replay}</td><td>{window}</td><td>{description}{instructions}</td><td>{messages}</td><td>{last}</td></tr>"#,
+            s = encode(space),
+            n = encode(name),
+            name = esc(name),
+            class = esc(&word(&e.delivery_class)),
+            replay = if e.replay { "yes" } else { "no" },
+            window = e
+                .replay_window
+                .as_ref()
+                .map(|w| esc(&w.to_string()))
+                .unwrap_or_else(|| "∞".into()),
+            messages = c
+                .messages
+                .map(|m| m.to_string())
+                .unwrap_or_else(|| "?".into()),
+        );
+    }
+    if channels.is_empty() {
+        rows.push_str(r#"<tr><td colspan="7" class="empty">no channel is configured or has messages</td></tr>"#);
+    }
+    format!(
+        r#"<h1>Channels of {space}</h1><table><thead><tr><th>channel</th><th>class</th><th>replay</th><th>window</th><th>description</th><th>messages</th><th>last message</th></tr></thead><tbody>{rows}</tbody></table>"#,
+        space = esc(space)
+    )
+}
+
+/// A message's text parts, joined (for one-line summaries).
+fn summary(parts: &[Part]) -> String {
+    parts
+        .iter()
+        .map(|p| match p {
+            Part::Text { text, .. } => text.clone(),
+            Part::Data { .. } => "[data]".into(),
+            Part::Extension { kind, .. } => format!("[{}]", kind.as_str()),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The feed page: the channel filter, the kept messages, and where the live stream starts.
+pub fn feed(
+    space: &str,
+    channel: Option<&str>,
+    channels: &[String],
+    items: &[std::sync::Arc<FeedItem>],
+    last_seq: u64,
+) -> String {
+    let mut options = String::from(r#"<option value="">every channel</option>"#);
+    for c in channels {
+        let _ = write!(
+            options,
+            r#"<option value="{v}"{sel}>#{v}</option>"#,
+            v = esc(c),
+            sel = if Some(c.as_str()) == channel {
+                " selected"
+            } else {
+                ""
+            }
+        );
+    }
+    // Newest first: what just happened is at the top, where the stream adds arrivals.
+    let mut list = String::new();
+    for item in items
+        .iter()
+        .rev()
+        .filter(|i| channel.is_none_or(|c| c == i.channel))
+    {
+        list.push_str(&message(item));
+    }
+    let events = format!(
+        "/spaces/{}/events?after={last_seq}{}",
+        encode(space),
+        channel
+            .map(|c| format!("&channel={}", encode(c)))
+            .unwrap_or_default()
+    );
+    format!(
+        r#"<h1>Feed of {space}</h1><form method="get" class="filter"><label>channel <select name="channel">{options}</select></label> <button type="submit">show</button> <span id="live" class="live">connecting…</span></form><ol id="feed" class="feed" data-events="{events}">{list}</ol>"#,
+        space = esc(space),
+        events = esc(&events),
+    )
+}
+
+/// One message as a list item (the feed page and the event stream render alike).
+pub fn message(item: &FeedItem) -> String {
+    let m = &item.message;
+    let time =
+        m.ts.as_u64()
+            .and_then(|ms| {
+                time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()
+            })
+            .map(|t| format!("{:02}:{:02}:{:02}", t.hour(), t.minute(), t.second()))
+            .unwrap_or_default();
+    let mut parts = String::new();
+    for part in &m.parts {
+        match part {
+            Part::Text { text, .. } => {
+                let mut html = esc(text);
+                for name in &m.mentions {
+                    let at = esc(&format!("@{name}"));
+                    html = html.replace(&at, &format!(r#"<mark class="mention">{at}</mark>"#));
+                }
+                let _ = write!(parts, r#"<div class="text">{html}</div>"#);
+            }
+            Part::Data { data, .. } => {
+                let json = serde_json::to_string_pretty(data).unwrap_or_default();
+                let _ = write!(
+                    parts,
+                    r#"<details class="data"><summary>data</summary><pre>{}</pre></details>"#,
+                    esc(&json)
+                );
+            }
+            Part::Extension { kind, fields } => {
+                let json = serde_json::to_string_pretty(fields).unwrap_or_default();
+                let _ = write!(
+                    parts,
+                    r#"<details class="data"><summary>{}</summary><pre>{}</pre></details>"#,
+                    esc(kind.as_str()),
+                    esc(&json)
+                );
+            }
+        }
+    }
+    let mentions = if m.mentions.is_empty() {
+        String::new()
+    } else {
+        let names: Vec<String> = m
+            .mentions
+            .iter()
+            .map(|n| format!(r#"<mark class="mention">@{}</mark>"#, esc(n)))
+            .collect();
+        format!(r#" <span class="mentions">{}</span>"#, names.join(" "))
+    };
+    format!(
+        r#"<li class="msg" data-channel="{channel}"><div class="meta"><span class="chan">#{channel}</span> <span class="from">{from}</span> {id} <time>{time}</time>{mentions}</div>{parts}</li>"#,
+        channel = esc(&item.channel),
+        from = esc(&m.from.name),
+        id = short_id(&m.from.id),
+    ) + "\n"
+}
+
+/// The health page: the broker as its monitoring endpoint reports it, the appliance's
+/// services as the runtime state records them.
+pub fn health(
+    state: &RuntimeState,
+    varz: Option<&serde_json::Value>,
+    jsz: Option<&serde_json::Value>,
+) -> String {
+    let mut out = String::from("<h1>Health</h1>");
+    let field = |v: Option<&serde_json::Value>, key: &str| {
+        v.and_then(|v| v.get(key))
+            .map(|x| match x {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .unwrap_or_else(|| "?".into())
+    };
+    let _ = write!(
+        out,
+        r#"<h2>Broker</h2><table class="kv"><tbody><tr><th>nats-server</th><td>{version}</td></tr><tr><th>pid</th><td>{pid} (restarts {restarts})</td></tr><tr><th>uptime</th><td>{uptime}</td></tr><tr><th>connections</th><td>{conns} (total {total})</td></tr><tr><th>memory</th><td>{mem} bytes</td></tr><tr><th>slow consumers</th><td>{slow}</td></tr><tr><th>client listener</th><td>{listen}</td></tr></tbody></table>"#,
+        version = esc(&field(varz, "version")),
+        pid = state.broker_pid,
+        restarts = state.broker_restarts,
+        uptime = esc(&field(varz, "uptime")),
+        conns = esc(&field(varz, "connections")),
+        total = esc(&field(varz, "total_connections")),
+        mem = esc(&field(varz, "mem")),
+        slow = esc(&field(varz, "slow_consumers")),
+        listen = esc(&state.listen.to_string()),
+    );
+    if varz.is_none() {
+        out.push_str(r#"<p class="warn">The monitoring endpoint did not answer.</p>"#);
+    }
+    let mut streams = String::new();
+    let accounts = jsz
+        .and_then(|j| j.get("account_details"))
+        .and_then(|a| a.as_array())
+        .cloned()
+        .unwrap_or_default();
+    for account in &accounts {
+        for stream in account
+            .get("stream_detail")
+            .and_then(|s| s.as_array())
+            .into_iter()
+            .flatten()
+        {
+            let state = stream.get("state");
+            let _ = write!(
+                streams,
+                r#"<tr class="stream"><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
+                esc(&field(Some(stream), "name")),
+                esc(&field(state, "messages")),
+                esc(&field(state, "bytes")),
+                esc(&field(state, "consumer_count")),
+            );
+        }
+    }
+    let _ = write!(
+        out,
+        r#"<h2>Streams</h2><table><thead><tr><th>stream</th><th>messages</th><th>bytes</th><th>consumers</th></tr></thead><tbody>{streams}</tbody></table>"#
+    );
+    let mut services = String::new();
+    for s in &state.services {
+        let (word, reason) = match &s.health {
+            Health::Running => ("running", String::new()),
+            Health::Starting => ("starting", String::new()),
+            Health::Stopped => ("stopped", String::new()),
+            Health::Degraded(why) => ("degraded", why.clone()),
+        };
+        let _ = write!(
+            services,
+            r#"<tr class="service"><td>{}</td><td>{}</td><td><span class="health-{word}">{word}</span> {}</td><td>{}</td></tr>"#,
+            esc(&s.scope),
+            esc(&s.name),
+            esc(&reason),
+            s.restarts
+        );
+    }
+    for u in &state.unserved {
+        let _ = write!(
+            services,
+            r#"<tr class="service"><td>{}</td><td>(space)</td><td><span class="health-degraded">not served</span> {}</td><td></td></tr>"#,
+            esc(&u.name),
+            esc(&u.reason)
+        );
+    }
+    let _ = write!(
+        out,
+        r#"<h2>Services</h2><table><thead><tr><th>scope</th><th>service</th><th>health</th><th>restarts</th></tr></thead><tbody>{services}</tbody></table>"#
+    );
+    out
+}
+
+/// A refusal page.
+pub fn refusal(title: &str, text: &str) -> String {
+    format!(
+        r#"<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{t}</title><link rel="stylesheet" href="/assets/app.css"></head><body><main><h1>{t}</h1><p>{x}</p></main></body></html>"#,
+        t = esc(title),
+        x = esc(text)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{CotalMessage, EndpointRef, Routing};
+
+    #[test]
+    fn wire_strings_are_shown_as_text() {
+        let mut message = CotalMessage::new(
+            "main",
+            EndpointRef {
+                id: "A".repeat(56),
+                name: "<b>eve</b>".into(),
+                role: None,
+                extra: Default::default(),
+            },
+            Routing::Channel("general".into()),
+            vec![
+                Part::text("<script>alert(1)</script> hi @bob\r\nx"),
+                Part::Data {
+                    data: serde_json::json!({"k": "</pre><script>"}),
+                    extra: Default::default(),
+                },
+            ],
+        );
+        message.mentions = vec!["bob".into()];
+        let html = message_html(message);
+        assert!(!html.contains("<script>"), "{html}");
+        assert!(!html.contains("<b>"), "{html}");
+        assert!(!html.contains('\r'), "{html}");
+        assert!(
+            html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+            "{html}"
+        );
+        assert!(
+            html.contains(r#"<mark class="mention">@bob</mark>"#),
+            "{html}"
+        );
+        assert!(html.contains("&lt;/pre&gt;&lt;script&gt;"), "{html}");
+    }
+
+    fn message_html(message: CotalMessage) -> String {
+        super::message(&FeedItem {
+            seq: 1,
+            channel: "general".into(),
+            message,
+        })
+    }
+}

@@ -1,0 +1,586 @@
+//! The web dashboard of a real appliance: the token, the pages, the live feed, escaping, DMs
+//! out of sight, the CSP, and a profile that turns it off.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use cotald::protocol::{Channel, InstanceId, Routing};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::helper::{Cotald, TIMEOUT, cotald_in, endpoint, mint};
+
+/// One answer: status, header fields (names lower case), body.
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Where the dashboard listens, and its token, from `cotald status --json`'s URL.
+struct Site {
+    addr: SocketAddr,
+    token: String,
+}
+
+impl Site {
+    async fn of(c: &Cotald) -> Site {
+        let out = cotald_in(&c.data_dir, &["status", "--json"]).await;
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let url = status["dashboard"]
+            .as_str()
+            .expect("status --json carries the dashboard URL")
+            .to_owned();
+        let rest = url.strip_prefix("http://").unwrap();
+        let (addr, token) = rest.split_once("/?token=").unwrap();
+        Site {
+            addr: addr.parse().unwrap(),
+            token: token.to_owned(),
+        }
+    }
+
+    fn cookie(&self) -> String {
+        format!("cotald_{}={}", self.addr.port(), self.token)
+    }
+
+    async fn get(&self, target: &str, cookie: Option<&str>) -> Answer {
+        let mut stream = TcpStream::connect(self.addr).await.unwrap();
+        let cookie = cookie
+            .map(|c| format!("Cookie: {c}\r\n"))
+            .unwrap_or_default();
+        let request = format!(
+            "GET {target} HTTP/1.1\r\nHost: {}\r\n{cookie}\r\n",
+            self.addr
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        tokio::time::timeout(TIMEOUT, stream.read_to_end(&mut raw))
+            .await
+            .expect("an answer in time")
+            .unwrap();
+        let text = String::from_utf8(raw).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        let mut lines = head.split("\r\n");
+        let status = lines
+            .next()
+            .unwrap()
+            .split(' ')
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        Answer {
+            status,
+            headers,
+            body: body.to_owned(),
+        }
+    }
+
+    /// A page, with the cookie.
+    async fn page(&self, target: &str) -> String {
+        let answer = self.get(target, Some(&self.cookie())).await;
+        assert_eq!(answer.status, 200, "{target}: {}", answer.body);
+        answer.body
+    }
+
+    /// Reloads `target` until it contains every one of `needles` (the observer's view follows
+    /// the broker's presence and traffic asynchronously).
+    async fn page_with(&self, target: &str, needles: &[&str]) -> String {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let body = self.page(target).await;
+            if needles.iter().all(|n| body.contains(n)) {
+                return body;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{target} never showed {needles:?}:\n{body}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Opens the feed's event stream of `main`.
+    async fn events(&self, query: &str) -> Events {
+        let mut stream = TcpStream::connect(self.addr).await.unwrap();
+        let request = format!(
+            "GET /spaces/main/events{query} HTTP/1.1\r\nHost: {}\r\nCookie: {}\r\n\r\n",
+            self.addr,
+            self.cookie()
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut events = Events {
+            stream,
+            seen: String::new(),
+        };
+        events.until(": following").await;
+        assert!(events.seen.starts_with("HTTP/1.1 200"), "{}", events.seen);
+        assert!(events.seen.contains("text/event-stream"), "{}", events.seen);
+        events
+    }
+}
+
+/// An open event stream and what it carried so far.
+struct Events {
+    stream: TcpStream,
+    seen: String,
+}
+
+impl Events {
+    /// Reads until what arrived contains `needle`; returns how long that took.
+    async fn until(&mut self, needle: &str) -> Duration {
+        let start = Instant::now();
+        let mut buf = [0u8; 4096];
+        while !self.seen.contains(needle) {
+            let n = tokio::time::timeout(TIMEOUT, self.stream.read(&mut buf))
+                .await
+                .unwrap_or_else(|_| panic!("no {needle:?} in the event stream:\n{}", self.seen))
+                .unwrap();
+            assert!(n > 0, "the event stream ended:\n{}", self.seen);
+            self.seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        start.elapsed()
+    }
+}
+
+fn general() -> Routing {
+    Routing::channel(&Channel::new("general").unwrap())
+}
+
+#[tokio::test]
+async fn the_token_is_required_then_carried_by_a_strict_cookie() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Cotald::up(tmp.path()).await;
+    let banner = c.wait_stdout("  dashboard ").await;
+    let site = Site::of(&c).await;
+    assert!(
+        banner.contains(&format!("http://{}/?token={}", site.addr, site.token)),
+        "{banner}"
+    );
+    assert!(site.addr.ip().is_loopback());
+    assert_eq!(site.token.len(), 64);
+
+    let none = site.get("/", None).await;
+    assert_eq!(none.status, 401, "{}", none.body);
+    assert!(none.body.contains("access token"), "{}", none.body);
+    let wrong_cookie = format!("cotald_{}={}", site.addr.port(), "0".repeat(64));
+    assert_eq!(site.get("/", Some(&wrong_cookie)).await.status, 403);
+    assert_eq!(
+        site.get("/spaces/main/feed?token=nope", None).await.status,
+        403
+    );
+    assert_eq!(site.get("/spaces/main/events", None).await.status, 401);
+
+    let login = site
+        .get(
+            &format!("/spaces/main/feed?token={}&channel=general", site.token),
+            None,
+        )
+        .await;
+    assert_eq!(login.status, 303);
+    assert_eq!(
+        login.header("location"),
+        Some("/spaces/main/feed?channel=general")
+    );
+    let away = site
+        .get(&format!("//elsewhere.example/?token={}", site.token), None)
+        .await;
+    assert_eq!(away.header("location"), Some("/elsewhere.example/"));
+    let cookie = login.header("set-cookie").unwrap();
+    assert!(cookie.starts_with(&site.cookie()), "{cookie}");
+    assert!(cookie.contains("HttpOnly"), "{cookie}");
+    assert!(cookie.contains("SameSite=Strict"), "{cookie}");
+
+    for target in [
+        "/",
+        "/spaces/main/roster",
+        "/health",
+        "/assets/app.js",
+        "/nowhere",
+    ] {
+        let answer = site.get(target, Some(&site.cookie())).await;
+        let csp = answer.header("content-security-policy").unwrap_or_default();
+        assert!(csp.contains("default-src 'none'"), "{target}: {csp}");
+        assert!(csp.contains("script-src 'self'"), "{target}: {csp}");
+        assert!(!csp.contains("unsafe-inline"), "{target}: {csp}");
+        assert_eq!(answer.header("x-content-type-options"), Some("nosniff"));
+    }
+    // The 401 carries them too.
+    assert_eq!(none.header("x-content-type-options"), Some("nosniff"));
+    assert!(none.header("content-security-policy").is_some());
+
+    let health = site.page("/health").await;
+    let state = c.state();
+    assert!(health.contains(&state.broker_version), "{health}");
+    assert!(
+        health.contains(r#"<tr class="stream"><td>CHAT_main</td>"#),
+        "{health}"
+    );
+    assert!(
+        health.contains(r#"<td>manager</td><td><span class="health-running">"#),
+        "{health}"
+    );
+
+    // A space added while running gets its pages too.
+    let out = cotald_in(&c.data_dir, &["space", "add", "lab"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let index = site.page_with("/", &[r#"href="/spaces/lab/roster""#]).await;
+    assert!(index.contains(r#"href="/spaces/main/roster""#), "{index}");
+    let roster = site.page("/spaces/lab/roster").await;
+    assert!(roster.contains("Roster of lab"), "{roster}");
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn pages_show_the_roster_the_channels_and_the_live_feed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let site = Site::of(&c).await;
+    let grants = ["--allow-publish", "general"];
+    let alice = mint(tmp.path(), "alice", "main", &grants).await;
+    let bob = mint(tmp.path(), "bob", "main", &grants).await;
+    let a = endpoint(&alice, |_| {}).await;
+    let _b = endpoint(&bob, |_| {}).await;
+
+    let roster = site
+        .page_with("/spaces/main/roster", &["alice", "bob"])
+        .await;
+    assert_eq!(
+        roster.matches(r#"<tr class="peer">"#).count(),
+        2,
+        "{roster}"
+    );
+    assert!(roster.contains(&alice.id[..10]), "{roster}");
+    assert!(!roster.contains("status-offline"), "{roster}");
+
+    let mut events = site.events("").await;
+    let sent = Instant::now();
+    a.client
+        .send_text(general(), "hello from alice")
+        .await
+        .unwrap();
+    events.until("hello from alice").await;
+    let latency = sent.elapsed();
+    assert!(latency < Duration::from_secs(1), "{latency:?}");
+    assert!(
+        events.seen.contains(r#"<span class="from">alice</span>"#),
+        "{}",
+        events.seen
+    );
+    assert!(events.seen.contains(&alice.id[..10]), "{}", events.seen);
+
+    let channels = site
+        .page_with("/spaces/main/channels", &["#general", "hello from alice"])
+        .await;
+    assert!(channels.contains("durable"), "{channels}");
+    assert!(channels.contains("Everyone&#39;s channel"), "{channels}");
+
+    // History on load: a page opened now shows what was sent before.
+    let feed = site.page("/spaces/main/feed").await;
+    assert!(feed.contains("hello from alice"), "{feed}");
+    let filtered = site.page("/spaces/main/feed?channel=elsewhere").await;
+    assert!(!filtered.contains("hello from alice"), "{filtered}");
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_hostile_message_is_shown_as_text_and_dms_stay_out_of_sight() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let site = Site::of(&c).await;
+    let grants = ["--allow-publish", "general"];
+    let alice = mint(tmp.path(), "alice", "main", &grants).await;
+    let bob = mint(tmp.path(), "bob", "main", &grants).await;
+    let a = endpoint(&alice, |_| {}).await;
+    let mut b = endpoint(&bob, |_| {}).await;
+    let mut events = site.events("").await;
+
+    a.client
+        .send(
+            general(),
+            vec![cotald::protocol::Part::text(
+                "<script>alert('pwned')</script> ping @bob",
+            )],
+            &["bob".to_owned()],
+        )
+        .await
+        .unwrap();
+    let to_bob = Routing::to(&InstanceId::from_user_nkey(&bob.id).unwrap());
+    a.client.send_text(to_bob, "secret for bob").await.unwrap();
+    // Bob has it: the DM was delivered, to him only.
+    let got = loop {
+        let d = crate::helper::delivery(&mut b.deliveries).await;
+        if d.channel.is_none() {
+            break d;
+        }
+    };
+    assert!(format!("{:?}", got.message.parts).contains("secret for bob"));
+    a.client.send_text(general(), "after the dm").await.unwrap();
+    events.until("after the dm").await;
+
+    assert!(
+        events
+            .seen
+            .contains("&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;"),
+        "{}",
+        events.seen
+    );
+    assert!(!events.seen.contains("<script>"), "{}", events.seen);
+    assert!(
+        events.seen.contains(r#"<mark class="mention">@bob</mark>"#),
+        "{}",
+        events.seen
+    );
+    assert!(!events.seen.contains("secret for bob"), "{}", events.seen);
+    let feed = site.page("/spaces/main/feed").await;
+    assert!(feed.contains("&lt;script&gt;alert("), "{feed}");
+    assert!(!feed.contains("<script>alert"), "{feed}");
+    assert!(!feed.contains("secret for bob"), "{feed}");
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_disabled_dashboard_serves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let profile = tmp.path().join("profile.toml");
+    let text = cotald::profile::EMBEDDED_LOCAL.replace("enabled = true", "enabled = false");
+    assert_ne!(text, cotald::profile::EMBEDDED_LOCAL);
+    std::fs::write(&profile, text).unwrap();
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap();
+    drop(free);
+    let dir = tmp.path().join("data");
+    let mut c = Cotald::spawn(
+        &dir,
+        &[
+            "--config",
+            profile.to_str().unwrap(),
+            "--dashboard",
+            &port.to_string(),
+        ],
+    );
+    c.wait_stdout("cotald is ready").await;
+    assert_eq!(c.state().dashboard, None);
+    assert!(TcpStream::connect(port).await.is_err(), "{port} answers");
+    assert!(!dir.join("dashboard.token").exists());
+    let out = cotald_in(&dir, &["status", "--json"]).await;
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(status.get("dashboard").is_none(), "{status}");
+    c.stop().await;
+}
+
+/// A WebDriver session with headless Chromium (`chromedriver`), over plain HTTP/1.1.
+struct Browser {
+    driver: tokio::process::Child,
+    addr: SocketAddr,
+    session: String,
+}
+
+impl Browser {
+    /// `None` when chromedriver is not installed, unless `COTALD_REQUIRE_BROWSER` is set
+    /// (CI installs Debian's `chromium` and `chromium-driver` and sets it): then a panic.
+    async fn start() -> Option<Browser> {
+        let Some(exe) = std::env::var_os("PATH").and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join("chromedriver"))
+                .find(|p| p.is_file())
+        }) else {
+            assert!(
+                std::env::var_os("COTALD_REQUIRE_BROWSER").is_none(),
+                "chromedriver is required (apt-get install chromium chromium-driver)"
+            );
+            eprintln!("no chromedriver: the browser test is skipped");
+            return None;
+        };
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = free.local_addr().unwrap();
+        drop(free);
+        let driver = tokio::process::Command::new(exe)
+            .arg(format!("--port={}", addr.port()))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut browser = Browser {
+            driver,
+            addr,
+            session: String::new(),
+        };
+        let deadline = Instant::now() + TIMEOUT;
+        while TcpStream::connect(addr).await.is_err() {
+            assert!(Instant::now() < deadline, "chromedriver does not listen");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let created = browser
+            .call(
+                "POST",
+                "/session",
+                serde_json::json!({"capabilities": {"alwaysMatch": {
+                    "browserName": "chrome",
+                    "goog:chromeOptions": {"args": ["--headless", "--no-sandbox", "--disable-gpu"]}
+                }}}),
+            )
+            .await;
+        browser.session = created["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no session: {created}"))
+            .to_owned();
+        Some(browser)
+    }
+
+    async fn call(&self, method: &str, path: &str, body: serde_json::Value) -> serde_json::Value {
+        let body = body.to_string();
+        let mut stream = TcpStream::connect(self.addr).await.unwrap();
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.addr,
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        // chromedriver keeps the connection open: read the head, then Content-Length bytes.
+        let read = async {
+            let mut raw = Vec::new();
+            let mut buf = [0u8; 8192];
+            loop {
+                let n = stream.read(&mut buf).await.unwrap();
+                assert!(n > 0, "chromedriver hung up");
+                raw.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&raw).into_owned();
+                let Some((head, body)) = text.split_once("\r\n\r\n") else {
+                    continue;
+                };
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse().ok())?
+                    })
+                    .expect("a Content-Length");
+                if body.len() >= length {
+                    return body[..length].to_owned();
+                }
+            }
+        };
+        let json = tokio::time::timeout(TIMEOUT, read)
+            .await
+            .expect("chromedriver answers in time");
+        let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+        value["value"].clone()
+    }
+
+    async fn open(&self, url: &str) {
+        let path = format!("/session/{}/url", self.session);
+        self.call("POST", &path, serde_json::json!({ "url": url }))
+            .await;
+    }
+
+    /// What `script` returns in the page.
+    async fn eval(&self, script: &str) -> serde_json::Value {
+        let path = format!("/session/{}/execute/sync", self.session);
+        self.call(
+            "POST",
+            &path,
+            serde_json::json!({ "script": script, "args": [] }),
+        )
+        .await
+    }
+
+    /// Evaluates `script` until `done` holds of its value (the page updates by itself).
+    async fn eval_until(
+        &self,
+        script: &str,
+        done: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let value = self.eval(script).await;
+            if done(&value) {
+                return value;
+            }
+            assert!(Instant::now() < deadline, "{script} stayed {value}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn quit(mut self) {
+        let path = format!("/session/{}", self.session);
+        self.call("DELETE", &path, serde_json::json!({})).await;
+        let _ = self.driver.kill().await;
+    }
+}
+
+#[tokio::test]
+async fn a_real_browser_shows_the_roster_and_follows_the_feed() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let site = Site::of(&c).await;
+    let grants = ["--allow-publish", "general"];
+    let alice = mint(tmp.path(), "alice", "main", &grants).await;
+    let bob = mint(tmp.path(), "bob", "main", &grants).await;
+    let a = endpoint(&alice, |_| {}).await;
+    let _b = endpoint(&bob, |_| {}).await;
+
+    // The token in the URL once; the cookie from then on.
+    let base = format!("http://{}", site.addr);
+    browser
+        .open(&format!("{base}/spaces/main/roster?token={}", site.token))
+        .await;
+    let names = browser
+        .eval_until(
+            "return [...document.querySelectorAll('tr.peer td.name')].map(e => e.textContent)",
+            |v| v.to_string().contains("alice") && v.to_string().contains("bob"),
+        )
+        .await;
+    assert_eq!(names, serde_json::json!(["alice", "bob"]));
+    assert_eq!(
+        browser.eval("return location.search").await,
+        serde_json::json!("")
+    );
+
+    browser.open(&format!("{base}/spaces/main/feed")).await;
+    browser
+        .eval_until("return document.getElementById('live').textContent", |v| {
+            v == "live"
+        })
+        .await;
+    let hostile = "<script>window.pwned = 1</script><img src=x onerror=\"window.pwned = 2\"> sent after the page loaded";
+    a.client.send_text(general(), hostile).await.unwrap();
+    let shown = browser
+        .eval_until(
+            "return [...document.querySelectorAll('li.msg.fresh .text')].map(e => e.textContent)",
+            |v| v.as_array().is_some_and(|a| !a.is_empty()),
+        )
+        .await;
+    assert_eq!(shown, serde_json::json!([hostile]), "rendered as text");
+    assert_eq!(
+        browser
+            .eval("return [typeof window.pwned, document.querySelectorAll('li.msg script, li.msg img').length]")
+            .await,
+        serde_json::json!(["undefined", 0])
+    );
+    browser.quit().await;
+    c.stop().await;
+}
