@@ -30,6 +30,67 @@ pub struct Profile {
     /// The web dashboard `cotald up` serves.
     #[serde(default)]
     pub dashboard: DashboardConfig,
+    /// This appliance as one node of a cluster of appliances (`[cluster]`).
+    #[serde(default)]
+    pub cluster: Option<ClusterConfig>,
+    /// This appliance as a leaf node of an existing NATS system (`[leaf]`).
+    #[serde(default)]
+    pub leaf: Option<LeafConfig>,
+}
+
+/// `[cluster]`: the appliance is one node of a NATS cluster of appliances sharing one trust
+/// chain (`cotald cluster init` / `join`). Routes are TLS with the shared CA, both ways.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// The cluster's name (the same on every node).
+    pub name: String,
+    /// This node's route listener.
+    pub listen: SocketAddr,
+    /// The other nodes' route listeners (`host:port`); listing this node too is harmless.
+    #[serde(default)]
+    pub routes: Vec<String>,
+    /// Replicas of every stream and bucket; default 3 when the cluster has at least 3 nodes
+    /// (this one and its routes), else 1.
+    #[serde(default)]
+    pub replicas: Option<usize>,
+}
+
+impl ClusterConfig {
+    /// The replicas streams and buckets are created with.
+    pub fn replicas(&self) -> usize {
+        self.replicas
+            .unwrap_or(if self.routes.len() + 1 >= 3 { 3 } else { 1 })
+    }
+}
+
+/// `[leaf]`: the appliance runs as a leaf node of an existing NATS system. Each listed
+/// space's account is bound to the hub through one leaf connection; its JetStream (domain
+/// `cotald`) stays local. What crosses is documented in the README (`cotal.<space>.>` both
+/// ways; JetStream, KV and system subjects never).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeafConfig {
+    /// The hub's leaf node listener (`tls://hub:7422`, `nats-leaf://hub:7422`).
+    pub remote: String,
+    /// The hub-side `.creds` the leaf connections present (none: the hub needs no auth).
+    #[serde(default)]
+    pub credentials: Option<PathBuf>,
+    /// The CA that signed the hub's certificate, when the system trust store does not hold it.
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
+    /// The spaces bound to the hub; default every space of the profile.
+    #[serde(default)]
+    pub spaces: Option<Vec<String>>,
+}
+
+impl LeafConfig {
+    /// The spaces bound to the hub.
+    pub fn spaces(&self, profile: &Profile) -> Vec<String> {
+        self.spaces
+            .clone()
+            .unwrap_or_else(|| profile.spaces.keys().cloned().collect())
+    }
 }
 
 /// The port the dashboard listens on unless the profile says otherwise (documented in the
@@ -122,6 +183,10 @@ pub struct SpaceConfig {
     /// Per-channel configs, keyed by concrete channel name (§7).
     #[serde(default)]
     pub channels: BTreeMap<String, ChannelToml>,
+    /// Replicas of the space's streams and buckets: set from `[cluster]`, never written in a
+    /// space's table (0 and 1 both mean one).
+    #[serde(skip)]
+    pub replicas: usize,
 }
 
 impl SpaceConfig {
@@ -133,6 +198,7 @@ impl SpaceConfig {
             retention: RetentionConfig::default(),
             defaults: DefaultsConfig::default(),
             channels: BTreeMap::new(),
+            replicas: 1,
         }
     }
 
@@ -196,6 +262,7 @@ impl SpaceConfig {
                 max_msgs: 0,
             },
             store_budget: self.jetstream.max_file_store,
+            replicas: self.replicas,
         }
     }
 }
@@ -373,7 +440,7 @@ impl Profile {
         Ok(profile)
     }
 
-    fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         if !self.broker.monitor.ip().is_loopback() {
             return Err(format!(
                 "broker.monitor = {}: the monitoring port has no authentication and must bind \
@@ -390,6 +457,49 @@ impl Profile {
         }
         if self.spaces.is_empty() {
             return Err("no [spaces.<name>] table: a profile serves at least one space".into());
+        }
+        if let Some(cluster) = &self.cluster {
+            validate_token("cluster.name", &cluster.name)?;
+            if cluster.replicas.is_some_and(|r| !(1..=5).contains(&r)) {
+                return Err("cluster.replicas: JetStream allows 1 to 5 replicas".into());
+            }
+            if cluster.replicas() > cluster.routes.len() + 1 {
+                return Err(format!(
+                    "cluster.replicas = {}: more replicas than nodes (this one and {} routes)",
+                    cluster.replicas(),
+                    cluster.routes.len()
+                ));
+            }
+            for route in &cluster.routes {
+                if route.contains("://") || route.rsplit_once(':').is_none() {
+                    return Err(format!(
+                        "cluster.routes: {route:?}: expected host:port (routes are always TLS)"
+                    ));
+                }
+            }
+        }
+        if let Some(leaf) = &self.leaf {
+            if self.cluster.is_some() {
+                return Err(
+                    "[leaf] and [cluster] together: make one node of the cluster the leaf, \
+                     or connect the cluster to the hub with a leaf remote of its own"
+                        .into(),
+                );
+            }
+            let scheme = leaf.remote.split_once("://").map(|(s, _)| s);
+            if !matches!(scheme, Some("tls" | "nats-leaf" | "nats" | "ws" | "wss")) {
+                return Err(format!(
+                    "leaf.remote = {:?}: expected a URL such as tls://hub:7422",
+                    leaf.remote
+                ));
+            }
+            for space in leaf.spaces(self) {
+                if !self.spaces.contains_key(&space) {
+                    return Err(format!(
+                        "leaf.spaces: {space:?} is not a space of this profile"
+                    ));
+                }
+            }
         }
         for (name, space) in &self.spaces {
             validate_space_name(name)?;

@@ -50,6 +50,8 @@ pub struct Retention {
     /// The space's JetStream file quota (its account limit), which the byte limits of its
     /// streams must fit together; zero means no quota to fit.
     pub store_budget: i64,
+    /// Replicas of every stream and bucket (a cluster's `replicas`); 0 and 1 both mean one.
+    pub replicas: usize,
 }
 
 /// Each of CHAT, the backstop, DM and TASK may hold at most this share of the space's quota,
@@ -64,7 +66,8 @@ impl Retention {
         if self.store_budget <= 0 {
             return l;
         }
-        let share = self.store_budget / STREAM_SHARE;
+        // A clustered account's quota counts every replica's bytes.
+        let share = self.store_budget / STREAM_SHARE / self.replicas() as i64;
         StreamLimits {
             max_bytes: match l.max_bytes {
                 0 => share,
@@ -74,10 +77,15 @@ impl Retention {
         }
     }
 
+    /// The replicas streams are created with (at least one).
+    pub fn replicas(&self) -> usize {
+        self.replicas.max(1)
+    }
+
     /// The membership feed's size cap within the quota.
     fn membership_bytes(&self) -> i64 {
         match self.store_budget {
-            b if b > 0 => MEMBERSHIP_MAX_BYTES.min(b / (2 * STREAM_SHARE)),
+            b if b > 0 => MEMBERSHIP_MAX_BYTES.min(b / (2 * STREAM_SHARE) / self.replicas() as i64),
             _ => MEMBERSHIP_MAX_BYTES,
         }
     }
@@ -223,9 +231,9 @@ pub fn members_bucket(n: &SpaceNames) -> Config {
     bucket(n.members_bucket(), 1, Duration::ZERO, -1)
 }
 
-/// Every stream of a space, in creation order.
+/// Every stream of a space, in creation order, with the retention's replicas.
 pub fn all(n: &SpaceNames, r: &Retention) -> Vec<Config> {
-    vec![
+    let mut all = vec![
         chat(n, r),
         dm(n, r),
         task(n, r),
@@ -234,7 +242,11 @@ pub fn all(n: &SpaceNames, r: &Retention) -> Vec<Config> {
         channels_bucket(n),
         membership_bucket(n, r),
         members_bucket(n),
-    ]
+    ];
+    for c in &mut all {
+        c.num_replicas = r.replicas();
+    }
+    all
 }
 
 /// `dm_<id>` on DM: filter `P.inst.<id>.*`, deliver all, explicit ack, `ack_wait` 60 s.
@@ -431,6 +443,17 @@ mod tests {
             membership_bucket(&n, &roomy).max_bytes,
             MEMBERSHIP_MAX_BYTES
         );
+        let replicated = Retention { replicas: 3, ..r };
+        let reserved: i64 = all(&n, &replicated)
+            .iter()
+            .map(|c| c.max_bytes.max(0) * c.num_replicas as i64)
+            .sum();
+        assert!(
+            reserved <= r.store_budget,
+            "every replica counts: {reserved}"
+        );
+        assert!(all(&n, &replicated).iter().all(|c| c.num_replicas == 3));
+        assert!(all(&n, &r).iter().all(|c| c.num_replicas == 1));
     }
 
     #[test]

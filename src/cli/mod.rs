@@ -2,6 +2,7 @@
 
 mod bench;
 mod channels;
+mod cluster;
 mod context;
 mod down;
 mod endpoint;
@@ -102,6 +103,9 @@ pub enum Command {
     Revoke(revoke::RevokeArgs),
     /// Add or list the spaces of a running appliance.
     Space(space::SpaceArgs),
+    /// Form a cluster of appliances: `init` on the first node writes the join bundle, `join`
+    /// on the others takes it (then `cotald up` on each).
+    Cluster(cluster::ClusterArgs),
     /// Send one message as the credential's identity (multicast, unicast or anycast).
     Send(endpoint::SendArgs),
     /// Join channels (and optionally DMs and a role's anycast) and print what arrives.
@@ -195,6 +199,7 @@ pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
             Command::Mint(args) => mint::run(args).await,
             Command::Revoke(args) => revoke::run(args).await,
             Command::Space(args) => space::run(args).await,
+            Command::Cluster(args) => cluster::run(args).await,
             Command::Send(args) => endpoint::send(args).await,
             Command::Tail(args) => endpoint::tail(args).await,
             Command::Join(args) => membership::join(args).await,

@@ -23,6 +23,7 @@
 
 pub mod admin;
 pub mod budget;
+pub mod cluster;
 mod dashboard;
 pub mod notify;
 mod ops;
@@ -203,6 +204,8 @@ struct Prepared {
     ca_cert: PathBuf,
     keys: KeyStore,
     broker_version: String,
+    /// The cluster's replicas, when clustered.
+    replicas: Option<usize>,
 }
 
 /// One served space: its provisioner connection, its identities, its services.
@@ -231,11 +234,17 @@ pub(crate) struct Core {
     root: CancellationToken,
     /// Cancelled when an operator asks the appliance to stop (`cotald down`).
     pub(crate) stop: CancellationToken,
+    /// Whether this node is one of a cluster.
+    pub(crate) clustered: bool,
+    /// Replicas of every space's streams and buckets.
+    replicas: usize,
     /// Where spaces added while running are handed to the dashboard, once it is served.
     dashboard: std::sync::OnceLock<tokio::sync::watch::Sender<Vec<crate::dashboard::SpaceAccess>>>,
 }
 
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a clustered node waits for the cluster's JetStream to answer its bootstrap.
+const CLUSTER_FORMING: Duration = Duration::from_secs(90);
 const STOP_DEADLINE: Duration = Duration::from_secs(10);
 /// How long a set of services may take to stop.
 const SERVICES_DEADLINE: Duration = Duration::from_secs(5);
@@ -294,10 +303,38 @@ impl Appliance {
             "JetStream storage budget: three quarters of the free disk space plus what it stores"
         );
 
+        let cluster = opts
+            .profile
+            .cluster
+            .clone()
+            .or_else(|| cluster::read_joined(&dir).ok().flatten());
+        let leaf_remotes = match &opts.profile.leaf {
+            Some(leaf) => leaf
+                .spaces(&opts.profile)
+                .iter()
+                .map(|space| {
+                    Ok(supervisor::LeafRemote {
+                        url: leaf.remote.clone(),
+                        account: keys.ensure_space(space)?.account_public(),
+                        credentials: leaf.credentials.clone(),
+                        ca: leaf.ca.clone(),
+                    })
+                })
+                .collect::<Result<Vec<_>, ProvisionError>>()?,
+            None => Vec::new(),
+        };
+        if let Some(c) = &cluster {
+            tracing::info!(
+                cluster = c.name,
+                routes = ?c.routes,
+                replicas = c.replicas(),
+                "clustered: routes to the other nodes"
+            );
+        }
         let spec = BrokerSpec {
             executable,
             conf: ServerConf {
-                server_name: format!("cotald_{}", &keys.operator_public()[..12]),
+                server_name: cluster::server_name(&dir, &keys),
                 host: listen.ip(),
                 port: (listen.port() != 0).then_some(listen.port()),
                 monitor_host: broker.monitor.ip(),
@@ -312,6 +349,14 @@ impl Appliance {
                 sync_interval: broker.sync_interval.clone(),
                 tls_cert: tls.server_cert.clone(),
                 tls_key: tls.server_key.clone(),
+                tls_ca: tls.ca_cert.clone(),
+                cluster: cluster.as_ref().map(|c| supervisor::ClusterConf {
+                    name: c.name.clone(),
+                    host: c.listen.ip(),
+                    port: c.listen.port(),
+                    routes: c.routes.clone(),
+                }),
+                leaf_remotes,
             },
             conf_path: dir.broker_conf(),
             log_path: dir.broker_log(),
@@ -329,6 +374,7 @@ impl Appliance {
             ca_cert: tls.ca_cert,
             keys,
             broker_version,
+            replicas: cluster.as_ref().map(|c| c.replicas()),
         };
         let core = match Self::serve(prepared, &supervisor).await {
             Ok(core) => core,
@@ -397,6 +443,7 @@ impl Appliance {
             ca_cert,
             keys,
             broker_version,
+            replicas,
         } = prepared;
         let status = supervisor.status().borrow().clone();
         tracing::info!(pid = status.pid, client = %status.client, "phase: broker ready");
@@ -433,6 +480,8 @@ impl Appliance {
             }),
             root: CancellationToken::new(),
             stop: CancellationToken::new(),
+            clustered: replicas.is_some(),
+            replicas: replicas.unwrap_or(1),
             dashboard: std::sync::OnceLock::new(),
         });
         // Spaces fail alone: one that cannot be served is reported, the others are served.
@@ -539,6 +588,7 @@ impl Core {
             );
         }
         config.jetstream.max_file_store = granted;
+        config.replicas = self.replicas;
         let served = self.serve_granted(name, config).await;
         if served.is_err() {
             self.budget().release(name);
@@ -570,7 +620,7 @@ impl Core {
         let space = Arc::new(Space::connect(&keys, config, self.local, &self.ca_cert).await?);
         let services = ServiceSet::new(name, &self.root);
         let started = async {
-            space.bootstrap().await?;
+            self.bootstrap(&space).await?;
             for record in identities.active() {
                 space.provision(&record).await?;
             }
@@ -661,6 +711,28 @@ impl Core {
             state.spaces.sort();
         }
         Ok(info)
+    }
+
+    /// Bootstraps a space; a clustered node retries for a while, since the cluster's
+    /// JetStream answers only once its nodes have elected a meta leader (the other nodes may
+    /// still be starting).
+    async fn bootstrap(&self, space: &Space) -> Result<(), DaemonError> {
+        let deadline = tokio::time::Instant::now() + CLUSTER_FORMING;
+        let mut backoff = crate::services::Backoff::default();
+        loop {
+            match space.bootstrap().await {
+                Ok(_) => return Ok(()),
+                Err(e) if self.clustered && tokio::time::Instant::now() < deadline => {
+                    tracing::info!(
+                        space = space.name(),
+                        reason = crate::ops::error_text(&e),
+                        "the cluster's JetStream is not ready yet; retrying"
+                    );
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     fn space_info(&self, space: &Space) -> Result<SpaceInfo, DaemonError> {

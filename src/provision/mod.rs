@@ -8,11 +8,13 @@
 //! silently: a partial store means something deleted keys, and regenerating would invalidate
 //! every credential minted so far.
 
+mod bundle;
 mod claims;
 mod files;
 mod keystore;
 mod tls;
 
+pub use bundle::{Imported, JoinBundle, SpaceSeeds};
 pub use claims::{AccountLimits, JetStreamLimits, now_secs, rfc3339};
 pub use keystore::{KeyStore, SpaceKeys};
 pub use tls::{TlsFiles, validate_hostname};

@@ -71,7 +71,12 @@ impl TlsFiles {
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         params.distinguished_name = name("cotald");
         params.subject_alt_names = server_sans(hostnames)?;
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        // Client auth too: the nodes of a cluster present this certificate to each other on
+        // their routes, which verify both sides.
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.use_authority_key_identifier_extension = true;
         let now = OffsetDateTime::now_utc();

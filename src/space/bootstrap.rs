@@ -67,6 +67,21 @@ pub async fn bootstrap(
                         .info()
                         .await
                         .map_err(|e| err("reading", &expected.name, e.to_string()))?;
+                    if info.config.num_replicas != expected.num_replicas {
+                        // A single node's data dir grown into a cluster (or a cluster's
+                        // replicas changed): JetStream moves the stream in place.
+                        let mut scaled = info.config.clone();
+                        scaled.num_replicas = expected.num_replicas;
+                        js.update_stream(scaled)
+                            .await
+                            .map_err(|e| err("scaling", &expected.name, e.to_string()))?;
+                        tracing::info!(
+                            stream = expected.name,
+                            from = info.config.num_replicas,
+                            to = expected.num_replicas,
+                            "stream replicas changed"
+                        );
+                    }
                     let mut drift = streams::drift(&expected, &info.config);
                     // DM and TASK made before the fairness bounds get them (they only narrow).
                     let fair = expected.discard_new_per_subject;

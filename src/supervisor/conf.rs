@@ -3,6 +3,12 @@
 //! loopback only. The file holds no secret (JWTs are public, the TLS key is referenced by path)
 //! and is passed with `-c`, so nothing sensitive reaches the child's argv.
 //!
+//! Two optional blocks grow the appliance beyond one machine: `cluster {}` (routes to the other
+//! appliances of a cluster, TLS both ways with the shared CA, every node presenting its server
+//! certificate) and `leafnodes { remotes = [...] }` (each bound space's account joined to a hub
+//! of an existing NATS system, with JetStream, KV and system subjects denied both ways so that
+//! the leaf's store stays its own; see [`LEAF_DENIED`]).
+//!
 //! The broker writes its own log and rotates it by size ([`LOG_SIZE_LIMIT`], [`LOG_MAX_FILES`]):
 //! every refused publish is logged with its full subject, so any credential could otherwise
 //! fill the disk at the speed of its connection.
@@ -44,7 +50,46 @@ pub struct ServerConf {
     pub tls_cert: PathBuf,
     /// TLS server key.
     pub tls_key: PathBuf,
+    /// The CA every node of a cluster trusts (routes verify each other with it).
+    pub tls_ca: PathBuf,
+    /// Routes to the other nodes of a cluster.
+    pub cluster: Option<ClusterConf>,
+    /// Leaf connections to a hub.
+    pub leaf_remotes: Vec<LeafRemote>,
 }
+
+/// The `cluster {}` block.
+#[derive(Debug, Clone)]
+pub struct ClusterConf {
+    /// The cluster's name.
+    pub name: String,
+    /// This node's route listener host.
+    pub host: IpAddr,
+    /// Its port.
+    pub port: u16,
+    /// The other nodes' route listeners, `host:port`.
+    pub routes: Vec<String>,
+}
+
+/// One leaf connection: a local account bound to a hub.
+#[derive(Debug, Clone)]
+pub struct LeafRemote {
+    /// The hub's leaf listener URL.
+    pub url: String,
+    /// The local account (public key) the connection binds.
+    pub account: String,
+    /// The hub-side `.creds`.
+    pub credentials: Option<PathBuf>,
+    /// The CA of the hub's certificate.
+    pub ca: Option<PathBuf>,
+}
+
+/// Subjects that never cross a leaf connection, in either direction: the JetStream API and its
+/// acks and flow control (the leaf's store is reached only by local clients, in its own domain),
+/// KV operations (presence, registries: a hub user could otherwise write the leaf's buckets), the
+/// system account's requests. What crosses is everything else of the bound account, i.e. the
+/// space's `cotal.<space>.>` traffic and the replies to it.
+pub const LEAF_DENIED: [&str; 6] = ["$JS.>", "$JSC.>", "$KV.>", "$O.>", "$SYS.>", "$NRG.>"];
 
 /// Permissions ride the CONNECT line inside the user JWT: the 4 KiB default would drop the
 /// connection of an agent with a few dozen channel grants, and the number of grants is not
@@ -115,6 +160,44 @@ impl ServerConf {
             quote_path(&self.tls_cert),
             quote_path(&self.tls_key)
         );
+        if let Some(cluster) = &self.cluster {
+            let routes: Vec<String> = cluster
+                .routes
+                .iter()
+                .map(|r| quote(&format!("nats-route://{r}")))
+                .collect();
+            let _ = writeln!(
+                out,
+                "cluster: {{\n  name: {}\n  host: {}\n  port: {}\n  routes: [{}]\n  tls: {{\n    cert_file: {}\n    key_file: {}\n    ca_file: {}\n    verify: true\n    timeout: 5\n  }}\n}}",
+                quote(&cluster.name),
+                quote(&cluster.host.to_string()),
+                cluster.port,
+                routes.join(", "),
+                quote_path(&self.tls_cert),
+                quote_path(&self.tls_key),
+                quote_path(&self.tls_ca),
+            );
+        }
+        if !self.leaf_remotes.is_empty() {
+            let denied: Vec<String> = LEAF_DENIED.iter().map(|s| quote(s)).collect();
+            let denied = denied.join(", ");
+            let _ = writeln!(out, "leafnodes: {{\n  remotes: [");
+            for remote in &self.leaf_remotes {
+                let _ = writeln!(out, "    {{");
+                let _ = writeln!(out, "      url: {}", quote(&remote.url));
+                let _ = writeln!(out, "      account: {}", quote(&remote.account));
+                if let Some(creds) = &remote.credentials {
+                    let _ = writeln!(out, "      credentials: {}", quote_path(creds));
+                }
+                if let Some(ca) = &remote.ca {
+                    let _ = writeln!(out, "      tls: {{ ca_file: {} }}", quote_path(ca));
+                }
+                let _ = writeln!(out, "      deny_imports: [{denied}]");
+                let _ = writeln!(out, "      deny_exports: [{denied}]");
+                let _ = writeln!(out, "    }}");
+            }
+            let _ = writeln!(out, "  ]\n}}");
+        }
         out
     }
 }
@@ -149,6 +232,44 @@ mod tests {
             sync_interval: "1s".into(),
             tls_cert: "/d/tls/server.pem".into(),
             tls_key: "/d/tls/server.key".into(),
+            tls_ca: "/d/tls/ca.pem".into(),
+            cluster: None,
+            leaf_remotes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn renders_routes_with_mutual_tls_and_leaf_remotes_with_denies() {
+        let mut c = conf();
+        let alone = c.render(Path::new("/l"));
+        assert!(!alone.contains("cluster"), "{alone}");
+        assert!(!alone.contains("leafnodes"), "{alone}");
+        c.cluster = Some(ClusterConf {
+            name: "team".into(),
+            host: "127.0.0.1".parse().unwrap(),
+            port: 6222,
+            routes: vec!["10.0.0.2:6222".into(), "b.example:6222".into()],
+        });
+        c.leaf_remotes = vec![LeafRemote {
+            url: "tls://hub:7422".into(),
+            account: "AMAIN".into(),
+            credentials: Some("/hub.creds".into()),
+            ca: Some("/hub-ca.pem".into()),
+        }];
+        let text = c.render(Path::new("/l"));
+        for expected in [
+            "name: \"team\"",
+            "port: 6222\n",
+            "routes: [\"nats-route://10.0.0.2:6222\", \"nats-route://b.example:6222\"]",
+            "ca_file: \"/d/tls/ca.pem\"\n    verify: true",
+            "url: \"tls://hub:7422\"",
+            "account: \"AMAIN\"",
+            "credentials: \"/hub.creds\"",
+            "tls: { ca_file: \"/hub-ca.pem\" }",
+            "deny_imports: [\"$JS.>\", \"$JSC.>\", \"$KV.>\"",
+            "deny_exports: [\"$JS.>\"",
+        ] {
+            assert!(text.contains(expected), "missing {expected:?} in\n{text}");
         }
     }
 

@@ -57,7 +57,10 @@ pub mod monitor;
 mod parent_death;
 
 pub use binary::{BUNDLED_SHA256, BUNDLED_VERSION, BrokerBinary};
-pub use conf::{LOG_MAX_FILES, LOG_MAX_LINE, LOG_SIZE_LIMIT, MAX_CONTROL_LINE, ServerConf};
+pub use conf::{
+    ClusterConf, LEAF_DENIED, LOG_MAX_FILES, LOG_MAX_LINE, LOG_SIZE_LIMIT, LeafRemote,
+    MAX_CONTROL_LINE, ServerConf,
+};
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

@@ -11,6 +11,7 @@ mod durable;
 mod fairness;
 mod faults;
 mod helper;
+mod leaf;
 mod mcp;
 mod packaging;
 mod space;

@@ -1,0 +1,141 @@
+//! A cluster of appliances: `cotald cluster init` on the first node, `cotald cluster join` on
+//! the others (see [`crate::provision::JoinBundle`] for what travels between them).
+//!
+//! Both write the node's `[cluster]` table into the data dir (`cluster/cluster.toml`), so that
+//! a plain `cotald up` on that data dir starts the node with its routes; a `[cluster]` table in
+//! the profile takes precedence. A joined node also gets a server name of its own
+//! (`cluster/node`): the first node keeps the name its data dir always had
+//! (`cotald_<operator prefix>`), which every joined node would otherwise share, since they share
+//! the operator. JetStream needs each server of a cluster to have a distinct, stable name.
+//!
+//! All nodes run one JetStream domain (`cotald`): a cluster is one JetStream system whose
+//! streams are replicated across it, not three appliances that copy to each other.
+
+use std::net::SocketAddr;
+
+use crate::datadir::DataDir;
+use crate::profile::ClusterConfig;
+use crate::provision::{Imported, JoinBundle, KeyStore, TlsFiles};
+
+use super::DaemonError;
+
+/// The file holding a node's `[cluster]` table.
+fn table_path(dir: &DataDir) -> std::path::PathBuf {
+    dir.root().join("cluster/cluster.toml")
+}
+
+fn node_path(dir: &DataDir) -> std::path::PathBuf {
+    dir.root().join("cluster/node")
+}
+
+/// The broker's `server_name`: `cotald_<first 12 characters of the operator>`, or the name a
+/// joined node was given.
+pub fn server_name(dir: &DataDir, keys: &KeyStore) -> String {
+    std::fs::read_to_string(node_path(dir))
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| format!("cotald_{}", &keys.operator_public()[..12]))
+}
+
+/// The `[cluster]` table `cluster init` or `join` wrote, if any.
+pub fn read_joined(dir: &DataDir) -> Result<Option<ClusterConfig>, DaemonError> {
+    let path = table_path(dir);
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(None);
+    };
+    #[derive(serde::Deserialize)]
+    struct Table {
+        cluster: ClusterConfig,
+    }
+    let table: Table = toml::from_str(&text)
+        .map_err(|e| DaemonError::Invalid(format!("{}: {e}", path.display())))?;
+    Ok(Some(table.cluster))
+}
+
+fn write_table(dir: &DataDir, c: &ClusterConfig) -> Result<(), DaemonError> {
+    crate::files::private_dir(&dir.root().join("cluster"))?;
+    let quote = |s: &str| serde_json::Value::from(s).to_string();
+    let routes: Vec<String> = c.routes.iter().map(|r| quote(r)).collect();
+    let mut text = format!(
+        "# Written by `cotald cluster init` / `join`; a [cluster] table in the profile \
+         takes precedence.\n[cluster]\nname = {}\nlisten = {}\nroutes = [{}]\n",
+        quote(&c.name),
+        quote(&c.listen.to_string()),
+        routes.join(", ")
+    );
+    if let Some(r) = c.replicas {
+        text.push_str(&format!("replicas = {r}\n"));
+    }
+    crate::files::write_atomic(&table_path(dir), text.as_bytes(), 0o600)?;
+    Ok(())
+}
+
+/// What `cluster init` and `join` take.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// This node's route listener.
+    pub listen: SocketAddr,
+    /// The other nodes' route listeners (`host:port`).
+    pub routes: Vec<String>,
+    /// Replicas, when not the default.
+    pub replicas: Option<usize>,
+}
+
+fn validated(name: &str, node: &NodeOptions) -> Result<ClusterConfig, DaemonError> {
+    let config = ClusterConfig {
+        name: name.to_owned(),
+        listen: node.listen,
+        routes: node.routes.clone(),
+        replicas: node.replicas,
+    };
+    // The profile's own checks, on a profile made of this table alone.
+    let mut profile = crate::profile::Profile::embedded()
+        .map_err(|e| DaemonError::Invalid(format!("the embedded profile does not parse: {e}")))?;
+    profile.cluster = Some(config.clone());
+    profile.validate().map_err(DaemonError::Invalid)?;
+    Ok(config)
+}
+
+/// `cotald cluster init`: makes this data dir's trust chain the cluster's (created if it has
+/// none yet), writes its `[cluster]` table and the join bundle at `bundle`.
+pub fn init(
+    dir: &DataDir,
+    name: &str,
+    node: &NodeOptions,
+    bundle: &std::path::Path,
+) -> Result<JoinBundle, DaemonError> {
+    let config = validated(name, node)?;
+    let keys = KeyStore::load_or_create(&dir.keys())?;
+    keys.ensure_space("main")?;
+    TlsFiles::ensure(&dir.tls(), &[])?;
+    let exported = JoinBundle::export(&dir.keys(), &dir.tls(), name)?;
+    exported.write(bundle)?;
+    write_table(dir, &config)?;
+    Ok(exported)
+}
+
+/// `cotald cluster join`: imports the bundle's trust chain into this data dir, names the node,
+/// writes its `[cluster]` table.
+pub fn join(
+    dir: &DataDir,
+    bundle: &std::path::Path,
+    node: &NodeOptions,
+) -> Result<Imported, DaemonError> {
+    let bundle = JoinBundle::read(bundle)?;
+    let config = validated(&bundle.cluster, node)?;
+    crate::files::private_dir(dir.root())?;
+    let imported = bundle.import(&dir.keys(), &dir.tls())?;
+    if imported.trust_chain {
+        let suffix = uuid::Uuid::now_v7().simple().to_string();
+        let name = format!(
+            "cotald_{}_{}",
+            &bundle.operator_public()[..12],
+            &suffix[suffix.len() - 8..]
+        );
+        crate::files::private_dir(&dir.root().join("cluster"))?;
+        crate::files::write_atomic(&node_path(dir), format!("{name}\n").as_bytes(), 0o600)?;
+    }
+    write_table(dir, &config)?;
+    Ok(imported)
+}
