@@ -15,12 +15,15 @@
 //!   jwt/                 the broker's account resolver store
 //!   jetstream/           JetStream storage
 //!   served.json          where the appliance last listened and what it served (kept)
+//!   cluster/             cluster.toml (this node's [cluster] table) and node (its server
+//!                        name), written by `cotald cluster init` / `join`
 //!   run/                 nats-server.conf, ports file, admin.sock and state.json (while running)
 //!   log/nats-server.log  the broker's log (rotated by the broker)
 //! ```
 //!
 //! Only this module names the parts of the layout; everything else asks [`DataDir`].
 
+use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
 use std::net::SocketAddr;
@@ -104,6 +107,45 @@ pub struct RuntimeState {
     /// The dashboard's URL with its access token, when it is served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dashboard: Option<String>,
+    /// In a cluster: who holds each space's lease (runs its services).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub leases: BTreeMap<String, crate::services::lease::LeaseView>,
+    /// In a cluster: its nodes and the leader of each stream, as this node saw them last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterState>,
+}
+
+/// A cluster as one of its nodes sees it (`cotald status`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ClusterState {
+    /// This node's server name.
+    pub node: String,
+    /// The JetStream meta leader.
+    pub meta_leader: String,
+    /// Every node of the JetStream meta group.
+    pub nodes: Vec<ClusterNode>,
+    /// Each stream of the served spaces and its leader.
+    pub streams: Vec<StreamLeader>,
+}
+
+/// One node of a cluster.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ClusterNode {
+    /// Its server name.
+    pub name: String,
+    /// Whether it is up to date with the meta group (this node: always).
+    pub current: bool,
+}
+
+/// A stream and where it is led.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StreamLeader {
+    /// The stream.
+    pub stream: String,
+    /// Its leader's server name (empty: none elected).
+    pub leader: String,
+    /// Its replicas (the leader's followers) and whether each is current.
+    pub followers: Vec<ClusterNode>,
 }
 
 /// What the appliance of this data dir last served, kept across runs (`served.json`): a port
@@ -191,6 +233,16 @@ impl DataDir {
     pub fn creds(&self, space: &str) -> PathBuf {
         self.space(space).join("creds")
     }
+    /// A clustered node's `[cluster]` table (`cluster/cluster.toml`).
+    pub fn cluster_table(&self) -> PathBuf {
+        self.root.join("cluster/cluster.toml")
+    }
+
+    /// A joined node's server name (`cluster/node`).
+    pub fn node_name(&self) -> PathBuf {
+        self.root.join("cluster/node")
+    }
+
     /// `jwt/`
     pub fn resolver(&self) -> PathBuf {
         self.root.join("jwt")
@@ -421,6 +473,8 @@ mod tests {
                 reason: "space `lab` refused".into(),
             }],
             dashboard: Some("http://127.0.0.1:4280/?token=x".into()),
+            leases: BTreeMap::new(),
+            cluster: None,
         };
         dir.write_state(&state).unwrap();
         assert_eq!(dir.read_state().unwrap(), Some(state));

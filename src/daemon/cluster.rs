@@ -19,13 +19,12 @@ use crate::provision::{Imported, JoinBundle, KeyStore, TlsFiles};
 
 use super::DaemonError;
 
-/// The file holding a node's `[cluster]` table.
 fn table_path(dir: &DataDir) -> std::path::PathBuf {
-    dir.root().join("cluster/cluster.toml")
+    dir.cluster_table()
 }
 
 fn node_path(dir: &DataDir) -> std::path::PathBuf {
-    dir.root().join("cluster/node")
+    dir.node_name()
 }
 
 /// The broker's `server_name`: `cotald_<first 12 characters of the operator>`, or the name a
@@ -54,7 +53,9 @@ pub fn read_joined(dir: &DataDir) -> Result<Option<ClusterConfig>, DaemonError> 
 }
 
 fn write_table(dir: &DataDir, c: &ClusterConfig) -> Result<(), DaemonError> {
-    crate::files::private_dir(&dir.root().join("cluster"))?;
+    if let Some(parent) = table_path(dir).parent() {
+        crate::files::private_dir(parent)?;
+    }
     let quote = |s: &str| serde_json::Value::from(s).to_string();
     let routes: Vec<String> = c.routes.iter().map(|r| quote(r)).collect();
     let mut text = format!(
@@ -133,7 +134,9 @@ pub fn join(
             &bundle.operator_public()[..12],
             &suffix[suffix.len() - 8..]
         );
-        crate::files::private_dir(&dir.root().join("cluster"))?;
+        if let Some(parent) = node_path(dir).parent() {
+            crate::files::private_dir(parent)?;
+        }
         crate::files::write_atomic(&node_path(dir), format!("{name}\n").as_bytes(), 0o600)?;
     }
     write_table(dir, &config)?;

@@ -49,6 +49,8 @@ use crate::profile::{Profile, SpaceConfig};
 use crate::protocol::{Host, JoinLink};
 use crate::provision::{JetStreamLimits, KeyStore, ProvisionError, SpaceKeys, TlsFiles};
 use crate::services::backstop::Backstop;
+use crate::services::identity_sync::IdentitySync;
+use crate::services::lease::{LeaseKeeper, Starter};
 use crate::services::manager::Manager;
 use crate::services::members::Members;
 use crate::services::membership::{BrokerView, MembershipFeed};
@@ -206,6 +208,7 @@ struct Prepared {
     broker_version: String,
     /// The cluster's replicas, when clustered.
     replicas: Option<usize>,
+    node: String,
 }
 
 /// One served space: its provisioner connection, its identities, its services.
@@ -214,6 +217,65 @@ pub(crate) struct Served {
     pub(crate) identities: Arc<Identities>,
     pub(crate) manager: Arc<Manager>,
     pub(crate) services: ServiceSet,
+    /// In a cluster: the space's lease, and the services it runs while this node holds it.
+    pub(crate) lease: Option<Arc<LeaseKeeper>>,
+}
+
+/// The services of a space that run on one node of a cluster at a time (all of them but the
+/// presence watch), and what they are made of.
+#[derive(Clone)]
+struct Leased {
+    space: Arc<Space>,
+    identities: Arc<Identities>,
+    presence: Arc<PresenceView>,
+    members: Arc<Members>,
+    backstop: Arc<Backstop>,
+    manager: Arc<Manager>,
+    view: BrokerView,
+}
+
+impl Leased {
+    /// Starts them in `set`, in dependency order (the manager needs the reader). Each is
+    /// started even when one before it fails to (it keeps being retried by the set): a
+    /// warden waiting for a stream leader must not keep the manager from serving. The first
+    /// failure is returned.
+    async fn start(self, set: &ServiceSet) -> Result<(), crate::services::ServiceError> {
+        // Retried: a takeover often coincides with the registry's stream electing a leader.
+        let mut backoff = crate::services::Backoff::default();
+        let mut attempts = 0;
+        while let Err(e) = self.members.reload().await {
+            attempts += 1;
+            if attempts >= 10 {
+                return Err(crate::services::ServiceError::new(
+                    "reading the members registry",
+                    e,
+                ));
+            }
+            tokio::time::sleep(backoff.next_delay()).await;
+        }
+        let results = [
+            set.start(self.backstop).await,
+            set.start(self.manager).await,
+            set.start(Arc::new(Mentions::new(
+                self.space.clone(),
+                self.identities.clone(),
+                self.presence.clone(),
+            )))
+            .await,
+            set.start(Arc::new(Warden::new(
+                self.space.clone(),
+                self.identities.clone(),
+            )))
+            .await,
+            set.start(Arc::new(MembershipFeed::new(
+                self.space,
+                self.members,
+                self.view,
+            )))
+            .await,
+        ];
+        results.into_iter().collect()
+    }
 }
 
 /// What the running appliance's operations share.
@@ -238,6 +300,8 @@ pub(crate) struct Core {
     pub(crate) clustered: bool,
     /// Replicas of every space's streams and buckets.
     replicas: usize,
+    /// This node's server name (the lease names its holder by it).
+    node: String,
     /// Where spaces added while running are handed to the dashboard, once it is served.
     dashboard: std::sync::OnceLock<tokio::sync::watch::Sender<Vec<crate::dashboard::SpaceAccess>>>,
 }
@@ -331,10 +395,11 @@ impl Appliance {
                 "clustered: routes to the other nodes"
             );
         }
+        let server_name = cluster::server_name(&dir, &keys);
         let spec = BrokerSpec {
             executable,
             conf: ServerConf {
-                server_name: cluster::server_name(&dir, &keys),
+                server_name: server_name.clone(),
                 host: listen.ip(),
                 port: (listen.port() != 0).then_some(listen.port()),
                 monitor_host: broker.monitor.ip(),
@@ -375,6 +440,7 @@ impl Appliance {
             keys,
             broker_version,
             replicas: cluster.as_ref().map(|c| c.replicas()),
+            node: server_name,
         };
         let core = match Self::serve(prepared, &supervisor).await {
             Ok(core) => core,
@@ -444,6 +510,7 @@ impl Appliance {
             keys,
             broker_version,
             replicas,
+            node,
         } = prepared;
         let status = supervisor.status().borrow().clone();
         tracing::info!(pid = status.pid, client = %status.client, "phase: broker ready");
@@ -477,11 +544,14 @@ impl Appliance {
                 services: Vec::new(),
                 unserved: Vec::new(),
                 dashboard: None,
+                leases: BTreeMap::new(),
+                cluster: None,
             }),
             root: CancellationToken::new(),
             stop: CancellationToken::new(),
             clustered: replicas.is_some(),
             replicas: replicas.unwrap_or(1),
+            node,
             dashboard: std::sync::OnceLock::new(),
         });
         // Spaces fail alone: one that cannot be served is reported, the others are served.
@@ -642,34 +712,6 @@ impl Core {
                 members.clone(),
                 backstop.clone(),
             ));
-            // The reader and the router need the roster, the manager needs the reader.
-            services
-                .start(Arc::new(PresenceWatch::new(
-                    space.clone(),
-                    presence.clone(),
-                )))
-                .await
-                .map_err(|e| service_error(name, e))?;
-            services
-                .start(Arc::new(Mentions::new(
-                    space.clone(),
-                    identities.clone(),
-                    presence.clone(),
-                )))
-                .await
-                .map_err(|e| service_error(name, e))?;
-            services
-                .start(Arc::new(Warden::new(space.clone(), identities.clone())))
-                .await
-                .map_err(|e| service_error(name, e))?;
-            services
-                .start(backstop)
-                .await
-                .map_err(|e| service_error(name, e))?;
-            services
-                .start(manager.clone())
-                .await
-                .map_err(|e| service_error(name, e))?;
             let account = space.account().to_owned();
             let view = BrokerView {
                 creds: self
@@ -680,14 +722,59 @@ impl Core {
                 ca: self.ca_cert.clone(),
                 addr: self.local,
             };
+            // The reader and the router need the roster, the manager needs the reader.
             services
-                .start(Arc::new(MembershipFeed::new(space.clone(), members, view)))
+                .start(Arc::new(PresenceWatch::new(
+                    space.clone(),
+                    presence.clone(),
+                )))
                 .await
                 .map_err(|e| service_error(name, e))?;
-            Ok::<_, DaemonError>(manager)
+            let parts = Leased {
+                space: space.clone(),
+                identities: identities.clone(),
+                presence,
+                members,
+                backstop,
+                manager: manager.clone(),
+                view,
+            };
+            let lease = if self.clustered {
+                // One node of the cluster runs them, the lease's holder.
+                services
+                    .start(Arc::new(IdentitySync::new(
+                        space.clone(),
+                        identities.clone(),
+                        self.replicas,
+                    )))
+                    .await
+                    .map_err(|e| service_error(name, e))?;
+                let starter: Starter = Arc::new(move |set: Arc<ServiceSet>| {
+                    let parts = parts.clone();
+                    Box::pin(async move { parts.start(&set).await })
+                });
+                let keeper = Arc::new(LeaseKeeper::new(
+                    space.clone(),
+                    self.node.clone(),
+                    self.replicas,
+                    starter,
+                ));
+                services
+                    .start(keeper.clone())
+                    .await
+                    .map_err(|e| service_error(name, e))?;
+                Some(keeper)
+            } else {
+                parts
+                    .start(&services)
+                    .await
+                    .map_err(|e| service_error(name, e))?;
+                None
+            };
+            Ok::<_, DaemonError>((manager, lease))
         };
-        let manager = match started.await {
-            Ok(manager) => manager,
+        let (manager, lease) = match started.await {
+            Ok(started) => started,
             Err(e) => {
                 services.shutdown(SERVICES_DEADLINE).await;
                 space.close().await;
@@ -702,6 +789,7 @@ impl Core {
                 identities,
                 manager,
                 services,
+                lease,
             },
         );
         if let Ok(mut state) = self.state.lock()
@@ -754,13 +842,26 @@ impl Core {
         }
     }
 
+    /// Who holds each served space's lease (a cluster's node only).
+    pub(crate) async fn leases(&self) -> BTreeMap<String, crate::services::lease::LeaseView> {
+        self.spaces
+            .lock()
+            .await
+            .iter()
+            .filter_map(|(name, s)| s.lease.as_ref().map(|l| (name.clone(), l.view())))
+            .collect()
+    }
+
     /// The served spaces' and the appliance's services.
     pub(crate) async fn services(&self) -> Vec<ServiceStatus> {
         self.spaces
             .lock()
             .await
             .values()
-            .flat_map(|s| s.services.status())
+            .flat_map(|s| {
+                let leased = s.lease.as_ref().map(|l| l.status()).unwrap_or_default();
+                s.services.status().into_iter().chain(leased)
+            })
             .collect()
     }
 

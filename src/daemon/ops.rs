@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::{Core, DaemonError, join_link};
+use super::{Core, DaemonError, Served, join_link};
 use crate::datadir::DataDir;
 use crate::ops::{
     ChannelsSet, IdentityRecord, MintReply, MintRequest, OpError, Request, Revoke, SpaceAdd,
@@ -12,6 +12,7 @@ use crate::ops::{
 };
 use crate::profile::SpaceConfig;
 use crate::provision::{KeyStore, now_secs};
+use crate::services::identity_sync;
 use crate::space::{Identities, identity, store};
 
 fn json<T: serde::Serialize>(value: T) -> Result<Value, DaemonError> {
@@ -67,6 +68,20 @@ impl Core {
         Ok(info)
     }
 
+    /// In a cluster: puts an identity record into the space's shared bucket at once, so that
+    /// whichever node holds the space's lease knows it before the credential is used.
+    async fn share(&self, served: &Served, record: &IdentityRecord) -> Result<(), DaemonError> {
+        if !self.clustered {
+            return Ok(());
+        }
+        identity_sync::share(&served.space, record)
+            .await
+            .map_err(|source| DaemonError::Service {
+                space: served.space.name().to_owned(),
+                source,
+            })
+    }
+
     /// `space-list`.
     async fn list_spaces(&self) -> Result<Vec<SpaceInfo>, DaemonError> {
         let spaces = self.spaces.lock().await;
@@ -83,6 +98,15 @@ impl Core {
         let keys = self.keys.space(&req.space)?;
         let minted = identity::mint_identity(&keys, &served.identities, req)?;
         served.space.provision(&minted.record).await?;
+        // The new record and, after a re-mint with a new key, the replaced one as revoked.
+        let changed: Vec<&str> = std::iter::once(minted.record.id.as_str())
+            .chain(minted.replaced.iter().map(|old| old.id.as_str()))
+            .collect();
+        for record in served.identities.records() {
+            if changed.contains(&record.id.as_str()) {
+                self.share(served, &record).await?;
+            }
+        }
         if let Some(old) = &minted.replaced {
             self.push_account(&keys, served.space.config(), &served.identities)
                 .await?;
@@ -122,6 +146,7 @@ impl Core {
             ..record
         };
         served.identities.save(revoked.clone())?;
+        self.share(served, &revoked).await?;
         let keys = self.keys.space(&req.space)?;
         self.push_account(&keys, served.space.config(), &served.identities)
             .await?;

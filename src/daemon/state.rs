@@ -1,6 +1,8 @@
 //! The runtime state `cotald status` reads (`run/state.json`), kept in step with the appliance:
 //! written once serving, again whenever the broker is restarted (its pid changes) and whenever
-//! a service's health changes.
+//! a service's health changes. A clustered node also records who holds each space's lease (at
+//! the same pace) and, every [`CLUSTER_POLL`], the cluster's nodes (the broker's `/jsz`) and each
+//! stream's leader.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,11 +10,16 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::Core;
+use crate::binding::streams;
+use crate::datadir::{ClusterNode, ClusterState, StreamLeader};
 use crate::services::{Context, Health, Service, ServiceError};
 use crate::supervisor::BrokerStatus;
+use crate::supervisor::monitor;
 
 /// How often service health is compared with what the file says.
 const HEALTH_POLL: Duration = Duration::from_millis(500);
+/// How often a clustered node reads its cluster's nodes and stream leaders.
+const CLUSTER_POLL: Duration = Duration::from_secs(5);
 
 /// Keeps `run/state.json` current.
 pub(super) struct StateTracker {
@@ -27,16 +34,84 @@ impl StateTracker {
 
     async fn write(&self) -> Result<(), ServiceError> {
         let services = self.core.services().await;
+        let leases = self.core.leases().await;
         let now = self.broker.borrow().clone();
         if let Ok(mut state) = self.core.state.lock() {
             state.broker_pid = now.pid;
             state.broker_restarts = now.restarts;
             state.broker_last_restart = now.last_restart;
             state.services = services;
+            state.leases = leases;
         }
         self.core
             .write_state()
             .map_err(ServiceError::at("writing the runtime state"))
+    }
+}
+
+impl StateTracker {
+    /// The cluster as this node sees it: the meta group from the broker's `/jsz`, each served
+    /// stream's leader from its info. What cannot be read is left out (a node without quorum
+    /// still reports itself).
+    async fn cluster(&self) -> ClusterState {
+        let mut seen = ClusterState {
+            node: self.core.node.clone(),
+            ..Default::default()
+        };
+        let monitor = self.core.state.lock().map(|s| s.monitor).ok();
+        if let Some(addr) = monitor
+            && let Ok(r) = monitor::get(addr, "/jsz", Duration::from_secs(1)).await
+            && let Ok(jsz) = serde_json::from_str::<serde_json::Value>(&r.body)
+        {
+            let meta = &jsz["meta_cluster"];
+            seen.meta_leader = meta["leader"].as_str().unwrap_or_default().to_owned();
+            seen.nodes.push(ClusterNode {
+                name: self.core.node.clone(),
+                current: true,
+            });
+            for peer in meta["replicas"].as_array().into_iter().flatten() {
+                seen.nodes.push(ClusterNode {
+                    name: peer["name"].as_str().unwrap_or_default().to_owned(),
+                    current: peer["current"].as_bool().unwrap_or(false),
+                });
+            }
+            seen.nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        }
+        let spaces: Vec<_> = self
+            .core
+            .spaces
+            .lock()
+            .await
+            .values()
+            .map(|s| s.space.clone())
+            .collect();
+        for space in spaces {
+            let names = streams::all(space.names(), &space.config().retention());
+            for config in names {
+                let info = async {
+                    let mut stream = space.jetstream().get_stream(&config.name).await.ok()?;
+                    stream.info().await.ok().map(|i| i.cluster.clone())
+                };
+                let Ok(Some(cluster)) = tokio::time::timeout(Duration::from_secs(1), info).await
+                else {
+                    continue;
+                };
+                let cluster = cluster.unwrap_or_default();
+                seen.streams.push(StreamLeader {
+                    stream: config.name.clone(),
+                    leader: cluster.leader.unwrap_or_default(),
+                    followers: cluster
+                        .replicas
+                        .iter()
+                        .map(|p| ClusterNode {
+                            name: p.name.clone(),
+                            current: p.current,
+                        })
+                        .collect(),
+                });
+            }
+        }
+        seen
     }
 }
 
@@ -49,10 +124,18 @@ impl Service for StateTracker {
         let mut broker = self.broker.clone();
         self.write().await?;
         ctx.report(Health::Running);
-        let mut written = self.core.services().await;
+        let mut written = (self.core.services().await, self.core.leases().await);
         let mut poll = tokio::time::interval(HEALTH_POLL);
+        let mut cluster_poll = tokio::time::interval(CLUSTER_POLL);
         loop {
             tokio::select! {
+                _ = cluster_poll.tick(), if self.core.clustered => {
+                    let seen = self.cluster().await;
+                    if let Ok(mut state) = self.core.state.lock() {
+                        state.cluster = Some(seen);
+                    }
+                    self.write().await?;
+                }
                 () = ctx.cancelled() => return Ok(()),
                 changed = broker.changed() => {
                     if changed.is_err() {
@@ -62,7 +145,7 @@ impl Service for StateTracker {
                     self.write().await?;
                 }
                 _ = poll.tick() => {
-                    let now = self.core.services().await;
+                    let now = (self.core.services().await, self.core.leases().await);
                     if now != written {
                         self.write().await?;
                         written = now;

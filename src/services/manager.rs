@@ -133,7 +133,12 @@ impl Manager {
             }
             .into());
         }
-        let caller = self.identities.get(sender).ok_or_else(|| {
+        let known = match self.identities.get(sender) {
+            Some(record) => Some(record),
+            // Minted on another node of a cluster a moment ago?
+            None => super::identity_sync::fetch(&self.space, &self.identities, sender).await,
+        };
+        let caller = known.ok_or_else(|| {
             ManagerError::Refused(format!(
                 "{sender} is not an identity of space `{}` (mint it with `cotald mint`)",
                 self.space.name()

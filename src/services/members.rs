@@ -155,6 +155,32 @@ impl Members {
         })
     }
 
+    /// Reads every record again: a cluster node that takes over a space's services was not
+    /// the registry's writer until then, so what it loaded at its start is stale.
+    pub async fn reload(&self) -> Result<(), MembersError> {
+        let fail = |action, source: Box<dyn std::error::Error + Send + Sync>| MembersError::Kv {
+            action,
+            key: self.kv.name.clone(),
+            source,
+        };
+        let mut records = BTreeMap::new();
+        let mut keys = match self.kv.keys().await {
+            Ok(keys) => keys,
+            Err(e) => return Err(fail("listing", e.into())),
+        };
+        while let Some(key) = keys.next().await {
+            let key = key.map_err(|e| fail("listing", e.into()))?;
+            if let Some((record, revision)) = read(&self.kv, &key).await? {
+                records.insert(key, (record, revision));
+            }
+        }
+        if let Ok(mut held) = self.records.write() {
+            *held = records;
+        }
+        self.changed.notify_waiters();
+        Ok(())
+    }
+
     /// Resolves when a record changed (the trusted reader then re-reads its member's).
     pub fn changed(&self) -> Arc<Notify> {
         self.changed.clone()

@@ -54,6 +54,7 @@ pub struct MembershipEntry {
 }
 
 /// How the feed reaches the broker's connection view.
+#[derive(Clone)]
 pub struct BrokerView {
     /// The SYS-account user with [`crate::binding::acl::membership_daemon`] grants for this
     /// space's account.

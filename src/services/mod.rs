@@ -19,11 +19,15 @@
 //! | [`membership`] | the derived membership feed (display only) | §8 |
 //! | [`presence`] | the services' view of who is live (the backstop delivers only to them) | §6 |
 //! | [`warden`] | purges DMs and tasks nobody can read, trims full DM pairs of read messages | §4, §8 |
+//! | [`lease`] | in a cluster: which node runs the space's services above (presence excepted) | §8 |
+//! | [`identity_sync`] | in a cluster: every node knows the identities minted on any of them | §9 |
 //!
 //! [`members`] is the registry the manager writes and the backstop reads (§7 membership).
 
 pub mod backoff;
 pub mod backstop;
+pub mod identity_sync;
+pub mod lease;
 pub mod manager;
 pub mod members;
 pub mod membership;

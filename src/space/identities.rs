@@ -67,6 +67,16 @@ impl Identities {
         self.minted().collect()
     }
 
+    /// Every minted record, revoked ones included (what a cluster's nodes share).
+    pub fn records(&self) -> Vec<IdentityRecord> {
+        let builtin = self.builtin.read().map(|b| b.clone()).unwrap_or_default();
+        self.read()
+            .values()
+            .filter(|r| !builtin.contains(&r.id))
+            .cloned()
+            .collect()
+    }
+
     fn minted(&self) -> impl Iterator<Item = IdentityRecord> {
         let builtin = self.builtin.read().map(|b| b.clone()).unwrap_or_default();
         self.read()

@@ -81,7 +81,12 @@ impl Cotald {
 
     /// Waits for a stdout line containing `needle`; panics with stderr on timeout or exit.
     pub async fn wait_stdout(&mut self, needle: &str) -> String {
-        let found = tokio::time::timeout(TIMEOUT, async {
+        self.wait_stdout_within(needle, TIMEOUT).await
+    }
+
+    /// [`Cotald::wait_stdout`] with another bound (a cluster forming takes longer).
+    pub async fn wait_stdout_within(&mut self, needle: &str, bound: Duration) -> String {
+        let found = tokio::time::timeout(bound, async {
             while let Some(line) = self.stdout.recv().await {
                 if line.contains(needle) {
                     return Some(line);

@@ -6,6 +6,7 @@ mod appliance;
 mod bench;
 mod cli;
 mod client;
+mod cluster;
 mod dashboard;
 mod durable;
 mod fairness;

@@ -1,0 +1,228 @@
+//! The identities of a space, shared by the nodes of a cluster.
+//!
+//! An identity is minted (or revoked) on one node, into that node's data dir; the node that
+//! holds the space's lease must know it all the same (the manager answers only identities the
+//! appliance minted, the trusted reader authorizes against their records: §9 item 6). So each
+//! node mirrors its records into the space's `cotald_identities_<space>` bucket (replicated like
+//! the space's streams) and applies what the others put there.
+//!
+//! Records are merged, not overwritten: of two versions of one identity the one with the later
+//! change wins ([`change_time`]: issued, revoked, revoked-before), so a node that was down
+//! during a revoke cannot bring the revoked record back when it returns. The bucket holds no
+//! secret (a record is the identity's grants and dates; seeds stay where they were minted).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::kv::{self, Operation};
+use futures_util::StreamExt;
+
+use super::{Context, Health, Service, ServiceError};
+use crate::ops::IdentityRecord;
+use crate::space::{Identities, Space};
+
+/// How often local changes (a mint, a revoke) are looked for.
+const LOCAL_POLL: Duration = Duration::from_millis(250);
+
+/// The identities bucket of a space.
+pub fn bucket_name(space: &str) -> String {
+    format!("cotald_identities_{space}")
+}
+
+/// When a record last changed: the later of its issue, its revocation and its revoked-before.
+pub fn change_time(r: &IdentityRecord) -> (i64, i64, i64) {
+    (
+        r.issued_at,
+        r.revoked_at.unwrap_or(0),
+        r.revokes_before.unwrap_or(0),
+    )
+}
+
+/// Puts `record` into the space's identities bucket at once (a mint or revoke on this node, so
+/// that the lease holder knows it before the caller hands the credential out).
+pub async fn share(space: &Space, record: &IdentityRecord) -> Result<(), ServiceError> {
+    let kv = space
+        .jetstream()
+        .get_key_value(bucket_name(space.name()))
+        .await
+        .map_err(ServiceError::at("opening the identities bucket"))?;
+    let bytes = serde_json::to_vec(record).unwrap_or_default();
+    kv.put(&record.id, bytes.into())
+        .await
+        .map_err(ServiceError::at("sharing an identity record"))?;
+    Ok(())
+}
+
+/// The record of `id` from the space's identities bucket, applied locally when it is newer:
+/// for a request from an identity minted on another node a moment ago (before the watch
+/// brought its record). `None` when the space has no such bucket (a single appliance) or no
+/// such record.
+pub async fn fetch(space: &Space, identities: &Identities, id: &str) -> Option<IdentityRecord> {
+    let kv = space
+        .jetstream()
+        .get_key_value(bucket_name(space.name()))
+        .await
+        .ok()?;
+    let bytes = kv.get(id).await.ok()??;
+    let record: IdentityRecord = serde_json::from_slice(&bytes).ok()?;
+    if record.space != space.name() || record.id != id {
+        return None;
+    }
+    let local = identities.records().into_iter().find(|r| r.id == id);
+    if local.is_none_or(|l| change_time(&record) > change_time(&l)) {
+        identities.save(record).ok()?;
+    }
+    identities.get(id)
+}
+
+/// Mirrors a space's identity records through the cluster.
+pub struct IdentitySync {
+    space: Arc<Space>,
+    identities: Arc<Identities>,
+    replicas: usize,
+}
+
+impl IdentitySync {
+    /// The sync of `space`'s `identities`.
+    pub fn new(space: Arc<Space>, identities: Arc<Identities>, replicas: usize) -> Self {
+        IdentitySync {
+            space,
+            identities,
+            replicas,
+        }
+    }
+
+    async fn bucket(&self) -> Result<kv::Store, ServiceError> {
+        let js = self.space.jetstream();
+        let name = bucket_name(self.space.name());
+        match js.get_key_value(&name).await {
+            Ok(kv) => Ok(kv),
+            Err(_) => js
+                .create_key_value(kv::Config {
+                    bucket: name.clone(),
+                    history: 1,
+                    num_replicas: self.replicas.max(1),
+                    storage: async_nats::jetstream::stream::StorageType::File,
+                    ..Default::default()
+                })
+                .await
+                .map_err(ServiceError::at("creating the identities bucket")),
+        }
+    }
+
+    /// Puts every local record the bucket does not have in a version at least as recent.
+    async fn push(
+        &self,
+        kv: &kv::Store,
+        known: &mut BTreeMap<String, IdentityRecord>,
+    ) -> Result<(), ServiceError> {
+        for record in self.identities.records() {
+            let newer = known
+                .get(&record.id)
+                .is_none_or(|k| change_time(&record) > change_time(k));
+            if !newer {
+                continue;
+            }
+            let bytes = serde_json::to_vec(&record).unwrap_or_default();
+            kv.put(&record.id, bytes.into())
+                .await
+                .map_err(ServiceError::at("sharing an identity record"))?;
+            known.insert(record.id.clone(), record);
+        }
+        Ok(())
+    }
+
+    /// Applies a record from the bucket when it is newer than the local one.
+    fn apply(&self, record: IdentityRecord, known: &mut BTreeMap<String, IdentityRecord>) {
+        if record.space != self.space.name() {
+            return;
+        }
+        let local = self
+            .identities
+            .records()
+            .into_iter()
+            .find(|r| r.id == record.id);
+        let newer = local
+            .as_ref()
+            .is_none_or(|l| change_time(&record) > change_time(l));
+        if newer {
+            match self.identities.save(record.clone()) {
+                Ok(()) => tracing::info!(
+                    space = self.space.name(),
+                    id = record.id,
+                    name = record.name,
+                    revoked = record.revoked_at.is_some(),
+                    "identity record from another node"
+                ),
+                Err(e) => tracing::error!(space = self.space.name(), error = %e,
+                    "cannot store an identity record from another node"),
+            }
+        }
+        let keep = known
+            .get(&record.id)
+            .is_none_or(|k| change_time(&record) >= change_time(k));
+        if keep {
+            known.insert(record.id.clone(), record);
+        }
+    }
+}
+
+impl Service for IdentitySync {
+    fn name(&self) -> &'static str {
+        "identity-sync"
+    }
+
+    async fn run(&self, ctx: Context) -> Result<(), ServiceError> {
+        let kv = self.bucket().await?;
+        let mut known = BTreeMap::new();
+        // What the bucket holds first (the watch delivers the last value of every key, then
+        // what changes), then what this node has that is newer.
+        let mut watch = kv
+            .watch_with_history(">")
+            .await
+            .map_err(ServiceError::at("watching the identities bucket"))?;
+        let mut seen_version = self.identities.version();
+        let mut caught_up = false;
+        let mut poll = tokio::time::interval(LOCAL_POLL);
+        loop {
+            tokio::select! {
+                () = ctx.cancelled() => return Ok(()),
+                entry = watch.next() => {
+                    let entry = entry
+                        .ok_or_else(|| ServiceError::msg("the identities watch ended"))?
+                        .map_err(ServiceError::at("watching the identities bucket"))?;
+                    if entry.operation == Operation::Put
+                        && let Ok(record) = serde_json::from_slice::<IdentityRecord>(&entry.value)
+                    {
+                        self.apply(record, &mut known);
+                    }
+                    if !caught_up && entry.delta == 0 {
+                        caught_up = true;
+                        self.push(&kv, &mut known).await?;
+                        seen_version = self.identities.version();
+                        ctx.report(Health::Running);
+                    }
+                }
+                _ = poll.tick() => {
+                    if !caught_up {
+                        // An empty bucket delivers nothing to the watch.
+                        let empty = kv.status().await.map(|s| s.values() == 0).unwrap_or(false);
+                        if empty {
+                            caught_up = true;
+                            self.push(&kv, &mut known).await?;
+                            seen_version = self.identities.version();
+                            ctx.report(Health::Running);
+                        }
+                        continue;
+                    }
+                    let version = self.identities.version();
+                    if version != seen_version {
+                        seen_version = version;
+                        self.push(&kv, &mut known).await?;
+                    }
+                }
+            }
+        }
+    }
+}
