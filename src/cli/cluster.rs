@@ -41,6 +41,11 @@ enum ClusterCommand {
         /// Where to write the bundle (must not exist).
         #[arg(long)]
         out: PathBuf,
+        /// This data dir served alone and holds streams, which JetStream cannot adopt into a
+        /// new cluster: move its store aside (nothing is deleted) and go on. Credentials,
+        /// identities and the trust chain are kept; the stored messages are not served.
+        #[arg(long)]
+        discard_history: bool,
     },
     /// On every other node, with a fresh data dir: take the cluster's trust chain from the
     /// bundle and remember this node's routes; then `cotald up`.
@@ -74,13 +79,14 @@ pub(super) async fn run(args: ClusterArgs) -> anyhow::Result<ExitCode> {
             routes,
             replicas,
             out,
+            discard_history,
         } => {
             let node = NodeOptions {
                 listen,
                 routes,
                 replicas,
             };
-            let bundle = cluster::init(&dir, &name, &node, &out)
+            let bundle = cluster::init(&dir, &name, &node, &out, discard_history)
                 .with_context(|| format!("cluster init in {}", dir.root().display()))?;
             println!(
                 "cluster {name}: join bundle written to {} ({} space(s)); on each other node:",

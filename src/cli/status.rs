@@ -103,6 +103,9 @@ fn print_text(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
             for line in service_lines(&s.services) {
                 writeln!(out, "  {line}")?;
             }
+            for line in cluster_lines(s) {
+                writeln!(out, "  {line}")?;
+            }
             writeln!(out, "  data dir    {}", r.data_dir)
         }
     }
@@ -134,7 +137,111 @@ fn service_lines(services: &[ServiceStatus]) -> Vec<String> {
         .collect()
 }
 
+/// A clustered node's view: nodes, who holds each space's lease, each stream's leader.
+fn cluster_lines(s: &RuntimeState) -> Vec<String> {
+    let mut lines = Vec::new();
+    let Some(c) = &s.cluster else {
+        return lines;
+    };
+    let nodes: Vec<String> = c
+        .nodes
+        .iter()
+        .map(|n| {
+            let mut tags = Vec::new();
+            if n.name == c.node {
+                tags.push("this node");
+            }
+            if n.name == c.meta_leader {
+                tags.push("meta leader");
+            }
+            if !n.current {
+                tags.push("NOT CURRENT");
+            }
+            match tags.is_empty() {
+                true => n.name.clone(),
+                false => format!("{} ({})", n.name, tags.join(", ")),
+            }
+        })
+        .collect();
+    lines.push(format!("cluster     {}", nodes.join(", ")));
+    for (space, lease) in &s.leases {
+        let holder = match (&lease.holder, lease.mine) {
+            (Some(h), true) => format!("{h} (this node)"),
+            (Some(h), false) => h.clone(),
+            (None, _) => "nobody (being taken over)".to_owned(),
+        };
+        lines.push(format!("lease       {space}: {holder}"));
+    }
+    for stream in &c.streams {
+        let lagging: Vec<&str> = stream
+            .followers
+            .iter()
+            .filter(|f| !f.current)
+            .map(|f| f.name.as_str())
+            .collect();
+        let leader = match stream.leader.as_str() {
+            "" => "NO LEADER",
+            l => l,
+        };
+        let mut line = format!("stream      {}: leader {leader}", stream.stream);
+        if !lagging.is_empty() {
+            line.push_str(&format!(", behind: {}", lagging.join(", ")));
+        }
+        lines.push(line);
+    }
+    lines
+}
+
 fn process_alive(pid: u32) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
     unsafe { libc::kill(pid as libc::pid_t, 0) == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datadir::{ClusterNode, ClusterState, StreamLeader};
+    use crate::services::lease::LeaseView;
+
+    #[test]
+    fn a_cluster_node_shows_nodes_leases_and_stream_leaders() {
+        let node = |name: &str, current| ClusterNode {
+            name: name.into(),
+            current,
+        };
+        let mut state: RuntimeState = serde_json::from_value(serde_json::json!({
+            "pid": 1, "broker_pid": 2, "broker_version": "x", "listen": "127.0.0.1:1",
+            "monitor": "127.0.0.1:2", "spaces": ["main"], "broker_restarts": 0
+        }))
+        .unwrap();
+        assert!(
+            cluster_lines(&state).is_empty(),
+            "a single appliance shows none"
+        );
+        state.cluster = Some(ClusterState {
+            node: "a".into(),
+            meta_leader: "b".into(),
+            nodes: vec![node("a", true), node("b", true), node("c", false)],
+            streams: vec![StreamLeader {
+                stream: "CHAT_main".into(),
+                leader: "b".into(),
+                followers: vec![node("a", true), node("c", false)],
+            }],
+        });
+        state.leases.insert(
+            "main".into(),
+            LeaseView {
+                holder: Some("a".into()),
+                mine: true,
+            },
+        );
+        assert_eq!(
+            cluster_lines(&state),
+            [
+                "cluster     a (this node), b (meta leader), c (NOT CURRENT)",
+                "lease       main: a (this node)",
+                "stream      CHAT_main: leader b, behind: c",
+            ]
+        );
+    }
 }

@@ -98,15 +98,73 @@ fn validated(name: &str, node: &NodeOptions) -> Result<ClusterConfig, DaemonErro
     Ok(config)
 }
 
+/// Whether the data dir's JetStream store holds streams (of any account).
+fn holds_streams(dir: &DataDir) -> bool {
+    let accounts = dir.jetstream().join("jetstream");
+    std::fs::read_dir(accounts)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|account| {
+            std::fs::read_dir(account.path().join("streams"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .next()
+                .is_some()
+        })
+}
+
 /// `cotald cluster init`: makes this data dir's trust chain the cluster's (created if it has
 /// none yet), writes its `[cluster]` table and the join bundle at `bundle`.
+///
+/// A data dir that served alone and holds streams is refused unless `discard_history`:
+/// JetStream does not adopt a standalone server's streams into a new cluster (the server
+/// recovers them, but the meta group formed with the new nodes does not know them, and the
+/// space's bootstrap then creates empty replicated streams of the same names). With
+/// `discard_history` the store is moved aside (`jetstream.standalone-<unix time>`), never
+/// deleted; the trust chain, the server name, the client port and the identities are kept,
+/// so every credential handed out keeps working. Run again on a node already clustered (to
+/// hand a new space to the others), it refuses nothing.
 pub fn init(
     dir: &DataDir,
     name: &str,
     node: &NodeOptions,
     bundle: &std::path::Path,
+    discard_history: bool,
 ) -> Result<JoinBundle, DaemonError> {
     let config = validated(name, node)?;
+    if bundle.exists() {
+        return Err(DaemonError::Invalid(format!(
+            "{} exists: the bundle is written to a new file",
+            bundle.display()
+        )));
+    }
+    let clustered = read_joined(dir).ok().flatten().is_some();
+    if !clustered && holds_streams(dir) {
+        if !discard_history {
+            return Err(DaemonError::Invalid(format!(
+                "{} holds the streams of an appliance that served alone, and JetStream does not \
+                 adopt a standalone server's streams into a new cluster: its stored messages \
+                 would not be served. Add --discard-history to move the store aside (to \
+                 jetstream.standalone-<time>; credentials, identities and the trust chain are \
+                 kept), or start the cluster from fresh data dirs",
+                dir.root().display()
+            )));
+        }
+        let aside = dir.root().join(format!(
+            "jetstream.standalone-{}",
+            crate::provision::now_secs()
+        ));
+        std::fs::rename(dir.jetstream(), &aside).map_err(|e| {
+            DaemonError::File(crate::files::FileError::new(
+                &dir.jetstream(),
+                "moving aside",
+                e,
+            ))
+        })?;
+        tracing::warn!(to = %aside.display(), "the standalone JetStream store was moved aside");
+    }
     let keys = KeyStore::load_or_create(&dir.keys())?;
     keys.ensure_space("main")?;
     TlsFiles::ensure(&dir.tls(), &[])?;

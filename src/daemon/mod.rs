@@ -49,7 +49,7 @@ use crate::profile::{Profile, SpaceConfig};
 use crate::protocol::{Host, JoinLink};
 use crate::provision::{JetStreamLimits, KeyStore, ProvisionError, SpaceKeys, TlsFiles};
 use crate::services::backstop::Backstop;
-use crate::services::identity_sync::IdentitySync;
+use crate::services::identity_sync::{self, IdentitySync};
 use crate::services::lease::{LeaseKeeper, Starter};
 use crate::services::manager::Manager;
 use crate::services::members::Members;
@@ -235,11 +235,16 @@ struct Leased {
 }
 
 impl Leased {
-    /// Starts them in `set`, in dependency order (the manager needs the reader). Each is
-    /// started even when one before it fails to (it keeps being retried by the set): a
-    /// warden waiting for a stream leader must not keep the manager from serving. The first
-    /// failure is returned.
-    async fn start(self, set: &ServiceSet) -> Result<(), crate::services::ServiceError> {
+    /// Starts them in `set`, in dependency order (the manager needs the reader); on a
+    /// takeover (`first_the_manager`) the reader and the manager come first, since clients
+    /// wait for the manager. Each is started even when one before it fails to (it keeps being
+    /// retried by the set): a warden waiting for a stream leader must not keep the manager
+    /// from serving. The first failure is returned.
+    async fn start(
+        self,
+        set: &ServiceSet,
+        first_the_manager: bool,
+    ) -> Result<(), crate::services::ServiceError> {
         // Retried: a takeover often coincides with the registry's stream electing a leader.
         let mut backoff = crate::services::Backoff::default();
         let mut attempts = 0;
@@ -253,27 +258,38 @@ impl Leased {
             }
             tokio::time::sleep(backoff.next_delay()).await;
         }
-        let results = [
-            set.start(self.backstop).await,
-            set.start(self.manager).await,
+        let mut results = Vec::new();
+        if first_the_manager {
+            results.push(set.start(self.backstop.clone()).await);
+            results.push(set.start(self.manager.clone()).await);
+        }
+        results.push(
             set.start(Arc::new(Mentions::new(
                 self.space.clone(),
                 self.identities.clone(),
                 self.presence.clone(),
             )))
             .await,
+        );
+        results.push(
             set.start(Arc::new(Warden::new(
                 self.space.clone(),
                 self.identities.clone(),
             )))
             .await,
+        );
+        if !first_the_manager {
+            results.push(set.start(self.backstop).await);
+            results.push(set.start(self.manager).await);
+        }
+        results.push(
             set.start(Arc::new(MembershipFeed::new(
                 self.space,
                 self.members,
                 self.view,
             )))
             .await,
-        ];
+        );
         results.into_iter().collect()
     }
 }
@@ -678,6 +694,27 @@ impl Core {
     ) -> Result<SpaceInfo, DaemonError> {
         let keys = self.keys.ensure_space(name)?;
         let identities = Arc::new(Identities::load(&self.dir, name));
+        // A node of a cluster first learns the identity records it missed while it was down
+        // (a revoke, above all), through the account the cluster already knows; only then
+        // does it push the account JWT, whose revocations come from those records.
+        let early = match self.clustered {
+            true => Space::connect(&keys, config.clone(), self.local, &self.ca_cert)
+                .await
+                .ok(),
+            false => None,
+        };
+        if let Some(space) = &early {
+            match identity_sync::pull(space, &identities).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    space = name,
+                    records = n,
+                    "identity records from the cluster"
+                ),
+                Err(e) => tracing::warn!(space = name, error = %crate::ops::error_text(&e),
+                    "cannot read the cluster's identity records before pushing the account"),
+            }
+        }
         self.push_account(&keys, &config, &identities).await?;
         crate::files::private_dir(&self.dir.space(name))?;
         let creds = keys.own_user_creds("local-operator")?;
@@ -687,7 +724,10 @@ impl Core {
             0o600,
         )?;
         identities.insert_builtin(operator_record(name, creds.public_key()?));
-        let space = Arc::new(Space::connect(&keys, config, self.local, &self.ca_cert).await?);
+        let space = match early {
+            Some(space) => Arc::new(space),
+            None => Arc::new(Space::connect(&keys, config, self.local, &self.ca_cert).await?),
+        };
         let services = ServiceSet::new(name, &self.root);
         let started = async {
             self.bootstrap(&space).await?;
@@ -751,7 +791,7 @@ impl Core {
                     .map_err(|e| service_error(name, e))?;
                 let starter: Starter = Arc::new(move |set: Arc<ServiceSet>| {
                     let parts = parts.clone();
-                    Box::pin(async move { parts.start(&set).await })
+                    Box::pin(async move { parts.start(&set, true).await })
                 });
                 let keeper = Arc::new(LeaseKeeper::new(
                     space.clone(),
@@ -766,7 +806,7 @@ impl Core {
                 Some(keeper)
             } else {
                 parts
-                    .start(&services)
+                    .start(&services, false)
                     .await
                     .map_err(|e| service_error(name, e))?;
                 None

@@ -39,6 +39,49 @@ pub fn change_time(r: &IdentityRecord) -> (i64, i64, i64) {
     )
 }
 
+/// Applies every record of the space's identities bucket that is newer than the local one;
+/// how many were applied. A node starting after a revoke it missed learns of it here, before
+/// it pushes the space's account JWT (whose revocations it builds from its records): pushing
+/// first would lift the revoke for the whole cluster. No bucket yet: nothing to apply.
+pub async fn pull(space: &Space, identities: &Identities) -> Result<usize, ServiceError> {
+    let Ok(kv) = space
+        .jetstream()
+        .get_key_value(bucket_name(space.name()))
+        .await
+    else {
+        return Ok(0);
+    };
+    let mut keys = kv
+        .keys()
+        .await
+        .map_err(ServiceError::at("listing the identities bucket"))?;
+    let mut applied = 0;
+    while let Some(key) = keys.next().await {
+        let key = key.map_err(ServiceError::at("listing the identities bucket"))?;
+        let Some(bytes) = kv
+            .get(&key)
+            .await
+            .map_err(ServiceError::at("reading the identities bucket"))?
+        else {
+            continue;
+        };
+        let Ok(record) = serde_json::from_slice::<IdentityRecord>(&bytes) else {
+            continue;
+        };
+        if record.space != space.name() || record.id != key {
+            continue;
+        }
+        let local = identities.records().into_iter().find(|r| r.id == key);
+        if local.is_none_or(|l| change_time(&record) > change_time(&l)) {
+            identities
+                .save(record)
+                .map_err(ServiceError::at("storing an identity record"))?;
+            applied += 1;
+        }
+    }
+    Ok(applied)
+}
+
 /// Puts `record` into the space's identities bucket at once (a mint or revoke on this node, so
 /// that the lease holder knows it before the caller hands the credential out).
 pub async fn share(space: &Space, record: &IdentityRecord) -> Result<(), ServiceError> {
@@ -76,6 +119,38 @@ pub async fn fetch(space: &Space, identities: &Identities, id: &str) -> Option<I
     identities.get(id)
 }
 
+/// Opens a bucket of the cluster's own (identities, lease), creating it when absent and
+/// scaling its replicas in place when the cluster's changed (as the space's bootstrap does for
+/// its streams).
+pub async fn ensure_bucket(
+    js: &async_nats::jetstream::Context,
+    config: kv::Config,
+) -> Result<kv::Store, ServiceError> {
+    let stream = format!("KV_{}", config.bucket);
+    match js.get_stream(&stream).await {
+        Ok(mut existing) => {
+            let info = existing
+                .info()
+                .await
+                .map_err(ServiceError::at("reading a cluster bucket"))?;
+            if info.config.num_replicas != config.num_replicas {
+                let mut scaled = info.config.clone();
+                scaled.num_replicas = config.num_replicas;
+                js.update_stream(scaled)
+                    .await
+                    .map_err(ServiceError::at("scaling a cluster bucket"))?;
+            }
+            js.get_key_value(&config.bucket)
+                .await
+                .map_err(ServiceError::at("opening a cluster bucket"))
+        }
+        Err(_) => js
+            .create_key_value(config)
+            .await
+            .map_err(ServiceError::at("creating a cluster bucket")),
+    }
+}
+
 /// Mirrors a space's identity records through the cluster.
 pub struct IdentitySync {
     space: Arc<Space>,
@@ -94,21 +169,17 @@ impl IdentitySync {
     }
 
     async fn bucket(&self) -> Result<kv::Store, ServiceError> {
-        let js = self.space.jetstream();
-        let name = bucket_name(self.space.name());
-        match js.get_key_value(&name).await {
-            Ok(kv) => Ok(kv),
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: name.clone(),
-                    history: 1,
-                    num_replicas: self.replicas.max(1),
-                    storage: async_nats::jetstream::stream::StorageType::File,
-                    ..Default::default()
-                })
-                .await
-                .map_err(ServiceError::at("creating the identities bucket")),
-        }
+        ensure_bucket(
+            self.space.jetstream(),
+            kv::Config {
+                bucket: bucket_name(self.space.name()),
+                history: 1,
+                num_replicas: self.replicas.max(1),
+                storage: async_nats::jetstream::stream::StorageType::File,
+                ..Default::default()
+            },
+        )
+        .await
     }
 
     /// Puts every local record the bucket does not have in a version at least as recent.

@@ -107,22 +107,18 @@ impl LeaseKeeper {
     }
 
     async fn bucket(&self) -> Result<kv::Store, ServiceError> {
-        let js = self.space.jetstream();
-        let name = bucket_name(self.space.name());
-        match js.get_key_value(&name).await {
-            Ok(kv) => Ok(kv),
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: name.clone(),
-                    history: 1,
-                    max_age: LEASE_TTL,
-                    num_replicas: self.replicas.max(1),
-                    storage: async_nats::jetstream::stream::StorageType::File,
-                    ..Default::default()
-                })
-                .await
-                .map_err(ServiceError::at("creating the lease bucket")),
-        }
+        super::identity_sync::ensure_bucket(
+            self.space.jetstream(),
+            kv::Config {
+                bucket: bucket_name(self.space.name()),
+                history: 1,
+                max_age: LEASE_TTL,
+                num_replicas: self.replicas.max(1),
+                storage: async_nats::jetstream::stream::StorageType::File,
+                ..Default::default()
+            },
+        )
+        .await
     }
 
     /// Starts the leased services in a fresh set under `ctx`.

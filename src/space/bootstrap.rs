@@ -68,10 +68,12 @@ pub async fn bootstrap(
                         .await
                         .map_err(|e| err("reading", &expected.name, e.to_string()))?;
                     if info.config.num_replicas != expected.num_replicas {
-                        // A single node's data dir grown into a cluster (or a cluster's
-                        // replicas changed): JetStream moves the stream in place.
+                        // A cluster's replicas changed: JetStream moves the stream in place.
+                        // Its byte limit changes with it: the account's quota counts every
+                        // replica, so each one's share is divided by their number.
                         let mut scaled = info.config.clone();
                         scaled.num_replicas = expected.num_replicas;
+                        scaled.max_bytes = expected.max_bytes;
                         js.update_stream(scaled)
                             .await
                             .map_err(|e| err("scaling", &expected.name, e.to_string()))?;
@@ -83,6 +85,9 @@ pub async fn bootstrap(
                         );
                     }
                     let mut drift = streams::drift(&expected, &info.config);
+                    if info.config.num_replicas != expected.num_replicas {
+                        drift.retain(|d| d.field != "max_bytes");
+                    }
                     // DM and TASK made before the fairness bounds get them (they only narrow).
                     let fair = expected.discard_new_per_subject;
                     if fair

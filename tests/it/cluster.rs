@@ -31,6 +31,17 @@ fn text(d: &cotald::client::Delivery) -> String {
 /// Three data dirs joined into cluster `team` (the first one `init`s), not started.
 async fn prepare(root: &Path) -> Vec<PathBuf> {
     let dirs: Vec<PathBuf> = ["a", "b", "c"].iter().map(|n| root.join(n)).collect();
+    join_all(root, &dirs).await;
+    dirs
+}
+
+/// Runs `cluster init` on the first of `dirs` and `cluster join` on the others.
+async fn join_all(root: &Path, dirs: &[PathBuf]) {
+    join_all_with(root, dirs, &[], &[]).await;
+}
+
+/// [`join_all`] with extra arguments for `init` and for `join`.
+async fn join_all_with(root: &Path, dirs: &[PathBuf], init: &[&str], join: &[&str]) {
     let routes: Vec<String> = (0..3)
         .map(|_| format!("127.0.0.1:{}", free_port()))
         .collect();
@@ -52,6 +63,8 @@ async fn prepare(root: &Path) -> Vec<PathBuf> {
                 bundle.display().to_string(),
             ]
         };
+        let extra = if i == 0 { init } else { join };
+        args.extend(extra.iter().map(|a| a.to_string()));
         args.extend(["--listen".into(), routes[i].clone()]);
         for (j, route) in routes.iter().enumerate() {
             if j != i {
@@ -66,7 +79,6 @@ async fn prepare(root: &Path) -> Vec<PathBuf> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    dirs
 }
 
 /// Starts every node at once and waits until each is ready and the first sees a leader for
@@ -229,8 +241,147 @@ async fn three_appliances_serve_one_space_across_nodes() {
         d.ack().await.unwrap();
     }
 
+    // alice, minted on A, revoked on C: every node's broker refuses her from then on.
+    let out = cotald_in(&dirs[2], &["revoke", "alice", "--space", "main"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for n in &nodes {
+        assert!(
+            Probe::try_connect(n, &alice.creds).await.is_err(),
+            "a node accepts a credential revoked on another"
+        );
+    }
+
     for n in nodes {
         n.stop().await;
+    }
+}
+
+/// A single appliance that has served grows into a cluster: `cluster init` refuses its store
+/// (JetStream does not adopt a standalone server's streams into a new cluster) until told to
+/// move it aside, and keeps its trust chain, server name and port, so a credential minted when
+/// it was alone works through any node. Streams then scale in place: the cluster starts with
+/// one replica, and its next start with the default (3) scales every stream up, keeping what
+/// it holds.
+#[tokio::test]
+async fn a_single_appliance_grows_into_a_cluster_and_its_streams_scale_in_place() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs: Vec<PathBuf> = ["a", "b", "c"].iter().map(|n| tmp.path().join(n)).collect();
+    let single = Cotald::up(&dirs[0]).await;
+    let before = single.state();
+    let alice = mint(&dirs[0], "alice", "main", &["--allow-publish", "general"]).await;
+    let a = endpoint(&alice, |_| {}).await;
+    a.client.send_text(general(), "alone").await.unwrap();
+    a.client.close().await;
+    single.stop().await;
+
+    let bundle = tmp.path().join("refused.json");
+    let refused = cotald_in(
+        &dirs[0],
+        &[
+            "cluster",
+            "init",
+            "--name",
+            "team",
+            "--listen",
+            "127.0.0.1:1",
+            "--out",
+            bundle.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "a store with streams is refused");
+    assert!(said.contains("--discard-history"), "{said}");
+    assert!(!bundle.exists(), "nothing written when refused");
+
+    join_all_with(
+        tmp.path(),
+        &dirs,
+        &["--discard-history", "--replicas", "1"],
+        &["--replicas", "1"],
+    )
+    .await;
+    assert!(
+        std::fs::read_dir(&dirs[0]).unwrap().flatten().any(|e| e
+            .file_name()
+            .to_string_lossy()
+            .starts_with("jetstream.standalone-")),
+        "the standalone store is moved aside, not deleted"
+    );
+    let nodes = start(&dirs).await;
+    assert_eq!(
+        server_names(&dirs)[0],
+        before_name(&dirs[0]),
+        "the first node keeps its name"
+    );
+    assert_eq!(
+        nodes[0].state().listen,
+        before.listen,
+        "and its client port"
+    );
+    let info = chat_info(&nodes[2], &dirs[2]).await;
+    assert_eq!(info["config"]["num_replicas"], 1, "{info}");
+    // alice's credential, minted when the appliance was alone, works through another node.
+    let a = endpoint(&through(&alice, &nodes[2]), |_| {}).await;
+    for i in 0..5 {
+        a.client
+            .send_text(general(), &format!("clustered {i}"))
+            .await
+            .unwrap();
+    }
+    a.client.close().await;
+    for n in nodes {
+        n.stop().await;
+    }
+
+    // The next start with the default replicas (3) scales every stream in place.
+    for d in &dirs {
+        let table = d.join("cluster/cluster.toml");
+        let text = std::fs::read_to_string(&table).unwrap();
+        std::fs::write(&table, text.replace("replicas = 1\n", "")).unwrap();
+    }
+    let nodes = start(&dirs).await;
+    let info = chat_info(&nodes[1], &dirs[1]).await;
+    assert_eq!(info["config"]["num_replicas"], 3, "{info}");
+    assert_eq!(
+        info["state"]["messages"], 5,
+        "kept through the scaling: {info}"
+    );
+    assert_eq!(
+        info["cluster"]["replicas"].as_array().map(Vec::len),
+        Some(2),
+        "{info}"
+    );
+    for n in nodes {
+        n.stop().await;
+    }
+}
+
+/// `CHAT_main`'s stream info, asked through node `n` (data dir `d`).
+async fn chat_info(n: &Cotald, d: &Path) -> serde_json::Value {
+    let mut probe = Probe::connect(n, &d.join("spaces/main/local-operator.creds")).await;
+    probe
+        .request("$JS.API.STREAM.INFO.CHAT_main", serde_json::json!({}))
+        .await
+}
+
+/// The server name an appliance's data dir had before it was clustered.
+fn before_name(dir: &Path) -> String {
+    let keys = cotald::provision::KeyStore::open(&dir.join("keys")).unwrap();
+    format!("cotald_{}", &keys.operator_public()[..12])
+}
+
+/// `m` reaching space `main` through node `n`.
+fn through(m: &crate::helper::Minted, n: &Cotald) -> crate::helper::Minted {
+    crate::helper::Minted {
+        id: m.id.clone(),
+        creds: m.creds.clone(),
+        link: format!("cotals://{}/main", n.state().listen),
+        ca: m.ca.clone(),
     }
 }
 

@@ -290,7 +290,10 @@ impl LivePair {
     }
 }
 
-async fn live_throughput(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
+pub(super) async fn live_throughput(
+    bench: &Bench,
+    sizes: Sizes,
+) -> anyhow::Result<Vec<CaseResult>> {
     let n = sizes.messages;
     let pair = tokio::sync::Mutex::new(LivePair::new(bench, "tput").await?);
     let route = [Routing::channel(&channel(CH_LIVE)?)];
@@ -366,7 +369,7 @@ async fn live_throughput(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<Case
     )])
 }
 
-async fn live_latency(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
+pub(super) async fn live_latency(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
     let samples = sizes.samples;
     let pair = tokio::sync::Mutex::new(LivePair::new(bench, "lat").await?);
     let ch = channel(CH_LIVE)?;

@@ -16,8 +16,12 @@
 //! ready vs the bundled broker alone on the config cotald rendered). The throughput cases run
 //! again on an appliance whose profile syncs every write (`sync_interval = "always"`), named
 //! with a `_sync_always` suffix.
+//!
+//! `--cluster` runs instead what a cluster of appliances costs ([`cluster`]): the live cases on
+//! R1 and on R3, and the failover time.
 
 mod cases;
+mod cluster;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -51,6 +55,11 @@ pub struct BenchArgs {
     /// Run only the cases whose name contains this (repeatable).
     #[arg(long = "case", value_name = "NAME")]
     cases: Vec<String>,
+    /// Instead of the cases above: the live cases on a single appliance (R1) and on a cluster
+    /// of three on this machine (R3), then the failover time after a kill -9 of the node
+    /// serving the space.
+    #[arg(long, conflicts_with = "cases")]
+    cluster: bool,
 }
 
 /// The sizes of a bench run.
@@ -198,6 +207,9 @@ pub(super) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let tmp = tempfile_dir()?;
     let mut results = Vec::new();
 
+    if args.cluster {
+        results.extend(cluster::run(&exe, &tmp, sizes, &progress).await?);
+    }
     // The shipped profile, then the same with every write synced (`sync_interval = "always"`):
     // the throughput cases again, named with a `_sync_always` suffix.
     let always = tmp.join("sync-always.toml");
@@ -206,7 +218,11 @@ pub(super) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         crate::profile::EMBEDDED_LOCAL
             .replace("sync_interval = \"1s\"", "sync_interval = \"always\""),
     )?;
-    for (config, suffix) in [(None, ""), (Some(always.as_path()), "_sync_always")] {
+    let passes = match args.cluster {
+        true => Vec::new(),
+        false => vec![(None, ""), (Some(always.as_path()), "_sync_always")],
+    };
+    for (config, suffix) in passes {
         let selected: Vec<&cases::Case> = cases::ALL
             .iter()
             .filter(|case| config.is_none() || case.throughput)
@@ -245,7 +261,7 @@ pub(super) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         appliance.stop().await;
     }
 
-    if wanted("startup_cold") || wanted("startup_warm") {
+    if !args.cluster && (wanted("startup_cold") || wanted("startup_warm")) {
         let started = Instant::now();
         for result in cases::startup(&exe, &tmp, sizes).await? {
             progress(format!("{}", Line(&result)));
