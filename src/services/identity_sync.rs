@@ -10,6 +10,11 @@
 //! change wins ([`change_time`]: issued, revoked, revoked-before), so a node that was down
 //! during a revoke cannot bring the revoked record back when it returns. The bucket holds no
 //! secret (a record is the identity's grants and dates; seeds stay where they were minted).
+//!
+//! A node's built-in identities (its machine operator, its dashboard's observer) are shared
+//! too, under `builtin.<id>`: each node has its own, and the holder's manager must answer them
+//! (`cotald channels set` on any node). They are kept in memory on the other nodes, never
+//! written to their data dirs as minted.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -28,6 +33,36 @@ const LOCAL_POLL: Duration = Duration::from_millis(250);
 /// The identities bucket of a space.
 pub fn bucket_name(space: &str) -> String {
     format!("cotald_identities_{space}")
+}
+
+/// The key prefix of a node's built-in identities (its machine operator, its dashboard's
+/// observer): known on every node, never written to another node's data dir as minted.
+const BUILTIN: &str = "builtin.";
+
+/// Applies the record stored under `key` when it is newer than what `identities` has; whether
+/// it was applied.
+fn apply(identities: &Identities, key: &str, record: &IdentityRecord) -> bool {
+    if let Some(id) = key.strip_prefix(BUILTIN) {
+        if id != record.id || identities.get(id).is_some() {
+            return false;
+        }
+        identities.insert_builtin(record.clone());
+        return true;
+    }
+    if key != record.id {
+        return false;
+    }
+    let local = identities.records().into_iter().find(|r| r.id == key);
+    if local.is_some_and(|l| change_time(record) <= change_time(&l)) {
+        return false;
+    }
+    match identities.save(record.clone()) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(id = record.id, error = %e, "cannot store an identity record from another node");
+            false
+        }
+    }
 }
 
 /// When a record last changed: the later of its issue, its revocation and its revoked-before.
@@ -68,14 +103,7 @@ pub async fn pull(space: &Space, identities: &Identities) -> Result<usize, Servi
         let Ok(record) = serde_json::from_slice::<IdentityRecord>(&bytes) else {
             continue;
         };
-        if record.space != space.name() || record.id != key {
-            continue;
-        }
-        let local = identities.records().into_iter().find(|r| r.id == key);
-        if local.is_none_or(|l| change_time(&record) > change_time(&l)) {
-            identities
-                .save(record)
-                .map_err(ServiceError::at("storing an identity record"))?;
+        if record.space == space.name() && apply(identities, &key, &record) {
             applied += 1;
         }
     }
@@ -107,14 +135,16 @@ pub async fn fetch(space: &Space, identities: &Identities, id: &str) -> Option<I
         .get_key_value(bucket_name(space.name()))
         .await
         .ok()?;
-    let bytes = kv.get(id).await.ok()??;
-    let record: IdentityRecord = serde_json::from_slice(&bytes).ok()?;
-    if record.space != space.name() || record.id != id {
-        return None;
-    }
-    let local = identities.records().into_iter().find(|r| r.id == id);
-    if local.is_none_or(|l| change_time(&record) > change_time(&l)) {
-        identities.save(record).ok()?;
+    for key in [id.to_owned(), format!("{BUILTIN}{id}")] {
+        let Ok(Some(bytes)) = kv.get(&key).await else {
+            continue;
+        };
+        let Ok(record) = serde_json::from_slice::<IdentityRecord>(&bytes) else {
+            continue;
+        };
+        if record.space == space.name() {
+            apply(identities, &key, &record);
+        }
     }
     identities.get(id)
 }
@@ -188,53 +218,56 @@ impl IdentitySync {
         kv: &kv::Store,
         known: &mut BTreeMap<String, IdentityRecord>,
     ) -> Result<(), ServiceError> {
-        for record in self.identities.records() {
+        let minted = self
+            .identities
+            .records()
+            .into_iter()
+            .map(|r| (r.id.clone(), r));
+        let builtin = self
+            .identities
+            .builtins()
+            .into_iter()
+            .map(|r| (format!("{BUILTIN}{}", r.id), r));
+        for (key, record) in minted.chain(builtin) {
             let newer = known
-                .get(&record.id)
+                .get(&key)
                 .is_none_or(|k| change_time(&record) > change_time(k));
             if !newer {
                 continue;
             }
             let bytes = serde_json::to_vec(&record).unwrap_or_default();
-            kv.put(&record.id, bytes.into())
+            kv.put(&key, bytes.into())
                 .await
                 .map_err(ServiceError::at("sharing an identity record"))?;
-            known.insert(record.id.clone(), record);
+            known.insert(key, record);
         }
         Ok(())
     }
 
     /// Applies a record from the bucket when it is newer than the local one.
-    fn apply(&self, record: IdentityRecord, known: &mut BTreeMap<String, IdentityRecord>) {
+    fn apply(
+        &self,
+        key: &str,
+        record: IdentityRecord,
+        known: &mut BTreeMap<String, IdentityRecord>,
+    ) {
         if record.space != self.space.name() {
             return;
         }
-        let local = self
-            .identities
-            .records()
-            .into_iter()
-            .find(|r| r.id == record.id);
-        let newer = local
-            .as_ref()
-            .is_none_or(|l| change_time(&record) > change_time(l));
-        if newer {
-            match self.identities.save(record.clone()) {
-                Ok(()) => tracing::info!(
-                    space = self.space.name(),
-                    id = record.id,
-                    name = record.name,
-                    revoked = record.revoked_at.is_some(),
-                    "identity record from another node"
-                ),
-                Err(e) => tracing::error!(space = self.space.name(), error = %e,
-                    "cannot store an identity record from another node"),
-            }
+        if apply(&self.identities, key, &record) {
+            tracing::info!(
+                space = self.space.name(),
+                id = record.id,
+                name = record.name,
+                revoked = record.revoked_at.is_some(),
+                "identity record from another node"
+            );
         }
         let keep = known
-            .get(&record.id)
+            .get(key)
             .is_none_or(|k| change_time(&record) >= change_time(k));
         if keep {
-            known.insert(record.id.clone(), record);
+            known.insert(key.to_owned(), record);
         }
     }
 }
@@ -266,7 +299,7 @@ impl Service for IdentitySync {
                     if entry.operation == Operation::Put
                         && let Ok(record) = serde_json::from_slice::<IdentityRecord>(&entry.value)
                     {
-                        self.apply(record, &mut known);
+                        self.apply(&entry.key, record, &mut known);
                     }
                     if !caught_up && entry.delta == 0 {
                         caught_up = true;

@@ -77,6 +77,17 @@ impl Identities {
             .collect()
     }
 
+    /// The identities known but not minted (the machine operator's own user, the dashboard's
+    /// observer): a cluster's nodes share them too, each node having its own.
+    pub fn builtins(&self) -> Vec<IdentityRecord> {
+        let builtin = self.builtin.read().map(|b| b.clone()).unwrap_or_default();
+        self.read()
+            .values()
+            .filter(|r| builtin.contains(&r.id))
+            .cloned()
+            .collect()
+    }
+
     fn minted(&self) -> impl Iterator<Item = IdentityRecord> {
         let builtin = self.builtin.read().map(|b| b.clone()).unwrap_or_default();
         self.read()

@@ -11,7 +11,9 @@ use std::time::Duration;
 use cotald::client::{DurableState, Replay};
 use cotald::protocol::{Channel, Routing};
 
-use crate::helper::{Cotald, Probe, TIMEOUT, cotald_in, delivery, endpoint, mint};
+use crate::helper::{
+    Cotald, Probe, TIMEOUT, cotald_in, delivery, endpoint, mint, operator_endpoint, set_channel,
+};
 use crate::leaf::free_port;
 
 /// How long three nodes may take to start, elect a JetStream meta leader and bootstrap.
@@ -216,6 +218,16 @@ async fn three_appliances_serve_one_space_across_nodes() {
     );
     a.client.send_text(general(), "from A").await.unwrap();
     assert_eq!(text(&delivery(&mut b.deliveries).await), "from A");
+
+    // Each node's machine operator is known to the lease holder's manager: C's writes a
+    // channel config (set_channel fails on a refusal).
+    let op = operator_endpoint(&dirs[2], &bob, false).await;
+    set_channel(
+        &op,
+        "general",
+        serde_json::json!({"description": "set through C"}),
+    )
+    .await;
 
     // A durable member minted on B, offline while A posts, catches up through B.
     let carol = mint(&dirs[1], "carol", "main", &["--subscribe", "general"]).await;
