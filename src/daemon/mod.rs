@@ -781,14 +781,19 @@ impl Core {
             };
             let lease = if self.clustered {
                 // One node of the cluster runs them, the lease's holder.
-                services
+                // Not fatal when it fails to start (its bucket may be created by another node
+                // this very moment): the set retries it with backoff, and `status` shows it.
+                if let Err(e) = services
                     .start(Arc::new(IdentitySync::new(
                         space.clone(),
                         identities.clone(),
                         self.replicas,
                     )))
                     .await
-                    .map_err(|e| service_error(name, e))?;
+                {
+                    tracing::warn!(space = name, error = %crate::ops::error_text(&e),
+                        "identity sync not running yet; retrying");
+                }
                 let starter: Starter = Arc::new(move |set: Arc<ServiceSet>| {
                     let parts = parts.clone();
                     Box::pin(async move { parts.start(&set, true).await })
@@ -799,10 +804,10 @@ impl Core {
                     self.replicas,
                     starter,
                 ));
-                services
-                    .start(keeper.clone())
-                    .await
-                    .map_err(|e| service_error(name, e))?;
+                if let Err(e) = services.start(keeper.clone()).await {
+                    tracing::warn!(space = name, error = %crate::ops::error_text(&e),
+                        "lease keeper not running yet; retrying");
+                }
                 Some(keeper)
             } else {
                 parts
