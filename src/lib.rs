@@ -19,10 +19,10 @@
 //! | [`space`] | a served space: provisioner connection, bootstrap, minted identities | §7, §8, App. B |
 //! | [`supervisor`] | the child nats-server: install, config, spawn, readiness, restart, stop | §8 |
 //! | [`client`] | the conformant endpoint: connect, presence, join/replay/dedup, DM, anycast, control | §2, §4–§8, §10, §12 |
-//! | [`services`] | the in-process services and the one way they run: manager, trusted backstop reader, mention router, membership feed, presence view, the warden of DM and TASK | §4–§9 |
+//! | [`services`] | the in-process services and the one way they run: manager, trusted backstop reader, mention router, membership feed, presence view, the warden of DM and TASK; in a cluster, the per-space lease and the shared identities | §4–§9 |
 //! | [`dashboard`] | the live web dashboard `cotald up` serves: roster, channels, feed, health, read as an observer | §6, §7, App. B |
 //! | [`mcp`] | `cotald mcp`: an MCP server on stdio that makes an AI agent host one long-lived endpoint | §4–§8, §12 |
-//! | [`daemon`] | the appliance: startup phases, the storage budget, account push, the admin socket, readiness to a service manager, teardown | §9 |
+//! | [`daemon`] | the appliance: startup phases, the storage budget, account push, the admin socket, readiness to a service manager, teardown; `cluster init`/`join` | §9 |
 //! | [`cli`] | the `cotald` subcommands; how an endpoint command finds its space (local data dir, context, environment) | |
 //!
 //! The `cotald` executable (`src/main.rs`) is the only artefact that embeds the bundled

@@ -9,7 +9,10 @@
 //!    (`$SYS.REQ.CLAIMS.UPDATE`: works without a restart, unlike a memory resolver);
 //! 6. per space: connect its provisioner, bootstrap streams and buckets (§8), pre-create the
 //!    durables of every identity minted so far, start the space's services
-//!    ([`crate::services`]);
+//!    ([`crate::services`]); on a node of a cluster ([`cluster`]), the identity records are
+//!    read from the cluster before the account is pushed, and the services other than the
+//!    presence watch run only while this node holds the space's lease
+//!    ([`crate::services::lease`]);
 //! 7. start the appliance's own services: the runtime state for `cotald status`, the admin
 //!    socket, the web dashboard ([`crate::dashboard`], when enabled); ready (and a service
 //!    manager that asked is told so: [`notify`]).
