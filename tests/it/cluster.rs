@@ -12,7 +12,7 @@ use cotald::client::{DurableState, Replay};
 use cotald::protocol::{Channel, Routing};
 
 use crate::helper::{
-    Cotald, Probe, TIMEOUT, cotald_in, delivery, endpoint, mint, operator_endpoint, set_channel,
+    Cotald, Probe, TIMEOUT, cotald_in, endpoint, mint, operator_endpoint, set_channel,
 };
 use crate::leaf::free_port;
 
@@ -140,6 +140,24 @@ async fn holder_other_than(n: &Cotald, old: &str) -> String {
     .expect("a lease holder within the timeout")
 }
 
+/// The next message surfaced to `conn`; when none comes in time, the nodes still running are
+/// stopped and their logs printed before the test fails (a cluster's failure is read there).
+async fn surfaced(
+    conn: &mut cotald::client::Connection,
+    nodes: &mut [Cotald],
+) -> cotald::client::Delivery {
+    if let Ok(Some(d)) = tokio::time::timeout(TIMEOUT, conn.deliveries.next()).await {
+        return d;
+    }
+    for (i, n) in nodes.iter_mut().enumerate() {
+        if n.child.id().is_some() {
+            n.signal(libc::SIGKILL);
+            eprintln!("=== node {i} ===\n{}", n.drain_stderr().await);
+        }
+    }
+    panic!("nothing surfaced within {TIMEOUT:?}");
+}
+
 /// Each node's server name.
 fn server_names(dirs: &[PathBuf]) -> Vec<String> {
     dirs.iter()
@@ -160,7 +178,7 @@ async fn three_appliances_serve_one_space_across_nodes() {
     let dirs = prepare(tmp.path()).await;
     let bundle = std::fs::read_to_string(tmp.path().join("bundle.json")).unwrap();
     assert!(!bundle.contains("\"SU"), "no user seed travels");
-    let nodes = start(&dirs).await;
+    let mut nodes = start(&dirs).await;
     let names = server_names(&dirs);
     assert_eq!(
         names
@@ -217,7 +235,7 @@ async fn three_appliances_serve_one_space_across_nodes() {
         "the lease holder's manager answered bob's durable join: {joined:?}"
     );
     a.client.send_text(general(), "from A").await.unwrap();
-    assert_eq!(text(&delivery(&mut b.deliveries).await), "from A");
+    assert_eq!(text(&surfaced(&mut b, &mut nodes).await), "from A");
 
     // Each node's machine operator is known to the lease holder's manager: C's writes a
     // channel config (set_channel fails on a refusal).
@@ -248,7 +266,7 @@ async fn three_appliances_serve_one_space_across_nodes() {
     }
     let mut c = endpoint(&carol, |_| {}).await;
     for i in 0..3 {
-        let d = delivery(&mut c.deliveries).await;
+        let d = surfaced(&mut c, &mut nodes).await;
         assert_eq!(text(&d), format!("while away {i}"));
         d.ack().await.unwrap();
     }
@@ -458,7 +476,7 @@ async fn kill_9_of_the_lease_holder_during_traffic_loses_nothing() {
     // bob: every acknowledged message exactly once.
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     while !acked.iter().all(|m| seen.contains_key(m)) {
-        let d = delivery(&mut b.deliveries).await;
+        let d = surfaced(&mut b, &mut nodes).await;
         *seen.entry(text(&d)).or_default() += 1;
         let _ = d.ack().await;
     }
