@@ -344,13 +344,13 @@ impl Appliance {
 
         let broker = &opts.profile.broker;
         let listen = keep_picked_port(opts.listen.unwrap_or(broker.listen), &dir);
-        supervisor::claim(
-            &dir.run(),
-            &executable,
-            &dir.broker_conf(),
-            &[listen, broker.monitor],
-        )
-        .await?;
+        let cluster = match &opts.profile.cluster {
+            Some(c) => Some(c.clone()),
+            None => cluster::read_joined(&dir)?,
+        };
+        let mut listeners = vec![listen, broker.monitor];
+        listeners.extend(cluster.as_ref().map(|c| c.listen));
+        supervisor::claim(&dir.run(), &executable, &dir.broker_conf(), &listeners).await?;
         let mut hostnames = broker.hostnames.clone();
         hostnames.extend(opts.hostnames.iter().cloned());
         if !listen.ip().is_unspecified() && !listen.ip().is_loopback() {
@@ -386,11 +386,6 @@ impl Appliance {
             "JetStream storage budget: three quarters of the free disk space plus what it stores"
         );
 
-        let cluster = opts
-            .profile
-            .cluster
-            .clone()
-            .or_else(|| cluster::read_joined(&dir).ok().flatten());
         let leaf_remotes = match &opts.profile.leaf {
             Some(leaf) => leaf
                 .spaces(&opts.profile)

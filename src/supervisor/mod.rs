@@ -414,8 +414,14 @@ impl Running {
                         .conf
                         .monitor_port
                         .map(|p| SocketAddr::new(spec.conf.monitor_host, p));
-                    let addr = match monitor {
-                        Some(m) if line.contains(&m.to_string()) => m,
+                    let route = spec
+                        .conf
+                        .cluster
+                        .as_ref()
+                        .map(|c| SocketAddr::new(c.host, c.port));
+                    let addr = match (monitor, route) {
+                        (Some(m), _) if line.contains(&m.to_string()) => m,
+                        (_, Some(r)) if line.contains(&r.to_string()) => r,
                         _ => SocketAddr::new(spec.conf.host, spec.conf.port.unwrap_or(0)),
                     };
                     return Err(SupervisorError::PortInUse { addr });

@@ -146,7 +146,16 @@ async fn surfaced(
     conn: &mut cotald::client::Connection,
     nodes: &mut [Cotald],
 ) -> cotald::client::Delivery {
-    if let Ok(Some(d)) = tokio::time::timeout(TIMEOUT, conn.deliveries.next()).await {
+    surfaced_within(conn, nodes, TIMEOUT).await
+}
+
+/// [`surfaced`] with another bound.
+async fn surfaced_within(
+    conn: &mut cotald::client::Connection,
+    nodes: &mut [Cotald],
+    bound: Duration,
+) -> cotald::client::Delivery {
+    if let Ok(Some(d)) = tokio::time::timeout(bound, conn.deliveries.next()).await {
         return d;
     }
     for (i, n) in nodes.iter_mut().enumerate() {
@@ -155,7 +164,7 @@ async fn surfaced(
             eprintln!("=== node {i} ===\n{}", n.drain_stderr().await);
         }
     }
-    panic!("nothing surfaced within {TIMEOUT:?}");
+    panic!("nothing surfaced within {bound:?}");
 }
 
 /// Each node's server name.
@@ -250,7 +259,9 @@ async fn three_appliances_serve_one_space_across_nodes() {
     // A durable member minted on B, offline while A posts, catches up through B.
     let carol = mint(&dirs[1], "carol", "main", &["--subscribe", "general"]).await;
     {
-        let c = endpoint(&carol, |_| {}).await;
+        // No backstop session for the join itself: copies handed to a connection that then
+        // closes wait for their handoff timeout (as in `durable.rs`).
+        let c = endpoint(&carol, |o| o.receive_backstop = false).await;
         let joined = c.client.join("general", Replay::Off).await.unwrap();
         assert!(
             matches!(joined.durable, DurableState::Established),
@@ -436,7 +447,7 @@ async fn kill_9_of_the_lease_holder_during_traffic_loses_nothing() {
     let bob = mint(&dirs[o1], "bob", "main", &["--subscribe", "general"]).await;
     let carol = mint(&dirs[o2], "carol", "main", &["--subscribe", "general"]).await;
     {
-        let c = endpoint(&carol, |_| {}).await;
+        let c = endpoint(&carol, |o| o.receive_backstop = false).await;
         let joined = c.client.join("general", Replay::Off).await.unwrap();
         assert!(
             matches!(joined.durable, DurableState::Established),
@@ -494,15 +505,14 @@ async fn kill_9_of_the_lease_holder_during_traffic_loses_nothing() {
     led(&nodes[o2], &held).await;
     let mut c = endpoint(&carol, |_| {}).await;
     let mut caught: BTreeMap<String, usize> = BTreeMap::new();
+    // The first copy waits for the takeover to finish (the new holder's reader and manager
+    // start with JetStream requests that wait for re-elected stream leaders, and the client
+    // retries its `resume` meanwhile): bounded by FORMING, not by the usual TIMEOUT. How long
+    // a failover takes is measured by `cotald bench --cluster`, not asserted here.
+    let mut bound = FORMING;
     while !acked.iter().all(|m| caught.contains_key(m)) {
-        let Ok(Some(d)) = tokio::time::timeout(TIMEOUT, c.deliveries.next()).await else {
-            // The survivors' logs say why (they are stopped to read them to the end).
-            for i in [o1, o2] {
-                nodes[i].signal(libc::SIGKILL);
-                eprintln!("=== node {i} ===\n{}", nodes[i].drain_stderr().await);
-            }
-            panic!("carol caught up on {} of {}", caught.len(), acked.len());
-        };
+        let d = surfaced_within(&mut c, &mut nodes, bound).await;
+        bound = TIMEOUT;
         *caught.entry(text(&d)).or_default() += 1;
         let _ = d.ack().await;
     }

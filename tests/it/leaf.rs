@@ -22,13 +22,20 @@ fn text(d: &cotald::client::Delivery) -> String {
         .to_owned()
 }
 
-/// A port nothing listens on now (bound and released).
+/// A port nothing listens on now, below the kernel's ephemeral range (32768 and up on Linux),
+/// so that no listener of a parallel test, which binds port 0, can take it before the process
+/// it is meant for binds it.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    // Spread by process and by call: parallel tests of this binary never pick the same one.
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = (std::process::id() % 1_000) as u16 * 12;
+    loop {
+        let port = 20_000 + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % 12_000;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// The nats-server `cotald up` installed in `data_dir`.
