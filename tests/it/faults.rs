@@ -39,7 +39,7 @@ use cotald::client::{Client, Deliveries, Replay};
 use cotald::protocol::{Channel, InstanceId, PresenceStatus, Routing};
 use serde_json::json;
 
-use crate::helper::{Cotald, Minted, Probe, TIMEOUT, delivery, endpoint, mint, notice};
+use crate::helper::{Cotald, Minted, Probe, TIMEOUT, cotald_bin, delivery, endpoint, mint, notice};
 
 fn channel(name: &str) -> Routing {
     Routing::channel(&Channel::new(name).unwrap())
@@ -1053,13 +1053,29 @@ async fn soak_of_ten_minutes_keeps_memory_and_consumers_flat() {
     while start.elapsed() < SOAK {
         tokio::time::sleep(Duration::from_secs(60)).await;
         minute += 1;
-        // Churn: a short-lived client joins and leaves.
+        // Churn: a short-lived identity connects, joins, leaves and is revoked (every minted
+        // agent has its `dm_<id>` durable: revoking it must take that away again).
         let name = format!("carol{minute}");
         let carol = mint(tmp.path(), &name, "main", &["--subscribe", "general"]).await;
         let cc = endpoint(&carol, |_| {}).await;
         cc.client.join("general", Replay::Off).await.unwrap();
         cc.client.leave("general").await.unwrap();
         cc.client.close().await;
+        let revoked = tokio::time::timeout(
+            TIMEOUT,
+            tokio::process::Command::new(cotald_bin())
+                .args(["revoke", &name, "--space", "main", "--data-dir"])
+                .arg(tmp.path())
+                .output(),
+        )
+        .await
+        .expect("revoke finishes")
+        .unwrap();
+        assert!(
+            revoked.status.success(),
+            "{}",
+            String::from_utf8_lossy(&revoked.stderr)
+        );
         let rss = report_rss(&c, &format!("{:?}", start.elapsed()));
         let n = consumers().await;
         eprintln!("consumers: {n}");
