@@ -752,11 +752,22 @@ impl Pump {
             Source::Chat { .. } => format!("c{seq}"),
             Source::Mention => format!("m{seq}"),
         };
+        let framed = CopyBatch::framed_len(&subject, &token, &msg.payload);
+        if framed > self.max_payload {
+            // A message of the broker's maximum size published without headers is stored, but
+            // its copy (subject and token beside it) cannot be sent: handing it over would
+            // fail and redeliver forever, so it is acknowledged away like any anomaly.
+            tracing::warn!(
+                member = self.member,
+                seq,
+                bytes = msg.payload.len(),
+                "a durable copy too large to hand over: not delivered"
+            );
+            let _ = msg.ack().await;
+            return Flow::Continue;
+        }
         // A copy that would not fit beside the others goes out in a batch of its own.
-        if !batch.copies.is_empty()
-            && batch.copies.len() + CopyBatch::framed_len(&subject, &token, &msg.payload)
-                > self.max_payload
-        {
+        if !batch.copies.is_empty() && batch.copies.len() + framed > self.max_payload {
             self.hand_over(std::mem::take(batch)).await;
         }
         batch.copies.push(&subject, &token, &msg.payload);
