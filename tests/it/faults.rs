@@ -19,6 +19,7 @@
 //! | a client cut mid-fetch of its durable backlog, acks never sent (§8) | [`a_member_cut_mid_fetch_gets_every_unacknowledged_copy_again`] |
 //! | DM copies never acked: redelivered after `ack_wait` (§5) | [`unacknowledged_dms_are_redelivered_after_ack_wait`] (`#[ignore]`: 60 s `ack_wait`) |
 //! | a durable member that never returns: bounded backlog, no spinning reader | [`a_member_that_never_returns_costs_no_cpu`] |
+//! | a durable entry of the broker's max size, too large to hand over: dropped, not redelivered forever | [`a_durable_copy_too_large_to_hand_over_is_dropped_not_redelivered_forever`] |
 //! | spoofed `from`, malformed JSON, bad subject tokens, routing fields against the subject | `client::raw_nats_adversaries_are_rejected_not_surfaced_not_redelivered` |
 //! | invalid UTF-8, unknown part kinds, 1 MB and 8 MB payloads, 10k-segment subjects, a flood on one channel (agent credential) | [`hostile_agent_input_is_terminated_and_others_keep_working`] |
 //! | control requests with forged reply subjects or senders | `durable::the_manager_answers_only_its_caller_and_checks_the_sender` |
