@@ -68,21 +68,18 @@ pub async fn bootstrap(
                         .await
                         .map_err(|e| err("reading", &expected.name, e.to_string()))?;
                     let mut drift = streams::drift(&expected, &info.config);
-                    // DM and TASK made before the fairness bounds get them (they only narrow).
-                    let fair = expected.discard_new_per_subject;
-                    if fair
-                        && drift
-                            .iter()
-                            .any(|d| streams::FAIRNESS_FIELDS.contains(&d.field))
-                    {
-                        js.update_stream(streams::with_fairness(&info.config, &expected))
+                    // Streams made before a bound get it (the per-sender bounds of DM and
+                    // TASK, CHAT's largest message): they only narrow what is stored.
+                    if let Some((bounded, fields)) = streams::narrowed(&info.config, &expected) {
+                        js.update_stream(bounded)
                             .await
                             .map_err(|e| err("bounding", &expected.name, e.to_string()))?;
                         tracing::info!(
                             stream = expected.name,
-                            "per-sender bounds applied to an existing stream"
+                            ?fields,
+                            "bounds applied to an existing stream"
                         );
-                        drift.retain(|d| !streams::FAIRNESS_FIELDS.contains(&d.field));
+                        drift.retain(|d| !fields.contains(&d.field));
                     }
                     Ok((None, drift))
                 }

@@ -19,7 +19,7 @@
 //! | a client cut mid-fetch of its durable backlog, acks never sent (§8) | [`a_member_cut_mid_fetch_gets_every_unacknowledged_copy_again`] |
 //! | DM copies never acked: redelivered after `ack_wait` (§5) | [`unacknowledged_dms_are_redelivered_after_ack_wait`] (`#[ignore]`: 60 s `ack_wait`) |
 //! | a durable member that never returns: bounded backlog, no spinning reader | [`a_member_that_never_returns_costs_no_cpu`] |
-//! | a durable entry of the broker's max size, too large to hand over: dropped, not redelivered forever | [`a_durable_copy_too_large_to_hand_over_is_dropped_not_redelivered_forever`] |
+//! | a channel message of the broker's max size, too large to hand over: refused by CHAT, or (stored before that bound) dropped by the reader, not redelivered forever | [`a_message_too_large_to_hand_over_is_refused_or_dropped_not_redelivered_forever`] |
 //! | spoofed `from`, malformed JSON, bad subject tokens, routing fields against the subject | `client::raw_nats_adversaries_are_rejected_not_surfaced_not_redelivered` |
 //! | invalid UTF-8, unknown part kinds, 1 MB and 8 MB payloads, 10k-segment subjects, a flood on one channel (agent credential) | [`hostile_agent_input_is_terminated_and_others_keep_working`] |
 //! | control requests with forged reply subjects or senders | `durable::the_manager_answers_only_its_caller_and_checks_the_sender` |
@@ -597,7 +597,7 @@ async fn a_member_cut_mid_fetch_gets_every_unacknowledged_copy_again() {
 }
 
 #[tokio::test]
-async fn a_durable_copy_too_large_to_hand_over_is_dropped_not_redelivered_forever() {
+async fn a_message_too_large_to_hand_over_is_refused_or_dropped_not_redelivered_forever() {
     let tmp = tempfile::tempdir().unwrap();
     let c = Cotald::up(tmp.path()).await;
     let mallory = mint(
@@ -613,8 +613,9 @@ async fn a_durable_copy_too_large_to_hand_over_is_dropped_not_redelivered_foreve
     b.client.join("general", Replay::Off).await.unwrap();
     b.client.close().await;
 
-    // While bob is away: a valid message of exactly the broker's max payload, published without headers: stored,
-    // but a copy of it with its subject and token beside it is over the limit.
+    // While bob is away: a valid message of exactly the broker's max payload, published
+    // without headers. A copy of it, with its subject and token beside it, would be over the
+    // limit, so CHAT refuses it to its sender.
     let raw = Probe::connect(&c, &mallory.creds).await;
     let max = raw.client.server_info().max_payload;
     let mut message = json!({
@@ -631,6 +632,28 @@ async fn a_durable_copy_too_large_to_hand_over_is_dropped_not_redelivered_foreve
     assert_eq!(big.len(), max);
     let subject = format!("cotal.main.chat.{}.general", mallory.id);
     let js = async_nats::jetstream::new(raw.client.clone());
+    let refused = js
+        .publish(subject.clone(), big.clone().into())
+        .await
+        .unwrap()
+        .await
+        .expect_err("CHAT refuses a message its copies could not carry");
+    eprintln!("a {max}-byte channel message: {refused}");
+
+    // A CHAT made before that bound stores it: the reader must then drop it, not retry it.
+    let op = Probe::connect(&c, &tmp.path().join("spaces/main/local-operator.creds")).await;
+    let op_js = async_nats::jetstream::new(op.client.clone());
+    let mut unbounded = op_js
+        .get_stream("CHAT_main")
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .config
+        .clone();
+    unbounded.max_message_size = -1;
+    op_js.update_stream(unbounded).await.unwrap();
     let big_seq = js
         .publish(subject, big.into())
         .await
@@ -652,11 +675,7 @@ async fn a_durable_copy_too_large_to_hand_over_is_dropped_not_redelivered_foreve
     assert!(d.durable, "{d:?}");
     assert_eq!(text(&d), "after the big one");
     d.ack().await.unwrap();
-    let op = Probe::connect(&c, &tmp.path().join("spaces/main/local-operator.creds")).await;
-    let chat = async_nats::jetstream::new(op.client.clone())
-        .get_stream("CHAT_main")
-        .await
-        .unwrap();
+    let chat = op_js.get_stream("CHAT_main").await.unwrap();
     let consumer = cotald::services::backstop::interval_consumer(&bob.id, "general", 1);
     // The ack floor moves once the manager has the member's ack: no event says so, so it is
     // read until it passes, within the bound.
