@@ -120,7 +120,6 @@ enum Source {
     Mention,
 }
 
-/// A copy handed to the member and not acknowledged yet.
 /// Copies on their way to the member, and the stored entries they stand for.
 #[derive(Default)]
 struct Batch {
@@ -128,6 +127,7 @@ struct Batch {
     entries: Vec<(String, jetstream::Message)>,
 }
 
+/// A copy handed to the member and not acknowledged yet.
 struct Held {
     message: jetstream::Message,
     /// When it was handed over.
@@ -687,24 +687,22 @@ impl Pump {
                 };
                 let Some(entries) = next else { break };
                 let mut batch = Batch::default();
-                let mut flow = Flow::Continue;
+                let mut finished = false;
                 for entry in entries {
-                    match entry {
-                        Ok(msg) => {
-                            if self.handle(msg, &mut acl, &mut batch).await == Flow::Finished {
-                                flow = Flow::Finished;
-                            }
-                        }
+                    finished = match entry {
+                        Ok(msg) => self.handle(msg, &mut acl, &mut batch).await == Flow::Finished,
                         Err(e) => {
                             tracing::debug!(consumer = self.consumer, error = %e, "backstop pull error");
-                            if matches!(e.kind(), pull::MessagesErrorKind::ConsumerDeleted) {
-                                flow = Flow::Finished;
-                            }
+                            matches!(e.kind(), pull::MessagesErrorKind::ConsumerDeleted)
                         }
+                    };
+                    // The interval is drained (or its consumer gone): what follows is past it.
+                    if finished {
+                        break;
                     }
                 }
                 self.hand_over(batch).await;
-                if flow == Flow::Finished {
+                if finished {
                     return;
                 }
             }
