@@ -1,7 +1,7 @@
 #!/bin/sh
 # Builds the release artefacts of one target from the repository root:
 #   dist/cotald-<version>-<target>.tar.gz  the binary (nats-server embedded), completions/
-#                                          (bash, zsh, fish), man/cotald.1, README.md
+#                                          (bash, zsh, fish), man/cotald.1, README.md, LICENSE
 #   dist/SHA256SUMS                        one line per tarball
 # Usage: packaging/release.sh [TARGET]   (default: the host's target triple)
 # A target other than the host needs its Rust standard library (`rustup target add TARGET`)
@@ -32,7 +32,7 @@ cp "$binary" "$stage/cotald"
 "$generator" completions zsh > "$stage/completions/_cotald"
 "$generator" completions fish > "$stage/completions/cotald.fish"
 "$generator" man > "$stage/man/cotald.1"
-cp README.md "$stage/"
+cp README.md LICENSE "$stage/"
 
 tar -C dist -czf "dist/$name.tar.gz" "$name"
 rm -rf "$stage"

@@ -27,9 +27,9 @@
 //! refused with `{ok: false, error}` naming the op.
 //!
 //! **Durable copies** (§8 trusted reader) reach a member on `_INBOX_<id>.backstop`
-//! ([`backstop_inbox`]) with the original payload unchanged, the original chat subject in
-//! the [`COPY_SUBJECT`] header and the token to acknowledge in [`COPY_TOKEN`]; the member
-//! acks with `backstop-ack` once it has handled the message.
+//! ([`backstop_inbox`]) in batches ([`CopyBatch`]): each copy with the original chat subject,
+//! the token to acknowledge and the original payload unchanged; the member acks each token
+//! with `backstop-ack` once it has handled the message.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -455,7 +455,7 @@ pub struct Resumed {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackstopAck {
-    /// The [`COPY_TOKEN`] of each handled copy.
+    /// The token of each handled copy ([`Copy::token`]).
     pub tokens: Vec<String>,
 }
 
@@ -464,11 +464,113 @@ pub fn backstop_inbox(id: &str) -> String {
     format!("_INBOX_{id}.backstop")
 }
 
-/// Header of a durable copy: the chat subject the message was published on (§3), which the
-/// member validates the copy against like any delivery.
+/// Header of a stored `@mention` copy: the chat subject the message was published on (§3),
+/// which the reader hands over with it.
 pub const COPY_SUBJECT: &str = "Cotal-Subject";
-/// Header of a durable copy: what the member acknowledges with `backstop-ack`.
-pub const COPY_TOKEN: &str = "Cotal-Token";
+
+/// Durable copies on their way to a member: one message on its inbox carries every copy the
+/// trusted reader had at hand, so a catch-up moves hundreds of copies per message through the
+/// broker instead of one. Each copy is framed as `<subject> <token> <length>\n<payload>`: the
+/// chat subject the message was published on (§3, which the member validates the copy
+/// against like any delivery), the token it acknowledges with `backstop-ack`, and the original
+/// payload, unchanged. Subjects and tokens hold no space or line end, so nothing is escaped.
+#[derive(Debug, Default)]
+pub struct CopyBatch {
+    body: Vec<u8>,
+    copies: usize,
+}
+
+impl CopyBatch {
+    /// Adds one copy.
+    pub fn push(&mut self, subject: &str, token: &str, payload: &[u8]) {
+        self.body.reserve(Self::framed_len(subject, token, payload));
+        self.body.extend_from_slice(subject.as_bytes());
+        self.body.push(b' ');
+        self.body.extend_from_slice(token.as_bytes());
+        self.body.push(b' ');
+        self.body
+            .extend_from_slice(payload.len().to_string().as_bytes());
+        self.body.push(b'\n');
+        self.body.extend_from_slice(payload);
+        self.copies += 1;
+    }
+
+    /// The bytes one copy takes in a batch.
+    pub fn framed_len(subject: &str, token: &str, payload: &[u8]) -> usize {
+        subject.len() + token.len() + payload.len().to_string().len() + payload.len() + 3
+    }
+
+    /// The batch's size in bytes.
+    pub fn len(&self) -> usize {
+        self.body.len()
+    }
+
+    /// How many copies it holds.
+    pub fn copies(&self) -> usize {
+        self.copies
+    }
+
+    /// Whether it holds no copy.
+    pub fn is_empty(&self) -> bool {
+        self.copies == 0
+    }
+
+    /// The message body.
+    pub fn into_body(self) -> Vec<u8> {
+        self.body
+    }
+}
+
+/// One copy of a [`CopyBatch`], borrowed from the received body.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Copy<'a> {
+    /// The chat subject it was published on.
+    pub subject: &'a str,
+    /// What `backstop-ack` acknowledges.
+    pub token: &'a str,
+    /// The original payload.
+    pub payload: &'a [u8],
+}
+
+/// A batch body that is not a sequence of framed copies.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("a malformed batch of durable copies: {0}")]
+pub struct CopyBatchError(&'static str);
+
+/// The copies of a batch body, in order.
+pub fn copies(body: &[u8]) -> Result<Vec<Copy<'_>>, CopyBatchError> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        let end = rest
+            .iter()
+            .position(|b| *b == b'\n')
+            .ok_or(CopyBatchError("a frame without its line end"))?;
+        let head = std::str::from_utf8(&rest[..end])
+            .map_err(|_| CopyBatchError("a frame head that is not UTF-8"))?;
+        let mut fields = head.split(' ');
+        let (Some(subject), Some(token), Some(len), None) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            return Err(CopyBatchError(
+                "a frame head without subject, token and length",
+            ));
+        };
+        let len: usize = len
+            .parse()
+            .map_err(|_| CopyBatchError("a frame length that is not a number"))?;
+        let payload = rest[end + 1..]
+            .get(..len)
+            .ok_or(CopyBatchError("a frame shorter than its length"))?;
+        out.push(Copy {
+            subject,
+            token,
+            payload,
+        });
+        rest = &rest[end + 1 + len..];
+    }
+    Ok(out)
+}
 
 #[cfg(test)]
 mod tests {
@@ -566,5 +668,43 @@ mod tests {
         };
         let text = error_text(&e);
         assert!(text.starts_with("op `mint`: invalid arguments: "), "{text}");
+    }
+
+    #[test]
+    fn a_batch_of_copies_round_trips_whatever_the_payload_holds() {
+        let mut batch = CopyBatch::default();
+        let payloads: [&[u8]; 3] = [b"{\"a\": 1}", b"", b"line\nbreaks and spaces \n"];
+        for (i, p) in payloads.iter().enumerate() {
+            batch.push("cotal.main.chat.UA.general", &format!("c{i}"), p);
+        }
+        assert_eq!(batch.copies(), 3);
+        let expected: usize = payloads
+            .iter()
+            .enumerate()
+            .map(|(i, p)| CopyBatch::framed_len("cotal.main.chat.UA.general", &format!("c{i}"), p))
+            .sum();
+        assert_eq!(batch.len(), expected);
+        let body = batch.into_body();
+        let read = copies(&body).unwrap();
+        assert_eq!(read.len(), 3);
+        for (i, copy) in read.iter().enumerate() {
+            assert_eq!(copy.subject, "cotal.main.chat.UA.general");
+            assert_eq!(copy.token, format!("c{i}"));
+            assert_eq!(copy.payload, payloads[i]);
+        }
+        assert_eq!(copies(b"").unwrap(), []);
+    }
+
+    #[test]
+    fn a_malformed_batch_is_refused() {
+        for body in [
+            &b"cotal.main.chat.UA.general c1 5"[..],
+            b"cotal.main.chat.UA.general c1\n{}",
+            b"cotal.main.chat.UA.general c1 x\n{}",
+            b"cotal.main.chat.UA.general c1 9\n{}",
+            b"a b c d\n",
+        ] {
+            assert!(copies(body).is_err(), "{body:?}");
+        }
     }
 }

@@ -189,6 +189,20 @@ pub fn observer(n: &SpaceNames, id: &InstanceId) -> UserPermissions {
     }
 }
 
+/// The appliance's dashboard reader: the `observer` profile plus reading the derived
+/// membership feed, which §8 writes "for the admin/observer profile" to show silent readers
+/// and live-channel membership, though Appendix B's observer list names no grant on it. Only
+/// the read verbs (`STREAM.INFO`, `STREAM.MSG.GET`): no consumer, no write.
+pub fn dashboard_observer(n: &SpaceNames, id: &InstanceId) -> UserPermissions {
+    let mut p = observer(n, id);
+    let feed = SpaceNames::kv_stream(&n.membership_bucket());
+    p.publish.allow.extend([
+        format!("$JS.API.STREAM.INFO.{feed}"),
+        format!("$JS.API.STREAM.MSG.GET.{feed}"),
+    ]);
+    p
+}
+
 /// The `admin` profile: the observer's grants, the whole space's live tap, DM history; still no
 /// application publish.
 pub fn admin(n: &SpaceNames, id: &InstanceId) -> UserPermissions {
@@ -331,7 +345,11 @@ mod tests {
     fn observer_and_admin_publish_nothing_of_the_application() {
         let n = SpaceNames::new("main");
         let id = InstanceId::from_user_nkey(ALICE).unwrap();
-        for p in [observer(&n, &id), admin(&n, &id)] {
+        for p in [
+            observer(&n, &id),
+            dashboard_observer(&n, &id),
+            admin(&n, &id),
+        ] {
             assert!(p.publish.allow.iter().all(|s| s.starts_with('$')), "{p:?}");
         }
         assert!(
@@ -347,5 +365,26 @@ mod tests {
                 .allow
                 .contains(&"cotal.main.>".to_owned())
         );
+    }
+
+    #[test]
+    fn the_dashboard_reads_the_membership_feed_and_nothing_more_than_an_observer() {
+        let n = SpaceNames::new("main");
+        let id = InstanceId::from_user_nkey(ALICE).unwrap();
+        let (o, d) = (observer(&n, &id), dashboard_observer(&n, &id));
+        let added: Vec<&String> = d
+            .publish
+            .allow
+            .iter()
+            .filter(|s| !o.publish.allow.contains(s))
+            .collect();
+        assert_eq!(
+            added,
+            [
+                "$JS.API.STREAM.INFO.KV_cotal_membership_main",
+                "$JS.API.STREAM.MSG.GET.KV_cotal_membership_main"
+            ]
+        );
+        assert_eq!(d.subscribe.allow, o.subscribe.allow);
     }
 }

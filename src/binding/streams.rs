@@ -11,6 +11,18 @@ use super::names::{SpaceNames, dm_durable, svc_durable};
 
 /// CHAT keeps this many messages per subject, i.e. per (sender, channel) (§8).
 pub const CHAT_MAX_MSGS_PER_SUBJECT: i64 = 1000;
+/// The broker's largest message, headers included: nats-server's default `max_payload`,
+/// which cotald does not change.
+pub const BROKER_MAX_PAYLOAD: i32 = 1 << 20;
+/// What the trusted reader adds beside a stored message when it hands a copy over (its
+/// subject, at most the broker's 4 KiB control line, a token and a length) or stores a
+/// mention copy (the same subject in a header), with room to spare.
+pub const HANDOFF_MARGIN: i32 = 8 << 10;
+/// CHAT stores no message larger than this (headers included), so that every durable or
+/// mention copy of it still fits the broker's limit: a larger channel publish is refused to
+/// its sender (not acknowledged, so nothing was promised) instead of being stored
+/// undeliverable.
+pub const CHAT_MAX_MESSAGE_BYTES: i32 = BROKER_MAX_PAYLOAD - HANDOFF_MARGIN;
 /// Presence entries expire with the bucket's `max_age` (§6, §8).
 pub const PRESENCE_TTL: Duration = Duration::from_millis(6000);
 /// Redelivery delay of DM and anycast copies that were not acked (§8).
@@ -107,6 +119,7 @@ fn base(name: String, subject: String, retention: RetentionPolicy) -> Config {
         max_bytes: -1,
         max_messages: -1,
         max_messages_per_subject: -1,
+        max_message_size: -1,
         max_consumers: -1,
         num_replicas: 1,
         ..Default::default()
@@ -121,6 +134,7 @@ pub fn chat(n: &SpaceNames, r: &Retention) -> Config {
         RetentionPolicy::Limits,
     );
     c.max_messages_per_subject = CHAT_MAX_MSGS_PER_SUBJECT;
+    c.max_message_size = CHAT_MAX_MESSAGE_BYTES;
     c.allow_direct = true;
     limits(&mut c, r.fit(r.chat));
     c
@@ -162,18 +176,34 @@ pub fn task(n: &SpaceNames, r: &Retention) -> Config {
     c
 }
 
-/// The fields [`refuse_new`] sets, by their names in [`Drift`]: the bootstrap applies them to
-/// an existing DM or TASK stream made before them (they only narrow what a sender may store).
-pub const FAIRNESS_FIELDS: [&str; 3] =
-    ["discard", "discard_new_per_subject", "max_msgs_per_subject"];
+/// The fields [`refuse_new`] sets, by their names in [`Drift`].
+const FAIRNESS_FIELDS: [&str; 3] = ["discard", "discard_new_per_subject", "max_msgs_per_subject"];
 
-/// `existing` with the fairness bounds of `expected` (the rest of `existing` kept as it is).
-pub fn with_fairness(existing: &Config, expected: &Config) -> Config {
+/// `existing` with the bounds of `expected` that it lacks and that only narrow what it
+/// stores, and the names of the fields changed; `None` when there is none. The bootstrap
+/// applies them to a stream made before them: the per-sender bounds of DM and TASK, and a
+/// largest message where there was none or a larger one (CHAT). Anything else that differs
+/// is drift, reported and left alone.
+pub fn narrowed(existing: &Config, expected: &Config) -> Option<(Config, Vec<&'static str>)> {
     let mut c = existing.clone();
-    c.discard = expected.discard;
-    c.discard_new_per_subject = expected.discard_new_per_subject;
-    c.max_messages_per_subject = expected.max_messages_per_subject;
-    c
+    let mut fields = Vec::new();
+    let differs = drift(expected, existing);
+    let fairness_differs = differs.iter().any(|d| FAIRNESS_FIELDS.contains(&d.field));
+    if expected.discard_new_per_subject && fairness_differs {
+        c.discard = expected.discard;
+        c.discard_new_per_subject = expected.discard_new_per_subject;
+        c.max_messages_per_subject = expected.max_messages_per_subject;
+        fields.extend(FAIRNESS_FIELDS);
+    }
+    let unbounded = |size: i32| size < 0;
+    if !unbounded(expected.max_message_size)
+        && (unbounded(existing.max_message_size)
+            || existing.max_message_size > expected.max_message_size)
+    {
+        c.max_message_size = expected.max_message_size;
+        fields.push("max_msg_size");
+    }
+    (!fields.is_empty()).then_some((c, fields))
 }
 
 /// `INBOX_<space>`: the backstop store for `@mention` copies; no Direct Get.
@@ -323,6 +353,7 @@ pub fn drift(expected: &Config, actual: &Config) -> Vec<Drift> {
         discard_new_per_subject => "discard_new_per_subject",
         max_messages_per_subject => "max_msgs_per_subject",
         max_messages => "max_msgs",
+        max_message_size => "max_msg_size",
         max_bytes => "max_bytes",
         max_age => "max_age",
         allow_direct => "allow_direct",
@@ -369,6 +400,8 @@ mod tests {
         let r = Retention::default();
         let c = chat(&n, &r);
         assert_eq!(c.subjects, ["cotal.main.chat.>"]);
+        assert_eq!(c.max_message_size, (1 << 20) - (8 << 10));
+        assert_eq!(dm(&n, &r).max_message_size, -1);
         assert_eq!(c.storage, StorageType::File);
         assert_eq!(c.retention, RetentionPolicy::Limits);
         assert_eq!(c.max_messages_per_subject, 1000);
@@ -505,5 +538,35 @@ mod tests {
             svc_consumer(&n, "reviewer").filter_subject,
             "cotal.main.svc.reviewer.*"
         );
+    }
+
+    #[test]
+    fn only_missing_bounds_are_applied_to_an_existing_stream() {
+        let n = SpaceNames::new("main");
+        let r = Retention::default();
+        let (dm, chat) = (dm(&n, &r), chat(&n, &r));
+        assert!(narrowed(&dm, &dm).is_none());
+        assert!(narrowed(&chat, &chat).is_none());
+
+        let mut old_dm = dm.clone();
+        old_dm.discard = DiscardPolicy::Old;
+        old_dm.discard_new_per_subject = false;
+        old_dm.max_messages_per_subject = -1;
+        let (bounded, fields) = narrowed(&old_dm, &dm).unwrap();
+        assert_eq!(fields, FAIRNESS_FIELDS);
+        assert!(drift(&dm, &bounded).is_empty());
+
+        // A CHAT made before the largest message gets it; one narrowed further by its
+        // operator keeps its own per-subject count (drift, reported elsewhere).
+        let mut old_chat = chat.clone();
+        old_chat.max_message_size = -1;
+        old_chat.max_messages_per_subject = 10;
+        let (bounded, fields) = narrowed(&old_chat, &chat).unwrap();
+        assert_eq!(fields, ["max_msg_size"]);
+        assert_eq!(bounded.max_message_size, CHAT_MAX_MESSAGE_BYTES);
+        assert_eq!(bounded.max_messages_per_subject, 10);
+        let mut smaller = chat.clone();
+        smaller.max_message_size = 1024;
+        assert!(narrowed(&smaller, &chat).is_none(), "never widened");
     }
 }

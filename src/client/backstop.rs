@@ -1,9 +1,9 @@
 //! Receiving the durable backstop (§4 `durable`, §8 trusted reader, §12 item 12).
 //!
-//! The appliance's trusted reader hands each durable copy to this member on its own inbox,
-//! `_INBOX_<id>.backstop` ([`crate::ops::backstop_inbox`]), with the original payload, the
-//! chat subject it was published on ([`crate::ops::COPY_SUBJECT`]) and a token
-//! ([`crate::ops::COPY_TOKEN`]). The copy is validated like any channel copy (the subject
+//! The appliance's trusted reader hands durable copies to this member on its own inbox,
+//! `_INBOX_<id>.backstop` ([`crate::ops::backstop_inbox`]), in batches
+//! ([`crate::ops::CopyBatch`]): each with the original payload, the chat subject it was
+//! published on and a token. The copy is validated like any channel copy (the subject
 //! names the sender, §5), deduplicated with the live and backfill copies, and surfaced with an
 //! ack handle; the stored entry is acknowledged only once the application acks the copy
 //! (`backstop-ack` on `ctl.manager`, batched). Anything not acknowledged is handed over again.
@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use super::deliver::BackstopToken;
 use super::{Client, ClientError, ConnectionState, nats_err};
 use crate::binding::MANAGER_SERVICE;
-use crate::ops::{self, BackstopAck, COPY_SUBJECT, COPY_TOKEN, Request, Resume, Resumed};
+use crate::ops::{self, BackstopAck, Request, Resume, Resumed};
 
 /// Most tokens acknowledged by one `backstop-ack`.
 const ACK_BATCH: usize = 512;
@@ -53,22 +53,24 @@ pub(crate) async fn start(client: &Client) -> Result<(), ClientError> {
         let inner = inner.clone();
         tokio::spawn(async move {
             while let Some(msg) = copies.next().await {
-                let header = |name: &str| {
-                    msg.headers
-                        .as_ref()
-                        .and_then(|h| h.get(name))
-                        .map(|v| v.as_str().to_owned())
+                let batch = match ops::copies(&msg.payload) {
+                    Ok(batch) => batch,
+                    Err(e) => {
+                        // Its copies are handed over again once the handoff times out.
+                        tracing::warn!(error = %e, "durable copies dropped");
+                        continue;
+                    }
                 };
-                let (Some(subject), Some(token)) = (header(COPY_SUBJECT), header(COPY_TOKEN))
-                else {
-                    tracing::warn!(subject = %msg.subject, "a backstop copy without its headers: dropped");
-                    continue;
-                };
-                let token = BackstopToken {
-                    token,
-                    acks: acks.clone(),
-                };
-                inner.out.durable_copy(&subject, &msg.payload, token).await;
+                for copy in batch {
+                    let token = BackstopToken {
+                        token: copy.token.to_owned(),
+                        acks: acks.clone(),
+                    };
+                    inner
+                        .out
+                        .durable_copy(copy.subject, copy.payload, token)
+                        .await;
+                }
             }
         })
     };

@@ -36,6 +36,8 @@ use crate::protocol::{
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 /// History fetch batch size.
 const HISTORY_BATCH: usize = 256;
+/// A history read ends when a pull brings nothing for this long.
+const HISTORY_IDLE: Duration = Duration::from_secs(2);
 
 /// How far before the drop was noticed a reconnect's gap read starts: messages in flight on
 /// a dying connection are lost too, and the broker's clock is not ours.
@@ -719,13 +721,20 @@ impl Client {
             .map_err(fail(subject))?;
         // Read to the watermark, then once more to the frontier as it is then: a message routed
         // just before our SUB became active may be stored just after the watermark was read.
-        // Later messages reach the live subscription; dedup by `id` absorbs any overlap.
-        let mut consumer = consumer;
+        // Later messages reach the live subscription; dedup by `id` absorbs any overlap. Pulls
+        // are pipelined (the next batch is asked for while this one is surfaced); a pull that
+        // brings nothing for [`HISTORY_IDLE`] ends the read, as the frontier said it would.
+        let mut pending = consumer.cached_info().num_pending;
+        let mut messages = consumer
+            .stream()
+            .max_messages_per_batch(HISTORY_BATCH)
+            .messages()
+            .await
+            .map_err(fail(subject))?;
         let mut surfaced = 0;
         let mut target = watermark;
         let mut extended = false;
-        let mut pending = consumer.cached_info().num_pending;
-        'read: loop {
+        loop {
             if pending == 0 {
                 if extended {
                     break;
@@ -736,48 +745,42 @@ impl Client {
                     break;
                 }
                 target = now;
-                pending = consumer.info().await.map_err(fail(subject))?.num_pending;
+                pending = stream
+                    .consumer_info(&name)
+                    .await
+                    .map_err(fail(subject))?
+                    .num_pending;
                 if pending == 0 {
                     break;
                 }
             }
-            let mut batch = consumer
-                .fetch()
-                .max_messages(HISTORY_BATCH.min(pending as usize).max(1))
-                .expires(Duration::from_secs(2))
-                .messages()
-                .await
-                .map_err(fail(subject))?;
-            let mut got = 0;
-            while let Some(msg) = batch.next().await {
-                let msg = msg.map_err(fail(subject))?;
-                got += 1;
-                let Ok(info) = msg.info() else { continue };
-                let (seq, left) = (info.stream_sequence, info.pending);
-                if seq > target {
-                    if extended {
-                        break 'read;
-                    }
-                    extended = true;
-                    target = self.chat_frontier().await?;
-                    if seq > target {
-                        break 'read;
-                    }
-                }
-                if self
-                    .inner
-                    .out
-                    .channel_copy(msg.subject.as_str(), &msg.payload, seq <= historical)
-                    .await
-                {
-                    surfaced += 1;
-                }
-                pending = left;
-            }
-            if got == 0 {
+            let Ok(Some(msg)) = tokio::time::timeout(HISTORY_IDLE, messages.next()).await else {
                 break;
+            };
+            let msg = msg.map_err(fail(subject))?;
+            let Ok(info) = msg.info() else { continue };
+            let (seq, left) = (info.stream_sequence, info.pending);
+            if seq > target {
+                if extended {
+                    break;
+                }
+                extended = true;
+                target = self.chat_frontier().await?;
+                if seq > target {
+                    break;
+                }
             }
+            if self
+                .inner
+                .out
+                .channel_copy(msg.subject.as_str(), &msg.payload, seq <= historical)
+                .await
+            {
+                surfaced += 1;
+            }
+            pending = left;
         }
+        drop(messages);
         let _ = stream.delete_consumer(&name).await;
         Ok(surfaced)
     }

@@ -91,15 +91,15 @@ pub(super) async fn space_added(core: &Core, name: &str) {
     }
 }
 
-/// A served space's observer: its credential (Appendix B observer grants, never the SYS or
-/// manager credential), known to the space as a builtin identity like the local operator, and
+/// A served space's observer: its credential (Appendix B observer grants and a read of the
+/// membership feed, [`acl::dashboard_observer`]; never the SYS or manager credential), known to the space as a builtin identity like the local operator, and
 /// the options that connect it to the appliance's own listener.
 fn observer(core: &Core, name: &str, served: &super::Served) -> Result<SpaceAccess, String> {
     let fail = |e: &dyn std::fmt::Display| format!("space `{name}`: observer: {e}");
     let keys = core.keys.space(name).map_err(|e| fail(&e))?;
     let names = SpaceNames::new(name);
     let creds = keys
-        .own_user_creds_with(OBSERVER, |id| acl::observer(&names, id))
+        .own_user_creds_with(OBSERVER, |id| acl::dashboard_observer(&names, id))
         .map_err(|e| fail(&e))?;
     let id = creds.public_key().map_err(|e| fail(&e))?;
     served.identities.insert_builtin(observer_record(name, id));

@@ -311,7 +311,7 @@ impl Site {
                     return Route::Done(not_found());
                 };
                 match *page {
-                    "roster" => Route::Done(self.roster(&observer)),
+                    "roster" => Route::Done(self.roster(&observer).await),
                     "channels" => Route::Done(self.channels(&observer).await),
                     "feed" => Route::Done(self.feed(&observer, req).await),
                     "events" => Route::Events(observer),
@@ -343,7 +343,7 @@ impl Site {
         page("Spaces", &self.spaces(), None, true, &pages::index(&rows))
     }
 
-    fn roster(&self, observer: &Observer) -> Response {
+    async fn roster(&self, observer: &Observer) -> Response {
         let roster = observer.client.roster();
         let mut peers: Vec<_> = roster
             .peers()
@@ -359,7 +359,9 @@ impl Site {
                 .cmp(&(b.2 == crate::protocol::PresenceStatus::Offline))
                 .then_with(|| a.1.presence.card.name.cmp(&b.1.presence.card.name))
         });
-        let body = pages::roster(&observer.space, &peers, roster.is_stale());
+        let ids: Vec<&str> = peers.iter().map(|(id, ..)| id.as_str()).collect();
+        let memberships = observer.memberships(&ids).await;
+        let body = pages::roster(&observer.space, &peers, &memberships, roster.is_stale());
         page(
             &format!("roster of {}", observer.space),
             &self.spaces(),

@@ -5,15 +5,17 @@
 //! channel's replay rule, §7), then as they arrive. Pages render from it; event streams
 //! subscribe to it.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::broadcast;
 
+use crate::binding::SpaceNames;
 use crate::client::{Client, ConnectOptions, Connection, Replay};
 use crate::protocol::{CotalMessage, Routing};
 use crate::services::ServiceError;
+use crate::services::membership::MembershipEntry;
 
 /// How many messages the feed keeps (and shows on load).
 pub const FEED_KEEP: usize = 500;
@@ -131,6 +133,39 @@ impl Observer {
             live,
             pump,
         })
+    }
+
+    /// The membership feed's entries of `ids` (§8: live subscriptions and durable
+    /// memberships, display only), read key by key with `STREAM.MSG.GET`; an instance without
+    /// an entry, or a feed that cannot be read, is left out: the roster shows what presence
+    /// says either way.
+    pub async fn memberships(&self, ids: &[&str]) -> BTreeMap<String, MembershipEntry> {
+        let bucket = SpaceNames::new(&self.space).membership_bucket();
+        let stream = match self
+            .client
+            .inner
+            .js
+            .get_stream(SpaceNames::kv_stream(&bucket))
+            .await
+        {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::debug!(space = self.space, error = %e, "membership feed not read");
+                return BTreeMap::new();
+            }
+        };
+        let mut entries = BTreeMap::new();
+        for id in ids {
+            let subject = format!("$KV.{bucket}.{id}");
+            let Ok(msg) = stream.get_last_raw_message_by_subject(&subject).await else {
+                continue;
+            };
+            // A deleted entry is an empty value: nothing to show.
+            if let Ok(entry) = serde_json::from_slice(&msg.payload) {
+                entries.insert((*id).to_owned(), entry);
+            }
+        }
+        entries
     }
 
     /// The kept messages after feed position `after`, and the arrivals from then on: taken

@@ -3,6 +3,7 @@
 //! pages hold no inline script or style (the CSP allows neither); `app.js` only follows the
 //! feed's event stream.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use super::http::encode;
@@ -11,6 +12,7 @@ use crate::client::{ChannelInfo, Peer};
 use crate::datadir::RuntimeState;
 use crate::protocol::{EpochMillis, Part, PresenceStatus};
 use crate::services::Health;
+use crate::services::membership::MembershipEntry;
 
 /// `s` escaped for HTML text and attribute values. A carriage return becomes a character
 /// reference too: an event stream would take it for a line end.
@@ -141,9 +143,28 @@ fn short_id(id: &str) -> String {
 }
 
 /// The roster: every instance from presence, with its status by the liveness rule (§6).
-pub fn roster(space: &str, peers: &[(String, Peer, PresenceStatus)], stale: bool) -> String {
+pub fn roster(
+    space: &str,
+    peers: &[(String, Peer, PresenceStatus)],
+    memberships: &BTreeMap<String, MembershipEntry>,
+    stale: bool,
+) -> String {
     let mut rows = String::new();
     for (id, peer, status) in peers {
+        let channels = memberships
+            .get(id)
+            .map(|m| {
+                let list = |kind: &str, channels: &[String]| {
+                    if channels.is_empty() {
+                        return String::new();
+                    }
+                    let names: Vec<String> =
+                        channels.iter().map(|c| format!("#{}", esc(c))).collect();
+                    format!("<div>{kind}: {}</div>", names.join(", "))
+                };
+                list("live", &m.live) + &list("durable", &m.durable)
+            })
+            .unwrap_or_default();
         let p = &peer.presence;
         let modes: Vec<String> = p
             .channel_modes
@@ -152,7 +173,7 @@ pub fn roster(space: &str, peers: &[(String, Peer, PresenceStatus)], stale: bool
             .collect();
         let _ = write!(
             rows,
-            r#"<tr class="peer"><td class="name">{name}</td><td>{id}</td><td>{kind}</td><td>{role}</td><td><span class="status status-{status}">{status}</span></td><td class="activity">{activity}</td><td>{attention}{modes}</td><td>{age}</td></tr>"#,
+            r#"<tr class="peer"><td class="name">{name}</td><td>{id}</td><td>{kind}</td><td>{role}</td><td><span class="status status-{status}">{status}</span></td><td class="activity">{activity}</td><td class="channels">{channels}</td><td>{attention}{modes}</td><td>{age}</td></tr>"#,
             name = esc(&p.card.name),
             id = short_id(id),
             kind = esc(&word(&p.card.kind)),
@@ -170,7 +191,7 @@ pub fn roster(space: &str, peers: &[(String, Peer, PresenceStatus)], stale: bool
     }
     if peers.is_empty() {
         rows.push_str(
-            r#"<tr><td colspan="8" class="empty">nobody has announced presence yet</td></tr>"#,
+            r#"<tr><td colspan="9" class="empty">nobody has announced presence yet</td></tr>"#,
         );
     }
     let stale = if stale {
@@ -179,7 +200,7 @@ pub fn roster(space: &str, peers: &[(String, Peer, PresenceStatus)], stale: bool
         ""
     };
     format!(
-        r#"<h1>Roster of {space}</h1>{stale}<table><thead><tr><th>name</th><th>id</th><th>kind</th><th>role</th><th>status</th><th>activity</th><th>attention</th><th>heartbeat</th></tr></thead><tbody>{rows}</tbody></table>"#,
+        r#"<h1>Roster of {space}</h1>{stale}<table><thead><tr><th>name</th><th>id</th><th>kind</th><th>role</th><th>status</th><th>activity</th><th>channels</th><th>attention</th><th>heartbeat</th></tr></thead><tbody>{rows}</tbody></table>"#,
         space = esc(space)
     )
 }

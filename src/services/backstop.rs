@@ -23,7 +23,9 @@
 //!
 //! **At-least-once handoff.** An authorized entry is sent to the member's own
 //! `_INBOX_<id>.backstop` ([`crate::ops::backstop_inbox`]) with the original payload, its chat
-//! subject and a token; the stored entry is acknowledged only when the member acks that token
+//! subject and a token, together with every other entry already received ([`CopyBatch`]: a
+//! catch-up costs the broker one message per batch on the way out, not one per entry); the
+//! stored entry is acknowledged only when the member acks that token
 //! (`backstop-ack` on `ctl.manager`). While the member holds it, the entry's `ack_wait` is
 //! extended, up to [`HANDOFF_TIMEOUT`], after which it is handed over again; when the member's
 //! session ends (it asked to `resume` again, or its presence went stale) every unacknowledged
@@ -37,7 +39,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
@@ -48,7 +49,7 @@ use tokio_util::task::TaskTracker;
 use super::members::{Interval, Members};
 use super::presence::PresenceView;
 use super::{Context, Health, Service, ServiceError};
-use crate::ops::{COPY_SUBJECT, COPY_TOKEN, IdentityRecord, backstop_inbox};
+use crate::ops::{COPY_SUBJECT, CopyBatch, IdentityRecord, backstop_inbox};
 use crate::protocol::{
     Channel, ChannelPattern, SubjectKind, accept_delivery, is_covered, parse_subject,
 };
@@ -117,6 +118,13 @@ enum Source {
     },
     /// The member's mention copies in the backstop store (tokens `m<seq>`).
     Mention,
+}
+
+/// Copies on their way to the member, and the stored entries they stand for.
+#[derive(Default)]
+struct Batch {
+    copies: CopyBatch,
+    entries: Vec<(String, jetstream::Message)>,
 }
 
 /// A copy handed to the member and not acknowledged yet.
@@ -660,7 +668,7 @@ impl Pump {
                 .heartbeat(Duration::from_secs(5))
                 .messages()
                 .await;
-            let mut messages = match messages {
+            let messages = match messages {
                 Ok(m) => m,
                 Err(e) => {
                     tracing::debug!(consumer = self.consumer, error = %e, "backstop pull failed");
@@ -670,31 +678,39 @@ impl Pump {
                     }
                 }
             };
+            // Every entry already received goes out in one batch (at most [`BATCH`]).
+            let mut ready = messages.ready_chunks(BATCH);
             loop {
                 let next = tokio::select! {
                     () = token.cancelled() => return,
-                    next = messages.next() => next,
+                    next = ready.next() => next,
                 };
-                match next {
-                    Some(Ok(msg)) => {
-                        if self.handle(msg, &mut acl).await == Flow::Finished {
-                            return;
+                let Some(entries) = next else { break };
+                let mut batch = Batch::default();
+                let mut finished = false;
+                for entry in entries {
+                    finished = match entry {
+                        Ok(msg) => self.handle(msg, &mut acl, &mut batch).await == Flow::Finished,
+                        Err(e) => {
+                            tracing::debug!(consumer = self.consumer, error = %e, "backstop pull error");
+                            matches!(e.kind(), pull::MessagesErrorKind::ConsumerDeleted)
                         }
+                    };
+                    // The interval is drained (or its consumer gone): what follows is past it.
+                    if finished {
+                        break;
                     }
-                    Some(Err(e)) => {
-                        tracing::debug!(consumer = self.consumer, error = %e, "backstop pull error");
-                        if matches!(e.kind(), pull::MessagesErrorKind::ConsumerDeleted) {
-                            return;
-                        }
-                    }
-                    None => break,
+                }
+                self.hand_over(batch).await;
+                if finished {
+                    return;
                 }
             }
         }
     }
 
-    /// Authorizes one entry and hands it over, or acknowledges it away.
-    async fn handle(&self, msg: jetstream::Message, acl: &mut Acl) -> Flow {
+    /// Authorizes one entry and adds it to `batch`, or acknowledges it away.
+    async fn handle(&self, msg: jetstream::Message, acl: &mut Acl, batch: &mut Batch) -> Flow {
         let Ok(info) = msg.info() else {
             let _ = msg.ack_with(AckKind::Term).await;
             return Flow::Continue;
@@ -734,34 +750,64 @@ impl Pump {
             Source::Chat { .. } => format!("c{seq}"),
             Source::Mention => format!("m{seq}"),
         };
-        let mut headers = HeaderMap::new();
-        headers.insert(COPY_SUBJECT, subject.as_str());
-        headers.insert(COPY_TOKEN, token.as_str());
+        let framed = CopyBatch::framed_len(&subject, &token, &msg.payload);
+        if framed > self.max_payload {
+            // A message of the broker's maximum size published without headers is stored, but
+            // its copy (subject and token beside it) cannot be sent: handing it over would
+            // fail and redeliver forever, so it is acknowledged away like any anomaly.
+            tracing::warn!(
+                member = self.member,
+                seq,
+                bytes = msg.payload.len(),
+                "a durable copy too large to hand over: not delivered"
+            );
+            let _ = msg.ack().await;
+            return Flow::Continue;
+        }
+        // A copy that would not fit beside the others goes out in a batch of its own.
+        if !batch.copies.is_empty() && batch.copies.len() + framed > self.max_payload {
+            self.hand_over(std::mem::take(batch)).await;
+        }
+        batch.copies.push(&subject, &token, &msg.payload);
+        batch.entries.push((token, msg));
+        Flow::Continue
+    }
+
+    /// Sends a batch to the member's inbox; its entries are held until the member acks them,
+    /// or nak'ed for redelivery when the batch could not be sent.
+    async fn hand_over(&self, batch: Batch) {
+        if batch.entries.is_empty() {
+            return;
+        }
         let sent = self
             .space
             .nats()
-            .publish_with_headers(self.inbox.clone(), headers, msg.payload.clone())
+            .publish(self.inbox.clone(), batch.copies.into_body().into())
             .await;
         match sent {
             Ok(()) => {
                 if let Ok(mut held) = self.held.lock() {
                     let now = Instant::now();
-                    held.insert(
-                        token,
-                        Held {
-                            message: msg,
-                            handed: now,
-                            since: now,
-                        },
-                    );
+                    for (token, message) in batch.entries {
+                        let (handed, since) = (now, now);
+                        held.insert(
+                            token,
+                            Held {
+                                message,
+                                handed,
+                                since,
+                            },
+                        );
+                    }
                 }
             }
             Err(e) => {
-                tracing::debug!(member = self.member, error = %e, "backstop copy not sent");
-                let _ = msg.ack_with(AckKind::Nak(None)).await;
+                tracing::debug!(member = self.member, error = %e, "backstop copies not sent");
+                for (_, message) in batch.entries {
+                    let _ = message.ack_with(AckKind::Nak(None)).await;
+                }
             }
         }
-        Flow::Continue
     }
 
     /// The re-authorization of §9 item 5: membership interval, current read ACL, and the

@@ -67,42 +67,39 @@ pub async fn bootstrap(
                         .info()
                         .await
                         .map_err(|e| err("reading", &expected.name, e.to_string()))?;
-                    if info.config.num_replicas != expected.num_replicas {
+                    // What the stream is now, as this run leaves it.
+                    let mut current = info.config.clone();
+                    if current.num_replicas != expected.num_replicas {
                         // A cluster's replicas changed: JetStream moves the stream in place.
                         // Its byte limit changes with it: the account's quota counts every
                         // replica, so each one's share is divided by their number.
-                        let mut scaled = info.config.clone();
+                        let mut scaled = current.clone();
                         scaled.num_replicas = expected.num_replicas;
                         scaled.max_bytes = expected.max_bytes;
-                        js.update_stream(scaled)
+                        js.update_stream(scaled.clone())
                             .await
                             .map_err(|e| err("scaling", &expected.name, e.to_string()))?;
                         tracing::info!(
                             stream = expected.name,
-                            from = info.config.num_replicas,
+                            from = current.num_replicas,
                             to = expected.num_replicas,
                             "stream replicas changed"
                         );
+                        current = scaled;
                     }
-                    let mut drift = streams::drift(&expected, &info.config);
-                    if info.config.num_replicas != expected.num_replicas {
-                        drift.retain(|d| d.field != "max_bytes");
-                    }
-                    // DM and TASK made before the fairness bounds get them (they only narrow).
-                    let fair = expected.discard_new_per_subject;
-                    if fair
-                        && drift
-                            .iter()
-                            .any(|d| streams::FAIRNESS_FIELDS.contains(&d.field))
-                    {
-                        js.update_stream(streams::with_fairness(&info.config, &expected))
+                    let mut drift = streams::drift(&expected, &current);
+                    // Streams made before a bound get it (the per-sender bounds of DM and
+                    // TASK, CHAT's largest message): they only narrow what is stored.
+                    if let Some((bounded, fields)) = streams::narrowed(&current, &expected) {
+                        js.update_stream(bounded)
                             .await
                             .map_err(|e| err("bounding", &expected.name, e.to_string()))?;
                         tracing::info!(
                             stream = expected.name,
-                            "per-sender bounds applied to an existing stream"
+                            ?fields,
+                            "bounds applied to an existing stream"
                         );
-                        drift.retain(|d| !streams::FAIRNESS_FIELDS.contains(&d.field));
+                        drift.retain(|d| !fields.contains(&d.field));
                     }
                     Ok((None, drift))
                 }

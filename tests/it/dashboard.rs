@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use cotald::client::Replay;
 use cotald::protocol::{Channel, InstanceId, Routing};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -257,7 +258,7 @@ async fn pages_show_the_roster_the_channels_and_the_live_feed() {
     let alice = mint(tmp.path(), "alice", "main", &grants).await;
     let bob = mint(tmp.path(), "bob", "main", &grants).await;
     let a = endpoint(&alice, |_| {}).await;
-    let _b = endpoint(&bob, |_| {}).await;
+    let b = endpoint(&bob, |_| {}).await;
 
     let roster = site
         .page_with("/spaces/main/roster", &["alice", "bob"])
@@ -269,6 +270,15 @@ async fn pages_show_the_roster_the_channels_and_the_live_feed() {
     );
     assert!(roster.contains(&alice.id[..10]), "{roster}");
     assert!(!roster.contains("status-offline"), "{roster}");
+    // Channel membership, from the membership feed (§8): general is durable on a local space.
+    b.client.join("general", Replay::Off).await.unwrap();
+    let roster = site
+        .page_with(
+            "/spaces/main/roster",
+            &["<div>live: #general</div><div>durable: #general</div>"],
+        )
+        .await;
+    assert_eq!(roster.matches("durable: #general").count(), 1, "{roster}");
 
     let mut events = site.events("").await;
     let sent = Instant::now();

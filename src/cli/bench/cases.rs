@@ -82,6 +82,11 @@ pub(super) const ALL: &[Case] = &[
         run: |b, s| Box::pin(catch_up(b, s)),
     },
     Case {
+        names: &["replay_10k"],
+        throughput: false,
+        run: |b, s| Box::pin(replay(b, s)),
+    },
+    Case {
         names: &["presence_converge_2000"],
         throughput: false,
         run: |b, s| Box::pin(presence_converge(b, s)),
@@ -774,6 +779,96 @@ async fn catch_up(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>
         Better::Higher,
         figures,
         "a new connection + pull consumer of the same range, fetch 256 + ack",
+        ">= 0.8",
+    )])
+}
+
+const CH_REPLAY: &str = "bench-replay";
+
+/// A late joiner's history replay (§7: `replay` on a live channel): from `join` until the
+/// backlog is surfaced, vs an ordered consumer of the same range on an open connection.
+async fn replay(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
+    let backlog = sizes.backlog;
+    set_class(bench, CH_REPLAY, "live").await?;
+    let mut publishers = Vec::new();
+    for i in 0..backlog.div_ceil(PER_SUBJECT) {
+        let p = bench
+            .mint(
+                &format!("bench-replay-pub{i}"),
+                json!({"allow_publish": [CH_REPLAY]}),
+            )
+            .await?;
+        publishers.push(bench.sender(&p).await?);
+    }
+    let clients: Vec<&Client> = publishers.iter().map(|c| &c.client).collect();
+    send_many(&clients, &[Routing::channel(&channel(CH_REPLAY)?)], backlog).await?;
+    for p in publishers {
+        p.client.close().await;
+    }
+    let joiner = bench
+        .mint("bench-joiner", json!({"subscribe": [CH_REPLAY]}))
+        .await?;
+    let figures = interleaved(
+        sizes.runs,
+        |_warm| async {
+            // A new connection each run: its dedup window has seen none of the history.
+            let mut conn = bench.sender(&joiner).await?;
+            let client = conn.client.clone();
+            let start = Instant::now();
+            let join = client.join(CH_REPLAY, Replay::AsConfigured);
+            let surface = async {
+                let mut n = 0;
+                while n < backlog {
+                    if next(&mut conn).await?.historical {
+                        n += 1;
+                    }
+                }
+                anyhow::Ok(())
+            };
+            let (report, surfaced) =
+                bounded("replay", async { tokio::join!(join, surface) }).await?;
+            surfaced?;
+            if report?.backfilled < backlog {
+                bail!("the join backfilled fewer than {backlog}");
+            }
+            let elapsed = start.elapsed();
+            conn.client.close().await;
+            Ok(rate(backlog, elapsed))
+        },
+        |_warm| async {
+            let nats = bench.raw_as(&bench.operator).await?;
+            let js = jetstream::new(nats.clone());
+            let start = Instant::now();
+            let stream = js.get_stream(format!("CHAT_{SPACE}")).await?;
+            let mut messages = stream
+                .create_consumer(pull::OrderedConfig {
+                    filter_subject: format!("cotal.{SPACE}.chat.*.{CH_REPLAY}"),
+                    ..Default::default()
+                })
+                .await?
+                .messages()
+                .await?;
+            let mut read = 0;
+            while read < backlog {
+                bounded("an ordered read", messages.next())
+                    .await?
+                    .context("the ordered consumer ended")?
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                read += 1;
+            }
+            let elapsed = start.elapsed();
+            drop(messages);
+            let _ = tokio::time::timeout(Duration::from_secs(5), nats.drain()).await;
+            Ok(rate(backlog, elapsed))
+        },
+    )
+    .await?;
+    Ok(vec![CaseResult::new(
+        "replay_10k",
+        "msg/s",
+        Better::Higher,
+        figures,
+        "an ordered consumer of the same range on an open connection",
         ">= 0.8",
     )])
 }

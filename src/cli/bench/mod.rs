@@ -11,7 +11,8 @@
 //!
 //! Cases ([`cases`]): `live_throughput`, `live_latency_p50`/`_p99`, `dm_throughput`,
 //! `durable_publish_100_members` (100 absent durable members vs 1), `catchup_10k` (a returning
-//! durable member's backlog vs a raw pull of the same range), `durable_end_to_end` (an online
+//! durable member's backlog vs a raw pull of the same range), `replay_10k` (a late joiner's
+//! history vs an ordered consumer), `durable_end_to_end` (an online
 //! member on a durable channel vs on a live one), `startup_cold`/`_warm` (`cotald up` to
 //! ready vs the bundled broker alone on the config cotald rendered). The throughput cases run
 //! again on an appliance whose profile syncs every write (`sync_interval = "always"`), named
