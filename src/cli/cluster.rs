@@ -20,6 +20,30 @@ pub struct ClusterArgs {
     data_dir: DataDirArg,
 }
 
+/// Where this node's routes listen and which nodes it dials.
+#[derive(Debug, Args)]
+struct NodeArgs {
+    /// This node's route listener.
+    #[arg(long)]
+    listen: SocketAddr,
+    /// Another node's route listener, host:port (repeat).
+    #[arg(long = "route")]
+    routes: Vec<String>,
+    /// Stream replicas [default: 3 with at least 3 nodes, else 1].
+    #[arg(long)]
+    replicas: Option<usize>,
+}
+
+impl NodeArgs {
+    fn options(self) -> NodeOptions {
+        NodeOptions {
+            listen: self.listen,
+            routes: self.routes,
+            replicas: self.replicas,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum ClusterCommand {
     /// On the first node: make this data dir's trust chain the cluster's and write the join
@@ -29,15 +53,8 @@ enum ClusterCommand {
         /// The cluster's name.
         #[arg(long)]
         name: String,
-        /// This node's route listener.
-        #[arg(long)]
-        listen: SocketAddr,
-        /// Another node's route listener, host:port (repeat).
-        #[arg(long = "route")]
-        routes: Vec<String>,
-        /// Stream replicas [default: 3 with at least 3 nodes, else 1].
-        #[arg(long)]
-        replicas: Option<usize>,
+        #[command(flatten)]
+        node: NodeArgs,
         /// Where to write the bundle (must not exist).
         #[arg(long)]
         out: PathBuf,
@@ -52,15 +69,8 @@ enum ClusterCommand {
     Join {
         /// The bundle `cluster init` wrote.
         bundle: PathBuf,
-        /// This node's route listener.
-        #[arg(long)]
-        listen: SocketAddr,
-        /// Another node's route listener, host:port (repeat).
-        #[arg(long = "route")]
-        routes: Vec<String>,
-        /// Stream replicas [default: 3 with at least 3 nodes, else 1].
-        #[arg(long)]
-        replicas: Option<usize>,
+        #[command(flatten)]
+        node: NodeArgs,
     },
 }
 
@@ -75,17 +85,12 @@ pub(super) async fn run(args: ClusterArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         ClusterCommand::Init {
             name,
-            listen,
-            routes,
-            replicas,
+            node,
             out,
             discard_history,
         } => {
-            let node = NodeOptions {
-                listen,
-                routes,
-                replicas,
-            };
+            let node = node.options();
+            let listen = node.listen;
             let bundle = cluster::init(&dir, &name, &node, &out, discard_history)
                 .with_context(|| format!("cluster init in {}", dir.root().display()))?;
             println!(
@@ -96,17 +101,8 @@ pub(super) async fn run(args: ClusterArgs) -> anyhow::Result<ExitCode> {
             println!("  cotald cluster join BUNDLE --listen HOST:PORT --route {listen} ...");
             println!("then `cotald up` on every node.");
         }
-        ClusterCommand::Join {
-            bundle,
-            listen,
-            routes,
-            replicas,
-        } => {
-            let node = NodeOptions {
-                listen,
-                routes,
-                replicas,
-            };
+        ClusterCommand::Join { bundle, node } => {
+            let node = node.options();
             let imported = cluster::join(&dir, &bundle, &node)
                 .with_context(|| format!("cluster join in {}", dir.root().display()))?;
             if imported.trust_chain {
