@@ -582,6 +582,23 @@ fn de_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
     }
 }
 
+/// A size for people: `512 KiB`, `178.0 MiB`, `10.0 GiB` (the inverse of the profile's sizes).
+pub fn human_size(bytes: u64) -> String {
+    const KIB: f64 = 1024.0;
+    const MIB: f64 = KIB * 1024.0;
+    const GIB: f64 = MIB * 1024.0;
+    let b = bytes as f64;
+    if b >= GIB {
+        format!("{:.1} GiB", b / GIB)
+    } else if b >= MIB {
+        format!("{:.1} MiB", b / MIB)
+    } else if b >= KIB {
+        format!("{:.0} KiB", b / KIB)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
 /// Parses `"512"`, `"256K"`, `"256M"`, `"10G"`, `"1T"` (binary multiples) into bytes.
 fn parse_size(s: &str) -> Option<i64> {
     let s = s.trim();

@@ -311,6 +311,13 @@ fn store_refusal(routing: &Routing, subject: &str, e: impl Into<BoxError>) -> Cl
             ),
             Routing::Channel(_) => "the channel keeps no more from you".to_owned(),
         }
+    } else if let Some(reason) = said.split_once(crate::space::holds::HELD) {
+        // The warden's hold (`space/holds.rs`): its refusal carries the figures.
+        let reason = reason.1;
+        reason
+            .split_once(" (code ")
+            .map_or(reason, |r| r.0)
+            .to_owned()
     } else if said.contains("maximum bytes exceeded") || said.contains("maximum messages exceeded")
     {
         "the space's store for this kind of message is full; ask its operator to raise the retention limits in the profile, or send again once messages expire or are read"

@@ -13,6 +13,7 @@
 //! words. Inside a space, the bounded streams are cut to fit its quota
 //! (`binding::streams::Retention::fit`).
 
+use crate::profile::human_size;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -71,18 +72,6 @@ fn disk_usage(dir: &Path) -> u64 {
         .sum()
 }
 
-/// A size for people: `178 MiB`, `10.0 GiB`.
-pub fn human(bytes: i64) -> String {
-    const MIB: f64 = (1u64 << 20) as f64;
-    const GIB: f64 = (1u64 << 30) as f64;
-    let b = bytes as f64;
-    if b >= GIB {
-        format!("{:.1} GiB", b / GIB)
-    } else {
-        format!("{:.0} MiB", b / MIB)
-    }
-}
-
 /// A space the budget has no room for.
 #[derive(Debug, thiserror::Error)]
 #[error(
@@ -133,13 +122,13 @@ impl Budget {
                 false => self
                     .granted
                     .iter()
-                    .map(|(s, b)| format!("{} reserved by `{s}`", human(*b)))
+                    .map(|(s, b)| format!("{} reserved by `{s}`", human_size((*b).max(0) as u64)))
                     .collect::<Vec<_>>()
                     .join(", "),
             };
             return Err(BudgetFull {
                 space: space.to_owned(),
-                limit: human(self.limit),
+                limit: human_size(self.limit.max(0) as u64),
                 held,
             });
         }

@@ -59,7 +59,7 @@ use crate::services::members::Members;
 use crate::services::membership::{BrokerView, MembershipFeed};
 use crate::services::mentions::Mentions;
 use crate::services::presence::{PresenceView, PresenceWatch};
-use crate::services::warden::Warden;
+use crate::services::warden::{PushAccount, Warden};
 use crate::services::{ServiceSet, ServiceStatus};
 use crate::space::store::{self, StoreError};
 use crate::space::{Identities, MintError, Space, SpaceError};
@@ -235,6 +235,8 @@ struct Leased {
     backstop: Arc<Backstop>,
     manager: Arc<Manager>,
     view: BrokerView,
+    /// Pushes the space's account JWT again, for the warden's holds.
+    push_account: PushAccount,
 }
 
 impl Leased {
@@ -278,6 +280,7 @@ impl Leased {
             set.start(Arc::new(Warden::new(
                 self.space.clone(),
                 self.identities.clone(),
+                self.push_account.clone(),
             )))
             .await,
         );
@@ -382,7 +385,7 @@ impl Appliance {
             ))
         })?;
         tracing::info!(
-            limit = budget::human(store_limit),
+            limit = crate::profile::human_size(store_limit.max(0) as u64),
             "JetStream storage budget: three quarters of the free disk space plus what it stores"
         );
 
@@ -633,14 +636,19 @@ impl Appliance {
 }
 
 impl Core {
-    /// Signs and pushes a space's account JWT: its JetStream limits and the revocations of its
-    /// identities (a revoked credential is refused from then on).
+    /// Signs and pushes a space's account JWT: its JetStream limits, the revocations of its
+    /// identities (a revoked credential is refused from then on) and the mappings of its held
+    /// senders (`space/holds.rs`; none before the space is served).
     async fn push_account(
         &self,
         keys: &SpaceKeys,
         config: &SpaceConfig,
         identities: &Identities,
+        holds: Option<&Space>,
     ) -> Result<(), DaemonError> {
+        let mappings = holds
+            .map(|s| s.holds().mappings(&s.names().prefix()))
+            .unwrap_or_default();
         let jwt = self.keys.space_account_jwt(
             keys,
             JetStreamLimits {
@@ -650,6 +658,7 @@ impl Core {
                 consumer: -1,
             },
             &identities.revocations(),
+            &mappings,
         )?;
         push_account(&self.system, keys.name(), jwt).await
     }
@@ -657,7 +666,7 @@ impl Core {
     /// Pushes a space's account, connects its provisioner, bootstraps it, provisions its
     /// minted identities and starts its services; then serves it.
     async fn serve_space(
-        &self,
+        self: &Arc<Self>,
         name: &str,
         mut config: SpaceConfig,
     ) -> Result<SpaceInfo, DaemonError> {
@@ -666,8 +675,8 @@ impl Core {
         if granted < wanted {
             tracing::warn!(
                 space = name,
-                wanted = budget::human(wanted),
-                granted = budget::human(granted),
+                wanted = crate::profile::human_size(wanted.max(0) as u64),
+                granted = crate::profile::human_size(granted.max(0) as u64),
                 "the space's JetStream quota is cut to what is left of the disk's budget"
             );
         }
@@ -686,7 +695,7 @@ impl Core {
 
     /// [`Core::serve_space`] once its storage is granted.
     async fn serve_granted(
-        &self,
+        self: &Arc<Self>,
         name: &str,
         config: SpaceConfig,
     ) -> Result<SpaceInfo, DaemonError> {
@@ -713,7 +722,7 @@ impl Core {
                     "cannot read the cluster's identity records before pushing the account"),
             }
         }
-        self.push_account(&keys, &config, &identities).await?;
+        self.push_account(&keys, &config, &identities, None).await?;
         crate::files::private_dir(&self.dir.space(name))?;
         let creds = keys.own_user_creds("local-operator")?;
         crate::files::write_atomic(
@@ -768,6 +777,29 @@ impl Core {
                 )))
                 .await
                 .map_err(|e| service_error(name, e))?;
+            let push_account: PushAccount = {
+                let core = Arc::downgrade(self);
+                let (name, config) = (name.to_owned(), space.config().clone());
+                let (identities, space) = (identities.clone(), Arc::downgrade(&space));
+                Arc::new(move || {
+                    let (core, space) = (core.upgrade(), space.upgrade());
+                    let (name, config, identities) =
+                        (name.clone(), config.clone(), identities.clone());
+                    Box::pin(async move {
+                        let (Some(core), Some(space)) = (core, space) else {
+                            return Err("the space is no longer served".to_owned());
+                        };
+                        let pushed = async {
+                            let keys = core.keys.space(&name)?;
+                            core.push_account(&keys, &config, &identities, Some(&space))
+                                .await
+                        };
+                        pushed
+                            .await
+                            .map_err(|e: DaemonError| crate::ops::error_text(&e))
+                    })
+                })
+            };
             let parts = Leased {
                 space: space.clone(),
                 identities: identities.clone(),
@@ -776,6 +808,7 @@ impl Core {
                 backstop,
                 manager: manager.clone(),
                 view,
+                push_account,
             };
             let lease = if self.clustered {
                 // One node of the cluster runs them, the lease's holder.

@@ -2,6 +2,8 @@
 //! the running appliance; and `mint` against the data dir alone when no appliance runs — the
 //! same operation on the same identities, whose durables the next `cotald up` creates.
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
 use super::{Core, DaemonError, Served, join_link};
@@ -21,7 +23,7 @@ fn json<T: serde::Serialize>(value: T) -> Result<Value, DaemonError> {
 
 impl Core {
     /// Executes a request of the machine operator.
-    pub(crate) async fn execute(&self, req: Request) -> Result<Value, DaemonError> {
+    pub(crate) async fn execute(self: &Arc<Self>, req: Request) -> Result<Value, DaemonError> {
         match req {
             Request::SpaceAdd(add) => json(self.add_space(add).await?),
             Request::SpaceList => json(self.list_spaces().await?),
@@ -45,7 +47,7 @@ impl Core {
 
     /// `space-add`: serve a new space at once; it is remembered (and served at every later
     /// start) only once it is served.
-    async fn add_space(&self, add: SpaceAdd) -> Result<SpaceInfo, DaemonError> {
+    async fn add_space(self: &Arc<Self>, add: SpaceAdd) -> Result<SpaceInfo, DaemonError> {
         let name = add.name.as_str();
         crate::profile::validate_space_name(name).map_err(DaemonError::Invalid)?;
         if self
@@ -108,8 +110,13 @@ impl Core {
             }
         }
         if let Some(old) = &minted.replaced {
-            self.push_account(&keys, served.space.config(), &served.identities)
-                .await?;
+            self.push_account(
+                &keys,
+                served.space.config(),
+                &served.identities,
+                Some(&served.space),
+            )
+            .await?;
             if old.id != minted.record.id {
                 served.space.deprovision(old).await?;
             }
@@ -148,8 +155,13 @@ impl Core {
         served.identities.save(revoked.clone())?;
         self.share(served, &revoked).await?;
         let keys = self.keys.space(&req.space)?;
-        self.push_account(&keys, served.space.config(), &served.identities)
-            .await?;
+        self.push_account(
+            &keys,
+            served.space.config(),
+            &served.identities,
+            Some(&served.space),
+        )
+        .await?;
         keys.delete_user_key(&revoked.id)?;
         served.space.deprovision(&revoked).await?;
         served

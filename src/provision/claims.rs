@@ -47,9 +47,19 @@ struct AccountClaims<'a> {
     /// User key → Unix seconds: the broker refuses that user's JWTs issued at or before it.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     revocations: &'a BTreeMap<String, i64>,
+    /// Subject → where the broker delivers what is published on it instead.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    mappings: BTreeMap<&'a str, [Mapping<'a>; 1]>,
     #[serde(rename = "type")]
     kind: &'static str,
     version: u8,
+}
+
+/// One destination of a subject mapping; all of it (weight 100).
+#[derive(Serialize)]
+struct Mapping<'a> {
+    subject: &'a str,
+    weight: u8,
 }
 
 #[derive(Serialize)]
@@ -147,6 +157,7 @@ pub(crate) fn account_jwt(
     signing_key: Option<&KeyPair>,
     limits: &AccountLimits,
     revocations: &BTreeMap<String, i64>,
+    mappings: &BTreeMap<String, String>,
 ) -> Result<String, ProvisionError> {
     encode(
         operator,
@@ -158,6 +169,18 @@ pub(crate) fn account_jwt(
             limits,
             signing_keys: signing_key.map(KeyPair::public_key).into_iter().collect(),
             revocations,
+            mappings: mappings
+                .iter()
+                .map(|(from, to)| {
+                    (
+                        from.as_str(),
+                        [Mapping {
+                            subject: to,
+                            weight: 100,
+                        }],
+                    )
+                })
+                .collect(),
             kind: "account",
             version: 2,
         },
@@ -312,13 +335,28 @@ mod tests {
             streams: -1,
             consumer: -1,
         });
-        let none = BTreeMap::new();
-        let jwt = account_jwt(&operator, &account, "main", Some(&signing), &limits, &none).unwrap();
+        let jwt = account_jwt(
+            &operator,
+            &account,
+            "main",
+            Some(&signing),
+            &limits,
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+        )
+        .unwrap();
         let claims = decode_payload(&jwt);
         assert!(claims["nats"].get("revocations").is_none());
+        assert!(claims["nats"].get("mappings").is_none());
         let revoked = BTreeMap::from([("UABC".to_owned(), 7)]);
-        let jwt = account_jwt(&operator, &account, "main", None, &limits, &revoked).unwrap();
-        assert_eq!(decode_payload(&jwt)["nats"]["revocations"]["UABC"], 7);
+        let held = BTreeMap::from([("c.inst.*.UABC".to_owned(), "c.ctl.manager.UABC".to_owned())]);
+        let jwt = account_jwt(&operator, &account, "main", None, &limits, &revoked, &held).unwrap();
+        let later = decode_payload(&jwt);
+        assert_eq!(later["nats"]["revocations"]["UABC"], 7);
+        assert_eq!(
+            later["nats"]["mappings"]["c.inst.*.UABC"],
+            serde_json::json!([{"subject": "c.ctl.manager.UABC", "weight": 100}])
+        );
         assert_eq!(claims["iss"], operator.public_key());
         assert_eq!(claims["nats"]["signing_keys"][0], signing.public_key());
         assert_eq!(claims["nats"]["limits"]["disallow_bearer"], true);

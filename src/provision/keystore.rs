@@ -125,6 +125,7 @@ impl KeyStore {
             None,
             &AccountLimits::with_jetstream(JetStreamLimits::DISABLED),
             &BTreeMap::new(),
+            &BTreeMap::new(),
         )
     }
 
@@ -180,12 +181,14 @@ impl KeyStore {
     }
 
     /// Signs the account JWT of a space. `revocations` maps a user key to the Unix second up
-    /// to which that user's JWTs are refused.
+    /// to which that user's JWTs are refused; `mappings` maps a subject to the one the broker
+    /// delivers its messages to instead (the DM holds, `space/holds.rs`).
     pub fn space_account_jwt(
         &self,
         space: &SpaceKeys,
         jetstream: JetStreamLimits,
         revocations: &BTreeMap<String, i64>,
+        mappings: &BTreeMap<String, String>,
     ) -> Result<String, ProvisionError> {
         claims::account_jwt(
             &self.operator,
@@ -194,6 +197,7 @@ impl KeyStore {
             Some(&space.signing),
             &AccountLimits::with_jetstream(jetstream),
             revocations,
+            mappings,
         )
     }
 

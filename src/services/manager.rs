@@ -8,6 +8,9 @@
 //! - requires the sender to be an identity this appliance minted (its record is the caller's
 //!   current read ACL, §9 item 6) and the op to be one `ctl` carries.
 //!
+//! A held sender's DMs arrive here too (the broker maps them, `space/holds.rs`): they are
+//! answered with the hold's refusal and never acted on.
+//!
 //! Durable membership (§7): `durable-join` records a new interval from the caller's join
 //! cursor in the members registry (the stream keeps the messages; the trusted reader reads
 //! them from the member's position whenever it is connected); a rejoin while joined returns the open membership unchanged; a rejoin after a leave
@@ -99,8 +102,21 @@ impl Manager {
         }
     }
 
-    /// Handles one confined request: checks, executes, replies on the sender's inbox.
+    /// Handles one confined request: checks, executes, replies on the sender's inbox. A held
+    /// sender's DM, which the broker maps here (`space/holds.rs`), is answered as JetStream
+    /// answers a refused publish, with the reason.
     async fn serve(&self, msg: async_nats::Message, sender: String, reply_to: Option<String>) {
+        if let Some(hold) = self.space.holds().get(&sender)
+            && !has_op(&msg.payload)
+        {
+            if let Some(reply_to) = reply_to {
+                let body = serde_json::to_vec(&hold.refusal()).unwrap_or_default();
+                if let Err(e) = self.space.nats().publish(reply_to, body.into()).await {
+                    tracing::debug!(sender, error = %e, "refusal of a held DM not sent");
+                }
+            }
+            return;
+        }
         let subject = msg.subject.as_str();
         let max_payload = self.space.nats().server_info().max_payload;
         let reply = match accept_control_request(subject, &msg.payload, max_payload) {
@@ -356,6 +372,13 @@ fn concrete(channel: &str) -> Result<String, ManagerError> {
                  [A-Za-z0-9_-]; join each channel of a wildcard"
             ))
         })
+}
+
+/// Whether `payload` is a JSON object with an `op`, as every control request is (§5); a DM
+/// envelope has none.
+fn has_op(payload: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(payload)
+        .is_ok_and(|object| object.contains_key("op"))
 }
 
 impl Service for Manager {

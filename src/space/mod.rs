@@ -6,6 +6,7 @@
 //! Appendix B has it in v0); agents never hold its credentials.
 
 pub mod bootstrap;
+pub mod holds;
 pub mod identities;
 pub mod identity;
 pub mod store;
@@ -21,6 +22,7 @@ use crate::profile::SpaceConfig;
 use crate::provision::SpaceKeys;
 
 pub use bootstrap::{BootstrapError, BootstrapReport, bootstrap};
+pub use holds::{Hold, Holds};
 pub use identities::Identities;
 pub use identity::{MintError, Minted};
 
@@ -80,6 +82,9 @@ pub struct Space {
     account: String,
     client: async_nats::Client,
     js: jetstream::Context,
+    /// The senders whose DMs are held (the warden holds, the manager refuses, the account JWT
+    /// carries it out).
+    holds: Holds,
 }
 
 impl Space {
@@ -106,12 +111,18 @@ impl Space {
             account: keys.account_public(),
             client,
             js,
+            holds: Holds::default(),
         })
     }
 
     /// The space name.
     pub fn name(&self) -> &str {
         self.names.space()
+    }
+
+    /// The senders whose DMs are held.
+    pub fn holds(&self) -> &Holds {
+        &self.holds
     }
 
     /// The space's JetStream names.

@@ -145,11 +145,11 @@ async fn junk_dms_neither_evict_an_unread_dm_nor_stop_others_sending() {
          all purged by the warden"
     );
 
-    // Mallory → Bob, a real target: 44 more than the pair keeps, 4 KiB each; the rest is
-    // refused.
+    // Mallory → Bob, a real target: 44 more than the pair keeps, 1 KiB each (within her share
+    // of DM); the rest is refused.
     let pair = format!("cotal.main.inst.{}.{}", bob.id, mallory.id);
     let bound = DM_MAX_MSGS_PER_PAIR as usize;
-    let (stored, refused, why) = flood(&js, bound + 44, 4 << 10, |_| pair.clone()).await;
+    let (stored, refused, why) = flood(&js, bound + 44, 1 << 10, |_| pair.clone()).await;
     assert_eq!(stored, bound, "the (target, sender) pair bound");
     assert_eq!(refused, 44);
     let why = why.unwrap();
@@ -159,7 +159,7 @@ async fn junk_dms_neither_evict_an_unread_dm_nor_stop_others_sending() {
     );
     let (pair_held, dm_msgs, dm_bytes) = held(&mut op, "DM_main", &pair).await;
     eprintln!(
-        "to bob: {stored} × 4 KiB stored ({pair_held} held), {refused} refused ({why}); \
+        "to bob: {stored} × 1 KiB stored ({pair_held} held), {refused} refused ({why}); \
          DM holds {dm_msgs} messages, {dm_bytes} bytes"
     );
 
@@ -186,6 +186,121 @@ async fn junk_dms_neither_evict_an_unread_dm_nor_stop_others_sending() {
         d.ack().await.unwrap();
     }
     assert_eq!(from_carol, [first.id, second.id], "the victim lost nothing");
+    c.stop().await;
+}
+
+/// Waits (bounded) until `target` has nothing pending or unacknowledged in `dm_<target>`.
+async fn all_read(op: &mut Probe, target: &str) {
+    let consumer = format!("$JS.API.CONSUMER.INFO.DM_main.dm_{target}");
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let info = op.request(&consumer, json!({})).await;
+        if info["num_pending"] == 0 && info["num_ack_pending"] == 0 {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{info}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn one_sender_cannot_fill_dm_through_many_real_targets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let profile = tmp.path().join("profile.toml");
+    let budgets = SMALL_BUDGETS
+        .replace(r#"max_file_store = "256M""#, r#"max_file_store = "512M""#)
+        .replace(r#"dm_max_bytes = "16M""#, r#"dm_max_bytes = "64M""#);
+    std::fs::write(&profile, budgets).unwrap();
+    let mut c = Cotald::spawn(tmp.path(), &["--config", profile.to_str().unwrap()]);
+    c.wait_stdout("cotald is ready").await;
+    let mallory = mint(
+        tmp.path(),
+        "mallory",
+        "main",
+        &["--allow-publish", "general"],
+    )
+    .await;
+    let carol = mint(tmp.path(), "carol", "main", &[]).await;
+    let mut targets = Vec::new();
+    for name in ["bob", "dan", "erin", "fay"] {
+        targets.push(mint(tmp.path(), name, "main", &[]).await);
+    }
+    let bob = &targets[0];
+    let mut op = operator(&c).await;
+    let cc = endpoint(&carol, |o| o.presence = false).await;
+    let (first, _) = cc.client.send_text(to(&bob.id), "before").await.unwrap();
+
+    // Mallory: 160 × 512 KiB (80 MiB, more than DM's 64 MiB) round robin to four real agents
+    // who do not read; no pair comes near its bound. Her share is 8 MiB.
+    let (_m, js) = raw(&c, &mallory).await;
+    let pair = |i: usize| format!("cotal.main.inst.{}.{}", targets[i % 4].id, mallory.id);
+    let started = tokio::time::Instant::now();
+    let (stored, refused, why) = flood(&js, 160, 512 << 10, pair).await;
+    let took = started.elapsed();
+    let why = why.expect("Mallory is refused once past her share");
+    assert!(why.contains("more than your share"), "{why}");
+    let (kept, dm_msgs, dm_bytes) = held(
+        &mut op,
+        "DM_main",
+        &format!("cotal.main.inst.*.{}", mallory.id),
+    )
+    .await;
+    eprintln!(
+        "to four real agents, in {took:?}: {stored} × 512 KiB acknowledged ({kept} held), \
+         {refused} refused ({why}); DM holds {dm_msgs} messages, {dm_bytes} bytes of 64 MiB"
+    );
+    // What she stored while the warden judged her counts on top of her share: below DM's
+    // limit, as Carol's DM below shows.
+    assert_eq!(kept, stored as u64, "nothing acknowledged was dropped");
+
+    // Her own client says why, with the figures; her channel posts still go through.
+    let mc = endpoint(&mallory, |o| o.presence = false).await;
+    let err = mc
+        .client
+        .send_text(to(&carol.id), "one more")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClientError::StoreFull { .. }), "{err:?}");
+    assert!(err.to_string().contains("more than your share"), "{err}");
+    eprintln!("Mallory's client: {err}");
+    let general = Routing::channel(&cotald::protocol::Channel::new("general").unwrap());
+    mc.client.send_text(general, "still here").await.unwrap();
+
+    // Carol still reaches Bob, and Bob gets both her DMs.
+    let (second, _) = cc.client.send_text(to(&bob.id), "after").await.unwrap();
+    let mut readers = Vec::new();
+    for target in &targets {
+        readers.push(endpoint(target, |o| o.presence = false).await);
+    }
+    let mut from_carol = Vec::new();
+    while from_carol.len() < 2 {
+        let d = delivery(&mut readers[0].deliveries).await;
+        if d.message.from.id == carol.id {
+            from_carol.push(d.message.id.clone());
+        }
+        d.ack().await.unwrap();
+    }
+    assert_eq!(from_carol, [first.id, second.id], "the victim lost nothing");
+
+    // The four read (the junk is not JSON: their clients terminate it); the hold ends with no
+    // operator and Mallory's DMs are accepted again.
+    for target in &targets {
+        all_read(&mut op, &target.id).await;
+    }
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let mut refused_after = 0;
+    loop {
+        match mc.client.send_text(to(&carol.id), "again").await {
+            Ok(_) => break,
+            Err(ClientError::StoreFull { .. }) if tokio::time::Instant::now() < deadline => {
+                refused_after += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    eprintln!("after they read: {refused_after} more refused before the hold ended");
+    drop(readers);
     c.stop().await;
 }
 
@@ -492,17 +607,34 @@ async fn the_default_profile_fits_a_small_disk_and_degrades_clearly_when_it_fill
     let cc = endpoint(&carol, |o| o.presence = false).await;
     let (kept, _) = cc.client.send_text(to(&bob.id), "keep me").await.unwrap();
 
-    // Mallory fills DM with 512 KiB DMs to Bob, who is offline, until DM refuses.
-    let (_m, js) = raw(&c, &mallory).await;
-    let pair = format!("cotal.main.inst.{}.{}", bob.id, mallory.id);
-    let (stored, refused, why) = flood(&js, 200, 512 << 10, |_| pair.clone()).await;
+    // Senders fill DM with 512 KiB DMs to Bob, who is offline: each is held at its share of
+    // DM, so it takes several, until DM itself refuses.
     let mut op = operator(&c).await;
+    let mut senders = vec![mallory];
+    let mut full = None;
+    for round in 0..16 {
+        if round > 0 {
+            senders.push(mint(&dir, &format!("mallory{round}"), "main", &[]).await);
+        }
+        let sender = senders.last().unwrap();
+        let (_m, js) = raw(&c, sender).await;
+        let pair = format!("cotal.main.inst.{}.{}", bob.id, sender.id);
+        let (stored, refused, why) = flood(&js, 16, 512 << 10, |_| pair.clone()).await;
+        eprintln!(
+            "filling DM, sender {round}: {stored} × 512 KiB stored, {refused} refused ({why:?})"
+        );
+        if let Some(why) = why.filter(|w| !w.contains("more than your share")) {
+            full = Some(why);
+            break;
+        }
+    }
     let (_, dm_msgs, dm_bytes) = held(&mut op, "DM_main", ">").await;
+    let full = full.expect("DM is bounded by its share of the quota");
     eprintln!(
-        "filling DM: {stored} × 512 KiB stored, {refused} refused ({why:?}); DM holds \
-         {dm_msgs} messages, {dm_bytes} bytes"
+        "DM full after {} senders ({full}); DM holds {dm_msgs} messages, {dm_bytes} bytes",
+        senders.len()
     );
-    assert!(refused > 0, "DM is bounded by its share of the quota");
+    assert!(full.contains("maximum bytes exceeded"), "{full}");
 
     // Clear to the sender, and the rest of the space still works.
     let big = "x".repeat(512 << 10);
@@ -528,17 +660,8 @@ async fn the_default_profile_fits_a_small_disk_and_degrades_clearly_when_it_fill
     let first = delivery(&mut b.deliveries).await;
     assert_eq!(first.message.id, kept.id, "Carol's DM survived the flood");
     first.ack().await.unwrap();
-    // Mallory's junk is not JSON: Bob's client terminates it (which the ack floor counts).
-    let consumer = format!("$JS.API.CONSUMER.INFO.DM_main.dm_{}", bob.id);
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        let info = op.request(&consumer, json!({})).await;
-        if info["num_pending"] == 0 && info["num_ack_pending"] == 0 {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{info}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // The junk is not JSON: Bob's client terminates it (which the ack floor counts).
+    all_read(&mut op, &bob.id).await;
     let deadline = tokio::time::Instant::now() + TIMEOUT;
     let again = loop {
         match cc.client.send_text(to(&bob.id), &big).await {

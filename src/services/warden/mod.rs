@@ -14,9 +14,20 @@
 //!   waits unread, not what was said in the retention window; and when DM as a whole is nearly
 //!   full, every agent's read DMs are trimmed, so reading frees room without an operator.
 //!
+//! - a sender whose DMs wait unread, across all its targets, beyond its share of DM
+//!   ([`SHARE_DIVISOR`]: an eighth of the store's byte limit) is held: its DMs are refused at
+//!   publish, to it alone and with the reason, until its recipients have read it back under
+//!   half its share (`space/holds.rs` says how the broker carries that out). The pair bound
+//!   cannot do this, since the pairs a sender opens to real targets are as many as there are
+//!   agents: one agent sending 1 MiB DMs to a few that never read filled all of DM.
+//!
 //! It sees each publish on a core subscription (refused ones too, which is how a full pair is
-//! noticed), and sweeps the streams' subjects when it starts and every [`SWEEP_INTERVAL`], which
-//! catches what was stored while it was not running and identities revoked since.
+//! noticed), every DM DM stores on a headers-only ordered consumer (sequence and size: the
+//! [`ledger`] of unread bytes per sender), and sweeps the streams' subjects when it starts and
+//! every [`SWEEP_INTERVAL`], which catches what was stored while it was not running and
+//! identities revoked since.
+
+mod ledger;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -26,11 +37,18 @@ use tokio::time::Instant;
 use async_nats::jetstream::consumer::{Consumer, pull};
 use futures_util::StreamExt;
 
+use std::future::Future;
+use std::pin::Pin;
+
+use async_nats::jetstream::consumer::DeliverPolicy;
+
 use super::{Context, Health, Service, ServiceError};
 use crate::binding::dm_durable;
 use crate::binding::streams::DM_MAX_MSGS_PER_PAIR;
 use crate::ops::CredentialProfile;
-use crate::space::{Identities, Space};
+use crate::profile::human_size;
+use crate::space::{Hold, Identities, Space};
+use ledger::Ledger;
 
 /// How often every DM and TASK subject is checked (and full pairs trimmed) besides the live
 /// checks.
@@ -47,16 +65,31 @@ const FULL_PERCENT: u64 = 90;
 /// often, and DM is checked for being nearly full at most this often.
 const TRIM_EVERY: Duration = Duration::from_secs(1);
 
+/// One sender may have this part of DM's byte limit stored unread (an eighth: a sender past it
+/// is held, and seven others at their share still leave room).
+pub const SHARE_DIVISOR: u64 = 8;
+
+/// Signs and pushes the space's account JWT again, with the current holds: the daemon's job,
+/// since it holds the keys. The error is said in words.
+pub type PushAccount =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+
 /// The warden of one space.
 pub struct Warden {
     space: Arc<Space>,
     identities: Arc<Identities>,
+    push_account: PushAccount,
 }
 
 impl Warden {
-    /// A warden of `space`, judging targets and roles by `identities`.
-    pub fn new(space: Arc<Space>, identities: Arc<Identities>) -> Self {
-        Warden { space, identities }
+    /// A warden of `space`, judging targets and roles by `identities`, pushing holds with
+    /// `push_account`.
+    pub fn new(space: Arc<Space>, identities: Arc<Identities>, push_account: PushAccount) -> Self {
+        Warden {
+            space,
+            identities,
+            push_account,
+        }
     }
 }
 
@@ -84,6 +117,67 @@ impl Addressable {
         }
         self.version = Some(version);
     }
+}
+
+/// Each sender's unread DMs, and the share it may have.
+#[derive(Default)]
+struct Shares {
+    ledger: Ledger,
+    /// Bytes each sender published (seen on the core subscription) that the ledger has not
+    /// seen stored yet: the stored feed trails the publishes by some milliseconds, in which a
+    /// fast sender stores megabytes. Refused publishes never reach the ledger, so this is
+    /// cleared every [`TRIM_EVERY`].
+    in_flight: HashMap<String, u64>,
+    /// DM's byte limit (0: none, and no share).
+    store: u64,
+}
+
+impl Shares {
+    /// A DM of `bytes` from `sender` was published.
+    fn published(&mut self, sender: &str, bytes: u64) {
+        *self.in_flight.entry(sender.to_owned()).or_default() += bytes;
+    }
+
+    /// DM stored `bytes` from `sender` to `target` at `seq`.
+    fn stored(&mut self, target: &str, sender: &str, seq: u64, bytes: u64) {
+        self.ledger.stored(target, sender, seq, bytes);
+        if let Some(in_flight) = self.in_flight.get_mut(sender) {
+            *in_flight = in_flight.saturating_sub(bytes);
+        }
+    }
+
+    /// What `sender` has stored unread, or is about to.
+    fn estimate(&self, sender: &str) -> u64 {
+        self.ledger.unread(sender) + self.in_flight.get(sender).copied().unwrap_or(0)
+    }
+
+    fn share(&self) -> u64 {
+        match self.store {
+            0 => u64::MAX,
+            store => store / SHARE_DIVISOR,
+        }
+    }
+
+    fn hold(&self, unread: u64) -> Hold {
+        Hold {
+            unread,
+            share: self.share(),
+            store: self.store,
+        }
+    }
+}
+
+/// The stream sequence and payload size of a DM delivered headers-only.
+fn stored_entry(msg: &async_nats::jetstream::Message) -> Option<(u64, u64)> {
+    let seq = msg.info().ok()?.stream_sequence;
+    let size = msg
+        .headers
+        .as_ref()?
+        .get("Nats-Msg-Size")?
+        .as_str()
+        .parse()
+        .ok()?;
+    Some((seq, size))
 }
 
 /// A routing token that can be used inside a purge filter as itself.
@@ -175,9 +269,7 @@ impl Warden {
                 .jetstream()
                 .get_stream(self.space.names().dm_stream())
                 .await?;
-            let mut consumer: Consumer<pull::Config> =
-                stream.get_consumer(&dm_durable(target)).await?;
-            let floor = consumer.info().await?.ack_floor.stream_sequence;
+            let floor = self.floor(target).await?;
             let purged = match floor {
                 0 => 0,
                 floor => {
@@ -212,6 +304,122 @@ impl Warden {
             Err(e) => {
                 tracing::warn!(space = self.space.name(), subject, error = %e, "trim failed");
                 None
+            }
+        }
+    }
+
+    /// How far `target` has read its DMs: the ack floor of `dm_<target>`.
+    async fn floor(&self, target: &str) -> Result<u64, Box<dyn std::error::Error + Send + Sync>> {
+        let mut consumer: Consumer<pull::Config> = self
+            .space
+            .jetstream()
+            .get_stream(self.space.names().dm_stream())
+            .await?
+            .get_consumer(&dm_durable(target))
+            .await?;
+        Ok(consumer.info().await?.ack_floor.stream_sequence)
+    }
+
+    /// Tells `ledger` how far each of `targets` has read.
+    async fn read_floors(&self, ledger: &mut Ledger, targets: Vec<String>) {
+        for target in targets {
+            match self.floor(&target).await {
+                Ok(floor) => ledger.read(&target, floor),
+                Err(e) => tracing::debug!(space = self.space.name(), target, error = %e,
+                    "a DM reader's floor not read"),
+            }
+        }
+    }
+
+    /// DM's byte limit and its first stored sequence.
+    async fn dm_extent(&self) -> Result<(u64, u64), ServiceError> {
+        let mut stream = self
+            .space
+            .jetstream()
+            .get_stream(self.space.names().dm_stream())
+            .await
+            .map_err(ServiceError::at("reading DM"))?;
+        let info = stream
+            .info()
+            .await
+            .map_err(ServiceError::at("reading DM"))?;
+        Ok((
+            info.config.max_bytes.max(0) as u64,
+            info.state.first_sequence,
+        ))
+    }
+
+    /// Holds `sender` when it is past its share, not held, not judged within [`TRIM_EVERY`],
+    /// and, its targets' floors read again, still past it; returns whether the holds changed.
+    async fn judge_share(
+        &self,
+        shares: &mut Shares,
+        judged: &mut HashMap<String, Instant>,
+        sender: &str,
+    ) -> bool {
+        if shares.estimate(sender) <= shares.share()
+            || self.space.holds().get(sender).is_some()
+            || judged.get(sender).is_some_and(|t| t.elapsed() < TRIM_EVERY)
+        {
+            return false;
+        }
+        judged.insert(sender.to_owned(), Instant::now());
+        let targets = shares.ledger.targets_of(sender);
+        self.read_floors(&mut shares.ledger, targets).await;
+        let unread = shares.estimate(sender);
+        if unread <= shares.share() {
+            return false;
+        }
+        let hold = shares.hold(unread);
+        let newly = self.space.holds().hold(sender, hold);
+        if newly {
+            tracing::warn!(
+                space = self.space.name(),
+                sender,
+                unread = human_size(unread),
+                share = human_size(hold.share),
+                "a sender's unread DMs exceed its share of DM: its DMs are refused until they \
+                 are read"
+            );
+        }
+        newly
+    }
+
+    /// Ends the holds of senders read back under half their share (and updates the others'
+    /// figures); returns whether the holds changed.
+    async fn review_holds(&self, shares: &mut Shares) -> bool {
+        let mut changed = false;
+        for sender in self.space.holds().senders() {
+            let targets = shares.ledger.targets_of(&sender);
+            self.read_floors(&mut shares.ledger, targets).await;
+            let unread = shares.ledger.unread(&sender);
+            if unread <= shares.share() / 2 {
+                self.space.holds().release(&sender);
+                tracing::info!(
+                    space = self.space.name(),
+                    sender,
+                    unread = human_size(unread),
+                    "a held sender's DMs were read: its DMs are accepted again"
+                );
+                changed = true;
+            } else {
+                self.space.holds().hold(&sender, shares.hold(unread));
+            }
+        }
+        changed
+    }
+
+    /// Pushes the account JWT with the current holds; false (logged) when that failed.
+    async fn push_holds(&self) -> bool {
+        match (self.push_account)().await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(
+                    space = self.space.name(),
+                    error = e,
+                    "the DM holds could not be pushed to the broker; retrying"
+                );
+                false
             }
         }
     }
@@ -299,6 +507,33 @@ impl Service for Warden {
             .map_err(ServiceError::at("subscribing to DMs and tasks"))?;
         let mut addressable = Addressable::default();
         self.sweep(&mut addressable).await?;
+        // Every DM DM stores, from the first it holds: sequence, pair and size, no payload.
+        let mut stored = self
+            .space
+            .jetstream()
+            .get_stream(self.space.names().dm_stream())
+            .await
+            .map_err(ServiceError::at("reading DM"))?
+            .create_consumer(pull::OrderedConfig {
+                filter_subject: format!("{prefix}.inst.*.*"),
+                headers_only: true,
+                deliver_policy: DeliverPolicy::All,
+                ..Default::default()
+            })
+            .await
+            .map_err(ServiceError::at("following DM"))?
+            .messages()
+            .await
+            .map_err(ServiceError::at("following DM"))?;
+        let mut shares = Shares {
+            store: self.dm_extent().await?.0,
+            ..Shares::default()
+        };
+        // When each sender over its share was last judged.
+        let mut judged: HashMap<String, Instant> = HashMap::new();
+        // Whether the broker has yet to be told of a change of the holds.
+        let mut unpushed = !self.space.holds().senders().is_empty();
+        let mut review = tokio::time::interval(TRIM_EVERY);
         ctx.report(Health::Running);
 
         // When DM was last checked for being nearly full.
@@ -313,10 +548,43 @@ impl Service for Warden {
         let mut sweep = tokio::time::interval(SWEEP_INTERVAL);
         sweep.reset();
         loop {
-            let subject = tokio::select! {
+            let (subject, size) = tokio::select! {
                 () = ctx.cancelled() => return Ok(()),
-                msg = dms.next() => msg.ok_or_else(|| ServiceError::msg("the DM subscription ended"))?.subject,
-                msg = tasks.next() => msg.ok_or_else(|| ServiceError::msg("the task subscription ended"))?.subject,
+                entry = stored.next() => {
+                    let msg = entry
+                        .ok_or_else(|| ServiceError::msg("following DM ended"))?
+                        .map_err(ServiceError::at("following DM"))?;
+                    addressable.refresh(&self.identities);
+                    let (Verdict::Pair(target, _), Some((seq, size))) =
+                        (judge(&prefix, msg.subject.as_str(), &addressable), stored_entry(&msg))
+                    else {
+                        continue;
+                    };
+                    let sender = msg.subject.as_str().rsplit('.').next().unwrap_or_default();
+                    shares.stored(&target, sender, seq, size);
+                    if self.judge_share(&mut shares, &mut judged, sender).await {
+                        unpushed = !self.push_holds().await;
+                    }
+                    continue;
+                }
+                _ = review.tick() => {
+                    shares.in_flight.clear();
+                    if self.review_holds(&mut shares).await {
+                        unpushed = true;
+                    }
+                    if unpushed {
+                        unpushed = !self.push_holds().await;
+                    }
+                    continue;
+                }
+                msg = dms.next() => {
+                    let msg = msg.ok_or_else(|| ServiceError::msg("the DM subscription ended"))?;
+                    (msg.subject, msg.payload.len() as u64)
+                }
+                msg = tasks.next() => {
+                    let msg = msg.ok_or_else(|| ServiceError::msg("the task subscription ended"))?;
+                    (msg.subject, 0)
+                }
                 _ = batch.tick() => {
                     recent = std::mem::take(&mut purges);
                     for filter in &recent {
@@ -326,7 +594,24 @@ impl Service for Warden {
                 }
                 _ = sweep.tick() => {
                     pairs.clear();
+                    judged.clear();
                     self.sweep(&mut addressable).await?;
+                    // What the stream no longer holds, or holds for no agent, or was read.
+                    let (store, first) = self.dm_extent().await?;
+                    shares.store = store;
+                    shares.ledger.below(first);
+                    for target in shares.ledger.targets() {
+                        if !addressable.agents.contains(&target) {
+                            shares.ledger.forget_target(&target);
+                        }
+                    }
+                    let targets = shares.ledger.targets();
+                    self.read_floors(&mut shares.ledger, targets).await;
+                    // The holds again: another node of a cluster may have pushed the account
+                    // without them.
+                    if !self.space.holds().senders().is_empty() {
+                        unpushed = !self.push_holds().await;
+                    }
                     continue;
                 }
             };
@@ -340,6 +625,11 @@ impl Service for Warden {
                     recent.insert(filter);
                 }
                 Verdict::Pair(target, subject) => {
+                    let sender = subject.rsplit('.').next().unwrap_or_default();
+                    shares.published(sender, size);
+                    if self.judge_share(&mut shares, &mut judged, sender).await {
+                        unpushed = !self.push_holds().await;
+                    }
                     if fullness_checked.is_none_or(|t| t.elapsed() >= TRIM_EVERY) {
                         fullness_checked = Some(Instant::now());
                         if self.dm_nearly_full().await {

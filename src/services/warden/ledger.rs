@@ -1,0 +1,127 @@
+//! What each sender has stored in DM and its recipients have not read: the totals the warden
+//! holds a sender by (`space/holds.rs`).
+//!
+//! Fed with every DM as DM stores it (its sequence, its pair, its size) and told how far each
+//! target has read (the ack floor of `dm_<target>`). An entry at or below its target's floor
+//! was read; what the stream no longer holds (aged out, purged) is forgotten by sequence or by
+//! target. Pure bookkeeping: the warden does the reading.
+
+use std::collections::{HashMap, VecDeque};
+
+/// One (target, sender) pair's unread DMs: (stream sequence, bytes), in sequence order.
+#[derive(Debug, Default)]
+struct Pair {
+    entries: VecDeque<(u64, u64)>,
+}
+
+/// Unread DMs by target and sender, and each sender's unread bytes.
+#[derive(Debug, Default)]
+pub(super) struct Ledger {
+    by_target: HashMap<String, HashMap<String, Pair>>,
+    unread: HashMap<String, u64>,
+}
+
+impl Ledger {
+    /// DM stored `bytes` from `sender` to `target` at `seq`; returns the sender's unread bytes.
+    pub(super) fn stored(&mut self, target: &str, sender: &str, seq: u64, bytes: u64) -> u64 {
+        self.by_target
+            .entry(target.to_owned())
+            .or_default()
+            .entry(sender.to_owned())
+            .or_default()
+            .entries
+            .push_back((seq, bytes));
+        let unread = self.unread.entry(sender.to_owned()).or_default();
+        *unread += bytes;
+        *unread
+    }
+
+    /// `sender`'s unread bytes.
+    pub(super) fn unread(&self, sender: &str) -> u64 {
+        self.unread.get(sender).copied().unwrap_or(0)
+    }
+
+    /// The targets `sender` has unread DMs for.
+    pub(super) fn targets_of(&self, sender: &str) -> Vec<String> {
+        self.by_target
+            .iter()
+            .filter(|(_, senders)| senders.contains_key(sender))
+            .map(|(target, _)| target.clone())
+            .collect()
+    }
+
+    /// Every target with unread DMs.
+    pub(super) fn targets(&self) -> Vec<String> {
+        self.by_target.keys().cloned().collect()
+    }
+
+    /// `target` has read every DM up to `floor`.
+    pub(super) fn read(&mut self, target: &str, floor: u64) {
+        self.drop_where(Some(target), |seq| seq <= floor);
+    }
+
+    /// The stream no longer holds anything below `first`.
+    pub(super) fn below(&mut self, first: u64) {
+        self.drop_where(None, |seq| seq < first);
+    }
+
+    /// Everything to `target` is gone (purged: it is no agent any more).
+    pub(super) fn forget_target(&mut self, target: &str) {
+        self.drop_where(Some(target), |_| true);
+    }
+
+    /// Drops the entries of `target` (or of every target) whose sequence satisfies `gone`;
+    /// entries are in sequence order, so only the front of each pair is looked at.
+    fn drop_where(&mut self, target: Option<&str>, gone: impl Fn(u64) -> bool) {
+        let unread = &mut self.unread;
+        self.by_target.retain(|t, senders| {
+            if target.is_some_and(|only| only != t) {
+                return true;
+            }
+            senders.retain(|sender, pair| {
+                while let Some(&(seq, bytes)) = pair.entries.front() {
+                    if !gone(seq) {
+                        break;
+                    }
+                    pair.entries.pop_front();
+                    if let Some(total) = unread.get_mut(sender) {
+                        *total = total.saturating_sub(bytes);
+                    }
+                }
+                !pair.entries.is_empty()
+            });
+            !senders.is_empty()
+        });
+        self.unread.retain(|_, total| *total > 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_senders_total_spans_its_targets_and_falls_as_they_read() {
+        let mut l = Ledger::default();
+        assert_eq!(l.stored("UBOB", "UMAL", 1, 100), 100);
+        assert_eq!(l.stored("UDAN", "UMAL", 2, 100), 200);
+        assert_eq!(l.stored("UBOB", "UCAR", 3, 7), 7);
+        assert_eq!(l.stored("UBOB", "UMAL", 4, 100), 300);
+        let mut targets = l.targets_of("UMAL");
+        targets.sort();
+        assert_eq!(targets, ["UBOB", "UDAN"]);
+
+        // Bob read up to 3: Mallory's first and Carol's; Mallory's fourth waits.
+        l.read("UBOB", 3);
+        assert_eq!(l.unread("UMAL"), 200);
+        assert_eq!(l.unread("UCAR"), 0);
+        // Dan's DMs are purged.
+        l.forget_target("UDAN");
+        assert_eq!(l.unread("UMAL"), 100);
+        assert_eq!(l.targets_of("UMAL"), ["UBOB"]);
+        // The stream aged out everything below 5.
+        l.below(5);
+        assert_eq!(l.unread("UMAL"), 0);
+        assert!(l.targets().is_empty());
+    }
+}
