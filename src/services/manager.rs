@@ -8,8 +8,8 @@
 //! - requires the sender to be an identity this appliance minted (its record is the caller's
 //!   current read ACL, §9 item 6) and the op to be one `ctl` carries.
 //!
-//! A held sender's DMs arrive here too (the broker maps them, `space/holds.rs`): they are
-//! answered with the hold's refusal and never acted on.
+//! A held sender's DMs or tasks arrive here too (the broker maps them, `space/holds.rs`): they
+//! are answered with the hold's refusal and never acted on.
 //!
 //! Durable membership (§7): `durable-join` records a new interval from the caller's join
 //! cursor in the members registry (the stream keeps the messages; the trusted reader reads
@@ -34,7 +34,7 @@ use crate::ops::{
 use crate::protocol::{
     ChannelPattern, ControlReply, DeliveryClass, accept_control_request, parse_subject,
 };
-use crate::space::{Identities, Space, SpaceError};
+use crate::space::{Held, Hold, Holds, Identities, Space, SpaceError};
 
 /// Why an op was refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -106,11 +106,9 @@ impl Manager {
     /// sender's DM, which the broker maps here (`space/holds.rs`), is answered as JetStream
     /// answers a refused publish, with the reason.
     async fn serve(&self, msg: async_nats::Message, sender: String, reply_to: Option<String>) {
-        if let Some(hold) = self.space.holds().get(&sender)
-            && !has_op(&msg.payload)
-        {
+        if let Some((held, hold)) = hold_of(self.space.holds(), &sender, &msg.payload) {
             if let Some(reply_to) = reply_to {
-                let body = serde_json::to_vec(&hold.refusal()).unwrap_or_default();
+                let body = serde_json::to_vec(&hold.refusal(held)).unwrap_or_default();
                 if let Err(e) = self.space.nats().publish(reply_to, body.into()).await {
                     tracing::debug!(sender, error = %e, "refusal of a held DM not sent");
                 }
@@ -374,11 +372,21 @@ fn concrete(channel: &str) -> Result<String, ManagerError> {
         })
 }
 
-/// Whether `payload` is a JSON object with an `op`, as every control request is (§5); a DM
-/// envelope has none.
-fn has_op(payload: &[u8]) -> bool {
-    serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(payload)
-        .is_ok_and(|object| object.contains_key("op"))
+/// The hold a publish of `sender` that the broker mapped here falls under: none for a control
+/// request (a JSON object with an `op`, §5); else a task's (`toService`) or a DM's, or, when
+/// the payload says neither, whichever the sender is held from.
+fn hold_of(holds: &Holds, sender: &str, payload: &[u8]) -> Option<(Held, Hold)> {
+    let object = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(payload).ok();
+    if object.as_ref().is_some_and(|o| o.contains_key("op")) {
+        return None;
+    }
+    let order = match object.is_some_and(|o| o.contains_key("toService")) {
+        true => [Held::Tasks, Held::Dms],
+        false => [Held::Dms, Held::Tasks],
+    };
+    order
+        .into_iter()
+        .find_map(|held| holds.get(held, sender).map(|hold| (held, hold)))
 }
 
 impl Service for Manager {

@@ -18,7 +18,7 @@
 //! | [`mentions`] | durable copies of `@mentions` on `live` channels | §4, §5 |
 //! | [`membership`] | the derived membership feed (display only) | §8 |
 //! | [`presence`] | the services' view of who is live (the backstop delivers only to them) | §6 |
-//! | [`warden`] | purges DMs and tasks nobody can read, trims full DM pairs of read messages | §4, §8 |
+//! | [`warden`] | purges DMs and tasks nobody can read, trims full DM pairs of read messages, holds a sender past its share | §4, §8 |
 //! | [`lease`] | in a cluster: which node runs the space's services above (presence excepted) | §8 |
 //! | [`identity_sync`] | in a cluster: every node knows the identities minted on any of them | §9 |
 //!

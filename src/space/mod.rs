@@ -22,7 +22,7 @@ use crate::profile::SpaceConfig;
 use crate::provision::SpaceKeys;
 
 pub use bootstrap::{BootstrapError, BootstrapReport, bootstrap};
-pub use holds::{Hold, Holds};
+pub use holds::{Held, Hold, Holds};
 pub use identities::Identities;
 pub use identity::{MintError, Minted};
 

@@ -35,8 +35,21 @@ task_max_bytes = "16M"
 
 /// `cotald up` with [`SMALL_BUDGETS`].
 async fn up_small(dir: &Path) -> Cotald {
+    up_with(dir, SMALL_BUDGETS).await
+}
+
+/// `cotald up` with [`SMALL_BUDGETS`] but a 512 MiB quota and DM and TASK of 64 MiB: room for
+/// a sender to overshoot its share (an eighth, 8 MiB) while it is being held.
+async fn up_roomy(dir: &Path) -> Cotald {
+    let budgets = SMALL_BUDGETS
+        .replace(r#"max_file_store = "256M""#, r#"max_file_store = "512M""#)
+        .replace(r#""16M""#, r#""64M""#);
+    up_with(dir, &budgets).await
+}
+
+async fn up_with(dir: &Path, profile_text: &str) -> Cotald {
     let profile = dir.join("profile.toml");
-    std::fs::write(&profile, SMALL_BUDGETS).unwrap();
+    std::fs::write(&profile, profile_text).unwrap();
     let mut c = Cotald::spawn(dir, &["--config", profile.to_str().unwrap()]);
     c.wait_stdout("cotald is ready").await;
     c
@@ -206,13 +219,7 @@ async fn all_read(op: &mut Probe, target: &str) {
 #[tokio::test]
 async fn one_sender_cannot_fill_dm_through_many_real_targets() {
     let tmp = tempfile::tempdir().unwrap();
-    let profile = tmp.path().join("profile.toml");
-    let budgets = SMALL_BUDGETS
-        .replace(r#"max_file_store = "256M""#, r#"max_file_store = "512M""#)
-        .replace(r#"dm_max_bytes = "16M""#, r#"dm_max_bytes = "64M""#);
-    std::fs::write(&profile, budgets).unwrap();
-    let mut c = Cotald::spawn(tmp.path(), &["--config", profile.to_str().unwrap()]);
-    c.wait_stdout("cotald is ready").await;
+    let c = up_roomy(tmp.path()).await;
     let mallory = mint(
         tmp.path(),
         "mallory",
@@ -329,13 +336,14 @@ async fn tasks_nobody_serves_are_purged_and_a_pair_is_bounded() {
         "role nobody holds: {stored} of 64 × 512 KiB acknowledged, {refused} refused; all purged"
     );
 
-    // To the real role: 256 wait for a worker, the rest is refused to Mallory alone.
+    // To the real role: 256 wait for a worker, the rest is refused to Mallory alone (4 KiB
+    // each: within her share of TASK).
     let pair = format!("cotal.main.svc.reviewer.{}", mallory.id);
-    let (stored, refused, why) = flood(&js, 300, 32 << 10, |_| pair.clone()).await;
+    let (stored, refused, why) = flood(&js, 300, 4 << 10, |_| pair.clone()).await;
     assert_eq!((stored, refused), (256, 44));
     let (_, task_msgs, task_bytes) = held(&mut op, "TASK_main", ">").await;
     eprintln!(
-        "to reviewer: {stored} × 32 KiB stored, {refused} refused ({}); TASK holds {task_msgs} \
+        "to reviewer: {stored} × 4 KiB stored, {refused} refused ({}); TASK holds {task_msgs} \
          messages, {task_bytes} bytes",
         why.unwrap()
     );
@@ -380,6 +388,121 @@ async fn tasks_nobody_serves_are_purged_and_a_pair_is_bounded() {
         d.ack().await.unwrap();
     }
     assert_eq!(from_carol, [task.id, later.id]);
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn one_sender_cannot_fill_task_through_many_real_roles() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = up_roomy(tmp.path()).await;
+    let mallory = mint(
+        tmp.path(),
+        "mallory",
+        "main",
+        &["--allow-publish", "general"],
+    )
+    .await;
+    let carol = mint(tmp.path(), "carol", "main", &[]).await;
+    let roles = ["r0", "r1", "r2", "r3"];
+    let mut workers = Vec::new();
+    for role in roles {
+        workers.push(
+            mint(
+                tmp.path(),
+                &format!("worker-{role}"),
+                "main",
+                &["--role", role],
+            )
+            .await,
+        );
+    }
+    let mut op = operator(&c).await;
+    let cc = endpoint(&carol, |o| o.presence = false).await;
+    let (task, _) = cc
+        .client
+        .send_text(Routing::to_service("r0"), "before")
+        .await
+        .unwrap();
+
+    // Mallory: 160 × 512 KiB (80 MiB, more than TASK's 64 MiB) round robin to four real roles
+    // whose workers are away; no pair comes near its bound. Her share is 8 MiB.
+    let (_m, js) = raw(&c, &mallory).await;
+    let pair = |i: usize| format!("cotal.main.svc.{}.{}", roles[i % 4], mallory.id);
+    let started = tokio::time::Instant::now();
+    let (stored, refused, why) = flood(&js, 160, 512 << 10, pair).await;
+    let took = started.elapsed();
+    let why = why.expect("Mallory is refused once past her share");
+    assert!(why.contains("more than your share"), "{why}");
+    let (kept, task_msgs, task_bytes) = held(
+        &mut op,
+        "TASK_main",
+        &format!("cotal.main.svc.*.{}", mallory.id),
+    )
+    .await;
+    eprintln!(
+        "to four real roles, in {took:?}: {stored} × 512 KiB acknowledged ({kept} held), \
+         {refused} refused ({why}); TASK holds {task_msgs} messages, {task_bytes} bytes of 64 MiB"
+    );
+    assert_eq!(kept, stored as u64, "nothing acknowledged was dropped");
+
+    // Her own client says why; her channel posts still go through; Carol's tasks still do.
+    let mc = endpoint(&mallory, |o| o.presence = false).await;
+    let err = mc
+        .client
+        .send_text(Routing::to_service("r1"), "one more")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClientError::StoreFull { .. }), "{err:?}");
+    assert!(err.to_string().contains("tasks wait untaken"), "{err}");
+    eprintln!("Mallory's client: {err}");
+    let general = Routing::channel(&cotald::protocol::Channel::new("general").unwrap());
+    mc.client.send_text(general, "still here").await.unwrap();
+    let (later, _) = cc
+        .client
+        .send_text(Routing::to_service("r0"), "after")
+        .await
+        .unwrap();
+
+    // The workers come back and take everything (the junk is not JSON: their clients
+    // terminate it, which takes it off the work queue); Carol's two tasks arrive; the hold
+    // ends with no operator.
+    let mut takers = Vec::new();
+    for (worker, role) in workers.iter().zip(roles) {
+        takers.push(
+            endpoint(worker, |o| {
+                o.presence = false;
+                o.role = Some(role.into());
+            })
+            .await,
+        );
+    }
+    let mut from_carol = Vec::new();
+    while from_carol.len() < 2 {
+        let d = delivery(&mut takers[0].deliveries).await;
+        if d.message.from.id == carol.id && d.kind.as_str() == "anycast" {
+            from_carol.push(d.message.id.clone());
+        }
+        d.ack().await.unwrap();
+    }
+    assert_eq!(from_carol, [task.id, later.id], "the victim lost nothing");
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let mut refused_after = 0;
+    loop {
+        match mc
+            .client
+            .send_text(Routing::to_service("r1"), "again")
+            .await
+        {
+            Ok(_) => break,
+            Err(ClientError::StoreFull { .. }) if tokio::time::Instant::now() < deadline => {
+                refused_after += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    eprintln!("after the workers took them: {refused_after} more refused before the hold ended");
+    drop(takers);
     c.stop().await;
 }
 

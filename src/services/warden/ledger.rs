@@ -1,12 +1,19 @@
-//! What each sender has stored in DM and its recipients have not read: the totals the warden
-//! holds a sender by (`space/holds.rs`).
+//! What each sender has stored and nobody has read or taken yet: the totals the warden holds
+//! a sender by (`space/holds.rs`). Pure bookkeeping: the warden does the reading.
 //!
-//! Fed with every DM as DM stores it (its sequence, its pair, its size) and told how far each
-//! target has read (the ack floor of `dm_<target>`). An entry at or below its target's floor
-//! was read; what the stream no longer holds (aged out, purged) is forgotten by sequence or by
-//! target. Pure bookkeeping: the warden does the reading.
+//! [`Ledger`] (DM) is fed with every DM as DM stores it (its sequence, its pair, its size) and
+//! told how far each target has read (the ack floor of `dm_<target>`). An entry at or below its
+//! target's floor was read; what the stream no longer holds (aged out, purged) is forgotten by
+//! sequence or by target.
+//!
+//! [`TaskSizes`] (TASK) is an estimate: TASK is a work queue, which admits no consumer beside
+//! the workers' `svc_<role>` to follow it with, so the warden knows the sizes a pair published
+//! (its core subscription) and how many tasks the pair still holds (the stream's subject
+//! counts), and counts the last ones published as the ones held.
 
 use std::collections::{HashMap, VecDeque};
+
+use crate::binding::streams::TASK_MAX_MSGS_PER_PAIR;
 
 /// One (target, sender) pair's unread DMs: (stream sequence, bytes), in sequence order.
 #[derive(Debug, Default)]
@@ -96,9 +103,67 @@ impl Ledger {
     }
 }
 
+/// The sizes each (role, sender) pair of TASK published last, as many as a pair may hold.
+#[derive(Debug, Default)]
+pub(super) struct TaskSizes {
+    pairs: HashMap<String, VecDeque<u64>>,
+}
+
+impl TaskSizes {
+    /// The pair (subject) `pair` published a task of `bytes`.
+    pub(super) fn published(&mut self, pair: &str, bytes: u64) {
+        let sizes = self.pairs.entry(pair.to_owned()).or_default();
+        sizes.push_back(bytes);
+        if sizes.len() > TASK_MAX_MSGS_PER_PAIR as usize {
+            sizes.pop_front();
+        }
+    }
+
+    /// The bytes of the `held` tasks `pair` still has stored: its last `held` publishes, one
+    /// whose size is unknown (published before the warden started) counted as `unknown`. Keeps
+    /// no more sizes than that.
+    pub(super) fn held(&mut self, pair: &str, held: u64, unknown: u64) -> u64 {
+        let Some(sizes) = self.pairs.get_mut(pair) else {
+            return held * unknown;
+        };
+        while sizes.len() as u64 > held {
+            sizes.pop_front();
+        }
+        let known: u64 = sizes.iter().sum();
+        known + (held - sizes.len() as u64) * unknown
+    }
+
+    /// Keeps the pairs `listed` says the stream holds.
+    pub(super) fn retain(&mut self, listed: impl Fn(&str) -> bool) {
+        self.pairs.retain(|pair, _| listed(pair));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tasks_a_pair_holds_are_its_last_published() {
+        let mut t = TaskSizes::default();
+        for size in [10, 20, 30] {
+            t.published("svc.r.UMAL", size);
+        }
+        // A worker took the first: the two last are held.
+        assert_eq!(t.held("svc.r.UMAL", 2, 1000), 50);
+        // Held more than the warden saw published: the rest counted at the stream's mean.
+        assert_eq!(t.held("svc.r.UMAL", 4, 1000), 2050);
+        assert_eq!(t.held("svc.r.UOTHER", 3, 7), 21);
+        for _ in 0..TASK_MAX_MSGS_PER_PAIR + 5 {
+            t.published("svc.r.UMAL", 1);
+        }
+        assert_eq!(
+            t.held("svc.r.UMAL", TASK_MAX_MSGS_PER_PAIR as u64, 1000),
+            TASK_MAX_MSGS_PER_PAIR as u64
+        );
+        t.retain(|pair| pair != "svc.r.UMAL");
+        assert_eq!(t.held("svc.r.UMAL", 1, 9), 9);
+    }
 
     #[test]
     fn a_senders_total_spans_its_targets_and_falls_as_they_read() {

@@ -14,18 +14,19 @@
 //!   waits unread, not what was said in the retention window; and when DM as a whole is nearly
 //!   full, every agent's read DMs are trimmed, so reading frees room without an operator.
 //!
-//! - a sender whose DMs wait unread, across all its targets, beyond its share of DM
-//!   ([`SHARE_DIVISOR`]: an eighth of the store's byte limit) is held: its DMs are refused at
-//!   publish, to it alone and with the reason, until its recipients have read it back under
-//!   half its share (`space/holds.rs` says how the broker carries that out). The pair bound
-//!   cannot do this, since the pairs a sender opens to real targets are as many as there are
-//!   agents: one agent sending 1 MiB DMs to a few that never read filled all of DM.
+//! - a sender whose DMs wait unread across all its targets, or whose tasks wait untaken across
+//!   all roles, beyond its share of the store ([`SHARE_DIVISOR`]: an eighth of its byte limit)
+//!   is held: those publishes of it are refused, to it alone and with the reason, until it is
+//!   back under half its share (`space/holds.rs` says how the broker carries that out). The
+//!   pair bound cannot do this, since the pairs a sender opens to real targets are as many as
+//!   there are agents: one agent sending 1 MiB DMs to a few that never read filled all of DM.
 //!
 //! It sees each publish on a core subscription (refused ones too, which is how a full pair is
 //! noticed), every DM DM stores on a headers-only ordered consumer (sequence and size: the
-//! [`ledger`] of unread bytes per sender), and sweeps the streams' subjects when it starts and
-//! every [`SWEEP_INTERVAL`], which catches what was stored while it was not running and
-//! identities revoked since.
+//! [`ledger`] of unread bytes per sender; TASK, a work queue, admits no such consumer, so a
+//! sender's tasks are measured from the stream's per-subject counts), and sweeps the streams'
+//! subjects when it starts and every [`SWEEP_INTERVAL`], which catches what was stored while it
+//! was not running and identities revoked since.
 
 mod ledger;
 
@@ -47,8 +48,8 @@ use crate::binding::dm_durable;
 use crate::binding::streams::DM_MAX_MSGS_PER_PAIR;
 use crate::ops::CredentialProfile;
 use crate::profile::human_size;
-use crate::space::{Hold, Identities, Space};
-use ledger::Ledger;
+use crate::space::{Held, Hold, Identities, Space};
+use ledger::{Ledger, TaskSizes};
 
 /// How often every DM and TASK subject is checked (and full pairs trimmed) besides the live
 /// checks.
@@ -65,8 +66,8 @@ const FULL_PERCENT: u64 = 90;
 /// often, and DM is checked for being nearly full at most this often.
 const TRIM_EVERY: Duration = Duration::from_secs(1);
 
-/// One sender may have this part of DM's byte limit stored unread (an eighth: a sender past it
-/// is held, and seven others at their share still leave room).
+/// One sender may have this part of DM's (TASK's) byte limit stored unread (untaken): an
+/// eighth, so that a sender past it is held while seven others at their share still fit.
 pub const SHARE_DIVISOR: u64 = 8;
 
 /// Signs and pushes the space's account JWT again, with the current holds: the daemon's job,
@@ -119,21 +120,28 @@ impl Addressable {
     }
 }
 
-/// Each sender's unread DMs, and the share it may have.
+/// What the senders hold in one store (DM or TASK), and the share each may hold.
 #[derive(Default)]
 struct Shares {
+    /// DM: every DM stored and unread.
     ledger: Ledger,
-    /// Bytes each sender published (seen on the core subscription) that the ledger has not
-    /// seen stored yet: the stored feed trails the publishes by some milliseconds, in which a
-    /// fast sender stores megabytes. Refused publishes never reach the ledger, so this is
-    /// cleared every [`TRIM_EVERY`].
+    /// TASK: the sizes each pair published last.
+    tasks: TaskSizes,
+    /// TASK: what each sender held when last measured.
+    measured: HashMap<String, u64>,
+    /// Bytes each sender published (seen on the core subscription) that are not counted yet:
+    /// DM's stored feed trails the publishes by some milliseconds, in which a fast sender
+    /// stores megabytes, and TASK is measured only now and then. DM's is cleared every
+    /// [`TRIM_EVERY`] (refused publishes never reach the ledger), TASK's when measured.
     in_flight: HashMap<String, u64>,
-    /// DM's byte limit (0: none, and no share).
+    /// When each sender past its share was last judged.
+    judged: HashMap<String, Instant>,
+    /// The store's byte limit (0: none, and no share).
     store: u64,
 }
 
 impl Shares {
-    /// A DM of `bytes` from `sender` was published.
+    /// `bytes` from `sender` were published.
     fn published(&mut self, sender: &str, bytes: u64) {
         *self.in_flight.entry(sender.to_owned()).or_default() += bytes;
     }
@@ -146,9 +154,10 @@ impl Shares {
         }
     }
 
-    /// What `sender` has stored unread, or is about to.
+    /// What `sender` holds, or is about to, as far as is known without asking the broker.
     fn estimate(&self, sender: &str) -> u64 {
-        self.ledger.unread(sender) + self.in_flight.get(sender).copied().unwrap_or(0)
+        let counted = self.ledger.unread(sender) + self.measured.get(sender).copied().unwrap_or(0);
+        counted + self.in_flight.get(sender).copied().unwrap_or(0)
     }
 
     fn share(&self) -> u64 {
@@ -192,6 +201,8 @@ enum Verdict {
     Purge(String),
     /// A real DM pair (target, subject).
     Pair(String, String),
+    /// A task to a role some agent holds (its pair's subject).
+    Task(String),
     /// Nothing to do.
     Keep,
 }
@@ -214,7 +225,7 @@ fn judge(prefix: &str, subject: &str, addressable: &Addressable) -> Verdict {
         }
         ["svc", role, sender] if literal(role) && literal(sender) => {
             if addressable.roles.contains(*role) {
-                Verdict::Keep
+                Verdict::Task(subject.to_owned())
             } else {
                 Verdict::Purge(format!("{prefix}.svc.{role}.*"))
             }
@@ -331,79 +342,130 @@ impl Warden {
         }
     }
 
-    /// DM's byte limit and its first stored sequence.
-    async fn dm_extent(&self) -> Result<(u64, u64), ServiceError> {
+    /// A stream's byte limit, first stored sequence, and mean stored message size.
+    async fn extent(&self, stream: &str) -> Result<(u64, u64, u64), ServiceError> {
         let mut stream = self
             .space
             .jetstream()
-            .get_stream(self.space.names().dm_stream())
+            .get_stream(stream)
             .await
-            .map_err(ServiceError::at("reading DM"))?;
+            .map_err(ServiceError::at("reading a stream the warden keeps"))?;
         let info = stream
             .info()
             .await
-            .map_err(ServiceError::at("reading DM"))?;
+            .map_err(ServiceError::at("reading a stream the warden keeps"))?;
+        let mean = info
+            .state
+            .bytes
+            .checked_div(info.state.messages)
+            .unwrap_or(0);
         Ok((
             info.config.max_bytes.max(0) as u64,
             info.state.first_sequence,
+            mean,
         ))
     }
 
-    /// Holds `sender` when it is past its share, not held, not judged within [`TRIM_EVERY`],
-    /// and, its targets' floors read again, still past it; returns whether the holds changed.
-    async fn judge_share(
-        &self,
-        shares: &mut Shares,
-        judged: &mut HashMap<String, Instant>,
-        sender: &str,
-    ) -> bool {
+    /// What `sender` holds, asked of the broker: its DM targets' floors read again, or the
+    /// tasks TASK still counts for its pairs (each at the size it was published with, or the
+    /// stream's mean).
+    async fn measure(&self, held: Held, shares: &mut Shares, sender: &str) -> u64 {
+        if held == Held::Dms {
+            let targets = shares.ledger.targets_of(sender);
+            self.read_floors(&mut shares.ledger, targets).await;
+            return shares.estimate(sender);
+        }
+        let prefix = self.space.names().prefix();
+        let measured = async {
+            let (_, _, mean) = self.extent(&self.space.names().task_stream()).await?;
+            let stream = self
+                .space
+                .jetstream()
+                .get_stream(self.space.names().task_stream())
+                .await
+                .map_err(ServiceError::at("reading TASK"))?;
+            let mut subjects = stream
+                .info_with_subjects(format!("{prefix}.svc.*.{sender}"))
+                .await
+                .map_err(ServiceError::at("listing TASK's subjects"))?;
+            let (mut bytes, mut listed) = (0, HashSet::new());
+            while let Some(entry) = subjects.next().await {
+                let (pair, count) = entry.map_err(ServiceError::at("listing TASK's subjects"))?;
+                bytes += shares.tasks.held(&pair, count as u64, mean);
+                listed.insert(pair);
+            }
+            let own = format!(".{sender}");
+            shares
+                .tasks
+                .retain(|pair| !pair.ends_with(&own) || listed.contains(pair));
+            Ok::<_, ServiceError>(bytes)
+        };
+        match measured.await {
+            Ok(bytes) => {
+                shares.measured.insert(sender.to_owned(), bytes);
+                shares.in_flight.remove(sender);
+                bytes
+            }
+            Err(e) => {
+                tracing::debug!(space = self.space.name(), sender, error = %e,
+                    "a sender's tasks not measured");
+                shares.estimate(sender)
+            }
+        }
+    }
+
+    /// Holds `sender` from sending `held` when it is past its share, not held, not judged
+    /// within [`TRIM_EVERY`], and, measured again, still past it; returns whether the holds
+    /// changed.
+    async fn judge_share(&self, held: Held, shares: &mut Shares, sender: &str) -> bool {
         if shares.estimate(sender) <= shares.share()
-            || self.space.holds().get(sender).is_some()
-            || judged.get(sender).is_some_and(|t| t.elapsed() < TRIM_EVERY)
+            || self.space.holds().get(held, sender).is_some()
+            || shares
+                .judged
+                .get(sender)
+                .is_some_and(|t| t.elapsed() < TRIM_EVERY)
         {
             return false;
         }
-        judged.insert(sender.to_owned(), Instant::now());
-        let targets = shares.ledger.targets_of(sender);
-        self.read_floors(&mut shares.ledger, targets).await;
-        let unread = shares.estimate(sender);
+        shares.judged.insert(sender.to_owned(), Instant::now());
+        let unread = self.measure(held, shares, sender).await;
         if unread <= shares.share() {
             return false;
         }
         let hold = shares.hold(unread);
-        let newly = self.space.holds().hold(sender, hold);
+        let newly = self.space.holds().hold(held, sender, hold);
         if newly {
             tracing::warn!(
                 space = self.space.name(),
                 sender,
+                held = ?held,
                 unread = human_size(unread),
                 share = human_size(hold.share),
-                "a sender's unread DMs exceed its share of DM: its DMs are refused until they \
-                 are read"
+                "a sender holds more than its share of the store: those publishes of it are \
+                 refused until some are read"
             );
         }
         newly
     }
 
-    /// Ends the holds of senders read back under half their share (and updates the others'
+    /// Ends the holds of senders back under half their share (and updates the others'
     /// figures); returns whether the holds changed.
-    async fn review_holds(&self, shares: &mut Shares) -> bool {
+    async fn review_holds(&self, held: Held, shares: &mut Shares) -> bool {
         let mut changed = false;
-        for sender in self.space.holds().senders() {
-            let targets = shares.ledger.targets_of(&sender);
-            self.read_floors(&mut shares.ledger, targets).await;
-            let unread = shares.ledger.unread(&sender);
+        for sender in self.space.holds().senders(held) {
+            let unread = self.measure(held, shares, &sender).await;
             if unread <= shares.share() / 2 {
-                self.space.holds().release(&sender);
+                self.space.holds().release(held, &sender);
                 tracing::info!(
                     space = self.space.name(),
                     sender,
+                    held = ?held,
                     unread = human_size(unread),
-                    "a held sender's DMs were read: its DMs are accepted again"
+                    "a held sender's messages were read: it may send again"
                 );
                 changed = true;
             } else {
-                self.space.holds().hold(&sender, shares.hold(unread));
+                self.space.holds().hold(held, &sender, shares.hold(unread));
             }
         }
         changed
@@ -412,12 +474,15 @@ impl Warden {
     /// Pushes the account JWT with the current holds; false (logged) when that failed.
     async fn push_holds(&self) -> bool {
         match (self.push_account)().await {
-            Ok(()) => true,
+            Ok(()) => {
+                self.space.holds().forget_released();
+                true
+            }
             Err(e) => {
                 tracing::warn!(
                     space = self.space.name(),
                     error = e,
-                    "the DM holds could not be pushed to the broker; retrying"
+                    "the holds could not be pushed to the broker; retrying"
                 );
                 false
             }
@@ -448,10 +513,12 @@ impl Warden {
     }
 
     /// Checks every stored DM and task subject: purges the unaddressable, trims full pairs.
-    async fn sweep(&self, addressable: &mut Addressable) -> Result<(), ServiceError> {
+    /// Returns the task pairs TASK holds.
+    async fn sweep(&self, addressable: &mut Addressable) -> Result<HashSet<String>, ServiceError> {
         addressable.refresh(&self.identities);
         let prefix = self.space.names().prefix();
         let mut purges = BTreeSet::new();
+        let mut task_pairs = HashSet::new();
         for (stream, filter) in [
             (self.space.names().dm_stream(), format!("{prefix}.inst.>")),
             (self.space.names().task_stream(), format!("{prefix}.svc.>")),
@@ -475,6 +542,9 @@ impl Warden {
                     Verdict::Pair(target, subject) if count as i64 >= TRIM_AT => {
                         self.trim(&target, &subject).await;
                     }
+                    Verdict::Task(subject) => {
+                        task_pairs.insert(subject);
+                    }
                     _ => {}
                 }
             }
@@ -482,7 +552,7 @@ impl Warden {
         for filter in purges {
             self.purge(&filter).await;
         }
-        Ok(())
+        Ok(task_pairs)
     }
 }
 
@@ -525,14 +595,17 @@ impl Service for Warden {
             .messages()
             .await
             .map_err(ServiceError::at("following DM"))?;
-        let mut shares = Shares {
-            store: self.dm_extent().await?.0,
+        let names = self.space.names();
+        let mut dm_shares = Shares {
+            store: self.extent(&names.dm_stream()).await?.0,
             ..Shares::default()
         };
-        // When each sender over its share was last judged.
-        let mut judged: HashMap<String, Instant> = HashMap::new();
+        let mut task_shares = Shares {
+            store: self.extent(&names.task_stream()).await?.0,
+            ..Shares::default()
+        };
         // Whether the broker has yet to be told of a change of the holds.
-        let mut unpushed = !self.space.holds().senders().is_empty();
+        let mut unpushed = !self.space.holds().is_empty();
         let mut review = tokio::time::interval(TRIM_EVERY);
         ctx.report(Health::Running);
 
@@ -561,15 +634,18 @@ impl Service for Warden {
                         continue;
                     };
                     let sender = msg.subject.as_str().rsplit('.').next().unwrap_or_default();
-                    shares.stored(&target, sender, seq, size);
-                    if self.judge_share(&mut shares, &mut judged, sender).await {
+                    dm_shares.stored(&target, sender, seq, size);
+                    if self.judge_share(Held::Dms, &mut dm_shares, sender).await {
                         unpushed = !self.push_holds().await;
                     }
                     continue;
                 }
                 _ = review.tick() => {
-                    shares.in_flight.clear();
-                    if self.review_holds(&mut shares).await {
+                    dm_shares.in_flight.clear();
+                    if self.review_holds(Held::Dms, &mut dm_shares).await {
+                        unpushed = true;
+                    }
+                    if self.review_holds(Held::Tasks, &mut task_shares).await {
                         unpushed = true;
                     }
                     if unpushed {
@@ -583,7 +659,7 @@ impl Service for Warden {
                 }
                 msg = tasks.next() => {
                     let msg = msg.ok_or_else(|| ServiceError::msg("the task subscription ended"))?;
-                    (msg.subject, 0)
+                    (msg.subject, msg.payload.len() as u64)
                 }
                 _ = batch.tick() => {
                     recent = std::mem::take(&mut purges);
@@ -594,22 +670,25 @@ impl Service for Warden {
                 }
                 _ = sweep.tick() => {
                     pairs.clear();
-                    judged.clear();
-                    self.sweep(&mut addressable).await?;
-                    // What the stream no longer holds, or holds for no agent, or was read.
-                    let (store, first) = self.dm_extent().await?;
-                    shares.store = store;
-                    shares.ledger.below(first);
-                    for target in shares.ledger.targets() {
+                    dm_shares.judged.clear();
+                    task_shares.judged.clear();
+                    let task_pairs = self.sweep(&mut addressable).await?;
+                    task_shares.tasks.retain(|pair| task_pairs.contains(pair));
+                    task_shares.store = self.extent(&names.task_stream()).await?.0;
+                    // What DM no longer holds, or holds for no agent, or was read.
+                    let (store, first, _) = self.extent(&names.dm_stream()).await?;
+                    dm_shares.store = store;
+                    dm_shares.ledger.below(first);
+                    for target in dm_shares.ledger.targets() {
                         if !addressable.agents.contains(&target) {
-                            shares.ledger.forget_target(&target);
+                            dm_shares.ledger.forget_target(&target);
                         }
                     }
-                    let targets = shares.ledger.targets();
-                    self.read_floors(&mut shares.ledger, targets).await;
+                    let targets = dm_shares.ledger.targets();
+                    self.read_floors(&mut dm_shares.ledger, targets).await;
                     // The holds again: another node of a cluster may have pushed the account
                     // without them.
-                    if !self.space.holds().senders().is_empty() {
+                    if !self.space.holds().is_empty() {
                         unpushed = !self.push_holds().await;
                     }
                     continue;
@@ -626,8 +705,8 @@ impl Service for Warden {
                 }
                 Verdict::Pair(target, subject) => {
                     let sender = subject.rsplit('.').next().unwrap_or_default();
-                    shares.published(sender, size);
-                    if self.judge_share(&mut shares, &mut judged, sender).await {
+                    dm_shares.published(sender, size);
+                    if self.judge_share(Held::Dms, &mut dm_shares, sender).await {
                         unpushed = !self.push_holds().await;
                     }
                     if fullness_checked.is_none_or(|t| t.elapsed() >= TRIM_EVERY) {
@@ -651,6 +730,17 @@ impl Service for Warden {
                             }
                             None => *trimmed = Some(Instant::now()),
                         }
+                    }
+                }
+                Verdict::Task(subject) => {
+                    let sender = subject.rsplit('.').next().unwrap_or_default();
+                    task_shares.tasks.published(&subject, size);
+                    task_shares.published(sender, size);
+                    if self
+                        .judge_share(Held::Tasks, &mut task_shares, sender)
+                        .await
+                    {
+                        unpushed = !self.push_holds().await;
                     }
                 }
                 Verdict::Keep => {}
@@ -683,7 +773,10 @@ mod tests {
             judge(p, "cotal.main.inst.UNOBODY.UMAL", &a),
             Verdict::Purge("cotal.main.inst.UNOBODY.*".into())
         );
-        assert_eq!(judge(p, "cotal.main.svc.reviewer.UMAL", &a), Verdict::Keep);
+        assert_eq!(
+            judge(p, "cotal.main.svc.reviewer.UMAL", &a),
+            Verdict::Task("cotal.main.svc.reviewer.UMAL".into())
+        );
         assert_eq!(
             judge(p, "cotal.main.svc.ghost.UMAL", &a),
             Verdict::Purge("cotal.main.svc.ghost.*".into())
