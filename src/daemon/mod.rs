@@ -312,6 +312,8 @@ pub(crate) struct Core {
     system: async_nats::Client,
     /// The JetStream storage each space holds.
     budget: std::sync::Mutex<budget::Budget>,
+    /// Held while an account JWT is signed and pushed.
+    pushing: tokio::sync::Mutex<()>,
     pub(crate) spaces: tokio::sync::Mutex<BTreeMap<String, Served>>,
     state: std::sync::Mutex<RuntimeState>,
     /// Cancels every service of the appliance.
@@ -548,6 +550,7 @@ impl Appliance {
             link_host: link_host(status.client, &hostnames),
             system,
             budget: std::sync::Mutex::new(budget::Budget::new(budget::grantable(store_limit))),
+            pushing: tokio::sync::Mutex::new(()),
             spaces: tokio::sync::Mutex::new(BTreeMap::new()),
             state: std::sync::Mutex::new(RuntimeState {
                 pid: std::process::id(),
@@ -644,9 +647,12 @@ impl Core {
         keys: &SpaceKeys,
         config: &SpaceConfig,
         identities: &Identities,
-        holds: Option<&Space>,
+        served: Option<&Space>,
     ) -> Result<(), DaemonError> {
-        let mappings = holds
+        // One at a time, so that they reach the broker in the order they were signed: it
+        // ignores an account JWT issued before the one it has.
+        let _pushing = self.pushing.lock().await;
+        let mappings = served
             .map(|s| s.holds().mappings(&s.names().prefix()))
             .unwrap_or_default();
         let jwt = self.keys.space_account_jwt(
