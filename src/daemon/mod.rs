@@ -784,25 +784,22 @@ impl Core {
                 .await
                 .map_err(|e| service_error(name, e))?;
             let push_account: PushAccount = {
+                // The keys loaded once: a hold is pushed while its sender may be flooding.
+                let keys = Arc::new(self.keys.space(name)?);
                 let core = Arc::downgrade(self);
-                let (name, config) = (name.to_owned(), space.config().clone());
+                let config = space.config().clone();
                 let (identities, space) = (identities.clone(), Arc::downgrade(&space));
                 Arc::new(move || {
                     let (core, space) = (core.upgrade(), space.upgrade());
-                    let (name, config, identities) =
-                        (name.clone(), config.clone(), identities.clone());
+                    let (keys, config, identities) =
+                        (keys.clone(), config.clone(), identities.clone());
                     Box::pin(async move {
                         let (Some(core), Some(space)) = (core, space) else {
                             return Err("the space is no longer served".to_owned());
                         };
-                        let pushed = async {
-                            let keys = core.keys.space(&name)?;
-                            core.push_account(&keys, &config, &identities, Some(&space))
-                                .await
-                        };
-                        pushed
+                        core.push_account(&keys, &config, &identities, Some(&space))
                             .await
-                            .map_err(|e: DaemonError| crate::ops::error_text(&e))
+                            .map_err(|e| crate::ops::error_text(&e))
                     })
                 })
             };

@@ -273,6 +273,29 @@ async fn one_sender_cannot_fill_dm_through_many_real_targets() {
     let general = Routing::channel(&cotald::protocol::Channel::new("general").unwrap());
     mc.client.send_text(general, "still here").await.unwrap();
 
+    // The hold outlives a restart: the warden counts again from what DM holds.
+    drop((mc, cc, op, _m));
+    c.stop().await;
+    let c = up_roomy(tmp.path()).await;
+    let mut op = operator(&c).await;
+    let cc = endpoint(&carol, |o| o.presence = false).await;
+    let mc = endpoint(&mallory, |o| o.presence = false).await;
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let mut accepted = 0;
+    loop {
+        match mc
+            .client
+            .send_text(to(&carol.id), "after the restart")
+            .await
+        {
+            Err(e) if e.to_string().contains("more than your share") => break,
+            Ok(_) if tokio::time::Instant::now() < deadline => accepted += 1,
+            other => panic!("not held again after the restart: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("after a restart: held again ({accepted} small DMs accepted before)");
+
     // Carol still reaches Bob, and Bob gets both her DMs.
     let (second, _) = cc.client.send_text(to(&bob.id), "after").await.unwrap();
     let mut readers = Vec::new();

@@ -21,16 +21,22 @@ struct Pair {
     entries: VecDeque<(u64, u64)>,
 }
 
-/// Unread DMs by target and sender, and each sender's unread bytes.
+/// Unread DMs by target and sender, each sender's unread bytes, and each target's floor.
 #[derive(Debug, Default)]
 pub(super) struct Ledger {
     by_target: HashMap<String, HashMap<String, Pair>>,
     unread: HashMap<String, u64>,
+    floors: HashMap<String, u64>,
 }
 
 impl Ledger {
     /// DM stored `bytes` from `sender` to `target` at `seq`; returns the sender's unread bytes.
+    /// A DM at or below the target's floor, as last read, was read already (the stored feed
+    /// starts from the first DM the stream holds).
     pub(super) fn stored(&mut self, target: &str, sender: &str, seq: u64, bytes: u64) -> u64 {
+        if self.floors.get(target).is_some_and(|floor| seq <= *floor) {
+            return self.unread(sender);
+        }
         self.by_target
             .entry(target.to_owned())
             .or_default()
@@ -64,6 +70,7 @@ impl Ledger {
 
     /// `target` has read every DM up to `floor`.
     pub(super) fn read(&mut self, target: &str, floor: u64) {
+        self.floors.insert(target.to_owned(), floor);
         self.drop_where(Some(target), |seq| seq <= floor);
     }
 
@@ -74,6 +81,7 @@ impl Ledger {
 
     /// Everything to `target` is gone (purged: it is no agent any more).
     pub(super) fn forget_target(&mut self, target: &str) {
+        self.floors.remove(target);
         self.drop_where(Some(target), |_| true);
     }
 
@@ -188,5 +196,8 @@ mod tests {
         l.below(5);
         assert_eq!(l.unread("UMAL"), 0);
         assert!(l.targets().is_empty());
+        // What is heard of late, at or below a floor already read, was read.
+        assert_eq!(l.stored("UBOB", "UMAL", 3, 100), 0);
+        assert_eq!(l.stored("UBOB", "UMAL", 6, 100), 100);
     }
 }

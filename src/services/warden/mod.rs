@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use async_nats::jetstream::consumer::{Consumer, pull};
+use async_nats::jetstream::consumer::pull;
 use futures_util::StreamExt;
 
 use std::future::Future;
@@ -321,20 +321,31 @@ impl Warden {
 
     /// How far `target` has read its DMs: the ack floor of `dm_<target>`.
     async fn floor(&self, target: &str) -> Result<u64, Box<dyn std::error::Error + Send + Sync>> {
-        let mut consumer: Consumer<pull::Config> = self
+        let dm = self
             .space
             .jetstream()
-            .get_stream(self.space.names().dm_stream())
-            .await?
-            .get_consumer(&dm_durable(target))
+            .get_stream_no_info(self.space.names().dm_stream())
             .await?;
-        Ok(consumer.info().await?.ack_floor.stream_sequence)
+        Ok(dm
+            .consumer_info(dm_durable(target))
+            .await?
+            .ack_floor
+            .stream_sequence)
     }
 
-    /// Tells `ledger` how far each of `targets` has read.
+    /// Tells `ledger` how far each of `targets` has read (asked all at once: a sender past its
+    /// share is judged on them while it may still be flooding).
     async fn read_floors(&self, ledger: &mut Ledger, targets: Vec<String>) {
-        for target in targets {
-            match self.floor(&target).await {
+        let floors: Vec<_> = futures_util::stream::iter(targets)
+            .map(|target| async move {
+                let floor = self.floor(&target).await;
+                (target, floor)
+            })
+            .buffer_unordered(16)
+            .collect()
+            .await;
+        for (target, floor) in floors {
+            match floor {
                 Ok(floor) => ledger.read(&target, floor),
                 Err(e) => tracing::debug!(space = self.space.name(), target, error = %e,
                     "a DM reader's floor not read"),
@@ -600,6 +611,9 @@ impl Service for Warden {
             store: self.extent(&names.dm_stream()).await?.0,
             ..Shares::default()
         };
+        // The floors first: the feed then counts only what is unread.
+        let agents = addressable.agents.iter().cloned().collect();
+        self.read_floors(&mut dm_shares.ledger, agents).await;
         let mut task_shares = Shares {
             store: self.extent(&names.task_stream()).await?.0,
             ..Shares::default()
