@@ -669,6 +669,17 @@ impl Core {
         push_account(&self.system, keys.name(), jwt).await
     }
 
+    /// [`Core::push_account`] of a served space.
+    async fn push_served(&self, keys: &SpaceKeys, served: &Served) -> Result<(), DaemonError> {
+        self.push_account(
+            keys,
+            served.space.config(),
+            &served.identities,
+            Some(&served.space),
+        )
+        .await
+    }
+
     /// Pushes a space's account, connects its provisioner, bootstraps it, provisions its
     /// minted identities and starts its services; then serves it.
     async fn serve_space(

@@ -110,13 +110,7 @@ impl Core {
             }
         }
         if let Some(old) = &minted.replaced {
-            self.push_account(
-                &keys,
-                served.space.config(),
-                &served.identities,
-                Some(&served.space),
-            )
-            .await?;
+            self.push_served(&keys, served).await?;
             if old.id != minted.record.id {
                 served.space.deprovision(old).await?;
             }
@@ -155,13 +149,7 @@ impl Core {
         served.identities.save(revoked.clone())?;
         self.share(served, &revoked).await?;
         let keys = self.keys.space(&req.space)?;
-        self.push_account(
-            &keys,
-            served.space.config(),
-            &served.identities,
-            Some(&served.space),
-        )
-        .await?;
+        self.push_served(&keys, served).await?;
         keys.delete_user_key(&revoked.id)?;
         served.space.deprovision(&revoked).await?;
         served

@@ -216,6 +216,57 @@ async fn all_read(op: &mut Probe, target: &str) {
     }
 }
 
+/// Mallory floods 160 × 512 KiB (80 MiB, more than a 64 MiB store) round robin to the four
+/// pairs `pair(0..4)`, none of which comes near its bound; asserts she is refused once past her
+/// share of `stream` and that nothing acknowledged was dropped; returns how many were
+/// acknowledged.
+async fn flood_past_share(
+    c: &Cotald,
+    op: &mut Probe,
+    mallory: &Minted,
+    stream: &str,
+    pair: impl Fn(usize) -> String,
+) -> usize {
+    let (_m, js) = raw(c, mallory).await;
+    let started = tokio::time::Instant::now();
+    let (stored, refused, why) = flood(&js, 160, 512 << 10, &pair).await;
+    let took = started.elapsed();
+    let why = why.expect("Mallory is refused once past her share");
+    assert!(why.contains("more than your share"), "{why}");
+    // Her pairs: `cotal.main.<kind>.<target>.<her>` with any target.
+    let first = pair(0);
+    let kind = first.rsplitn(3, '.').nth(2).unwrap();
+    let (kept, msgs, bytes) = held(op, stream, &format!("{kind}.*.{}", mallory.id)).await;
+    eprintln!(
+        "to four, in {took:?}: {stored} × 512 KiB acknowledged ({kept} held), {refused} refused \
+         ({why}); {stream} holds {msgs} messages, {bytes} bytes of 64 MiB"
+    );
+    // What she stored while the warden judged her counts on top of her share: below the
+    // store's limit, as the victims' messages show.
+    assert_eq!(kept, stored as u64, "nothing acknowledged was dropped");
+    stored
+}
+
+/// Sends with `send` until it is accepted (bounded), a refusal of the store followed by a
+/// pause; returns how many were refused first.
+async fn until_accepted<T, F>(mut send: impl FnMut() -> F) -> (T, usize)
+where
+    F: std::future::Future<Output = Result<T, ClientError>>,
+{
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let mut refused = 0;
+    loop {
+        match send().await {
+            Ok(sent) => return (sent, refused),
+            Err(ClientError::StoreFull { .. }) if tokio::time::Instant::now() < deadline => {
+                refused += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn one_sender_cannot_fill_dm_through_many_real_targets() {
     let tmp = tempfile::tempdir().unwrap();
@@ -237,28 +288,9 @@ async fn one_sender_cannot_fill_dm_through_many_real_targets() {
     let cc = endpoint(&carol, |o| o.presence = false).await;
     let (first, _) = cc.client.send_text(to(&bob.id), "before").await.unwrap();
 
-    // Mallory: 160 × 512 KiB (80 MiB, more than DM's 64 MiB) round robin to four real agents
-    // who do not read; no pair comes near its bound. Her share is 8 MiB.
-    let (_m, js) = raw(&c, &mallory).await;
+    // Mallory, to four real agents who do not read. Her share is 8 MiB of DM's 64.
     let pair = |i: usize| format!("cotal.main.inst.{}.{}", targets[i % 4].id, mallory.id);
-    let started = tokio::time::Instant::now();
-    let (stored, refused, why) = flood(&js, 160, 512 << 10, pair).await;
-    let took = started.elapsed();
-    let why = why.expect("Mallory is refused once past her share");
-    assert!(why.contains("more than your share"), "{why}");
-    let (kept, dm_msgs, dm_bytes) = held(
-        &mut op,
-        "DM_main",
-        &format!("cotal.main.inst.*.{}", mallory.id),
-    )
-    .await;
-    eprintln!(
-        "to four real agents, in {took:?}: {stored} × 512 KiB acknowledged ({kept} held), \
-         {refused} refused ({why}); DM holds {dm_msgs} messages, {dm_bytes} bytes of 64 MiB"
-    );
-    // What she stored while the warden judged her counts on top of her share: below DM's
-    // limit, as Carol's DM below shows.
-    assert_eq!(kept, stored as u64, "nothing acknowledged was dropped");
+    flood_past_share(&c, &mut op, &mallory, "DM_main", pair).await;
 
     // Her own client says why, with the figures; her channel posts still go through.
     let mc = endpoint(&mallory, |o| o.presence = false).await;
@@ -274,7 +306,7 @@ async fn one_sender_cannot_fill_dm_through_many_real_targets() {
     mc.client.send_text(general, "still here").await.unwrap();
 
     // The hold outlives a restart: the warden counts again from what DM holds.
-    drop((mc, cc, op, _m));
+    drop((mc, cc, op));
     c.stop().await;
     let c = up_roomy(tmp.path()).await;
     let mut op = operator(&c).await;
@@ -317,19 +349,8 @@ async fn one_sender_cannot_fill_dm_through_many_real_targets() {
     for target in &targets {
         all_read(&mut op, &target.id).await;
     }
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    let mut refused_after = 0;
-    loop {
-        match mc.client.send_text(to(&carol.id), "again").await {
-            Ok(_) => break,
-            Err(ClientError::StoreFull { .. }) if tokio::time::Instant::now() < deadline => {
-                refused_after += 1;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("{e:?}"),
-        }
-    }
-    eprintln!("after they read: {refused_after} more refused before the hold ended");
+    let (_, refused) = until_accepted(|| mc.client.send_text(to(&carol.id), "again")).await;
+    eprintln!("after they read: {refused} more refused before the hold ended");
     drop(readers);
     c.stop().await;
 }
@@ -447,26 +468,9 @@ async fn one_sender_cannot_fill_task_through_many_real_roles() {
         .await
         .unwrap();
 
-    // Mallory: 160 × 512 KiB (80 MiB, more than TASK's 64 MiB) round robin to four real roles
-    // whose workers are away; no pair comes near its bound. Her share is 8 MiB.
-    let (_m, js) = raw(&c, &mallory).await;
+    // Mallory, to four real roles whose workers are away. Her share is 8 MiB of TASK's 64.
     let pair = |i: usize| format!("cotal.main.svc.{}.{}", roles[i % 4], mallory.id);
-    let started = tokio::time::Instant::now();
-    let (stored, refused, why) = flood(&js, 160, 512 << 10, pair).await;
-    let took = started.elapsed();
-    let why = why.expect("Mallory is refused once past her share");
-    assert!(why.contains("more than your share"), "{why}");
-    let (kept, task_msgs, task_bytes) = held(
-        &mut op,
-        "TASK_main",
-        &format!("cotal.main.svc.*.{}", mallory.id),
-    )
-    .await;
-    eprintln!(
-        "to four real roles, in {took:?}: {stored} × 512 KiB acknowledged ({kept} held), \
-         {refused} refused ({why}); TASK holds {task_msgs} messages, {task_bytes} bytes of 64 MiB"
-    );
-    assert_eq!(kept, stored as u64, "nothing acknowledged was dropped");
+    flood_past_share(&c, &mut op, &mallory, "TASK_main", pair).await;
 
     // Her own client says why; her channel posts still go through; Carol's tasks still do.
     let mc = endpoint(&mallory, |o| o.presence = false).await;
@@ -508,23 +512,9 @@ async fn one_sender_cannot_fill_task_through_many_real_roles() {
         d.ack().await.unwrap();
     }
     assert_eq!(from_carol, [task.id, later.id], "the victim lost nothing");
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    let mut refused_after = 0;
-    loop {
-        match mc
-            .client
-            .send_text(Routing::to_service("r1"), "again")
-            .await
-        {
-            Ok(_) => break,
-            Err(ClientError::StoreFull { .. }) if tokio::time::Instant::now() < deadline => {
-                refused_after += 1;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("{e:?}"),
-        }
-    }
-    eprintln!("after the workers took them: {refused_after} more refused before the hold ended");
+    let again = || mc.client.send_text(Routing::to_service("r1"), "again");
+    let (_, refused) = until_accepted(again).await;
+    eprintln!("after the workers took them: {refused} more refused before the hold ended");
     drop(takers);
     c.stop().await;
 }
@@ -654,18 +644,7 @@ async fn a_full_pair_is_trimmed_of_what_its_target_has_read() {
     for _ in 0..DM_MAX_MSGS_PER_PAIR {
         delivery(&mut b.deliveries).await.ack().await.unwrap();
     }
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    let mut refused = 0;
-    let again = loop {
-        match a.client.send_text(to(&bob.id), "again").await {
-            Ok((sent, _)) => break sent,
-            Err(ClientError::StoreFull { .. }) if tokio::time::Instant::now() < deadline => {
-                refused += 1;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("{e:?}"),
-        }
-    };
+    let ((again, _), refused) = until_accepted(|| a.client.send_text(to(&bob.id), "again")).await;
     eprintln!("after Bob read them: {refused} more refused before the warden trimmed the pair");
     assert_eq!(delivery(&mut b.deliveries).await.message.id, again.id);
     c.stop().await;
@@ -808,16 +787,7 @@ async fn the_default_profile_fits_a_small_disk_and_degrades_clearly_when_it_fill
     first.ack().await.unwrap();
     // The junk is not JSON: Bob's client terminates it (which the ack floor counts).
     all_read(&mut op, &bob.id).await;
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    let again = loop {
-        match cc.client.send_text(to(&bob.id), &big).await {
-            Ok((sent, _)) => break sent,
-            Err(ClientError::StoreFull { .. }) if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("{e:?}"),
-        }
-    };
+    let ((again, _), _) = until_accepted(|| cc.client.send_text(to(&bob.id), &big)).await;
     assert_eq!(delivery(&mut b.deliveries).await.message.id, again.id);
     drop(b);
     c.stop().await;

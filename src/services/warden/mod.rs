@@ -42,6 +42,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use async_nats::jetstream::consumer::DeliverPolicy;
+use async_nats::jetstream::stream;
 
 use super::{Context, Health, Service, ServiceError};
 use crate::binding::dm_durable;
@@ -174,6 +175,11 @@ impl Shares {
             store: self.store,
         }
     }
+}
+
+/// A stream's byte limit (0: none).
+fn byte_limit(info: &stream::Info) -> u64 {
+    info.config.max_bytes.max(0) as u64
 }
 
 /// The stream sequence and payload size of a DM delivered headers-only.
@@ -353,28 +359,15 @@ impl Warden {
         }
     }
 
-    /// A stream's byte limit, first stored sequence, and mean stored message size.
-    async fn extent(&self, stream: &str) -> Result<(u64, u64, u64), ServiceError> {
-        let mut stream = self
+    /// A stream's configuration and state, as they are now.
+    async fn stream_info(&self, stream: &str) -> Result<stream::Info, ServiceError> {
+        let stream = self
             .space
             .jetstream()
             .get_stream(stream)
             .await
             .map_err(ServiceError::at("reading a stream the warden keeps"))?;
-        let info = stream
-            .info()
-            .await
-            .map_err(ServiceError::at("reading a stream the warden keeps"))?;
-        let mean = info
-            .state
-            .bytes
-            .checked_div(info.state.messages)
-            .unwrap_or(0);
-        Ok((
-            info.config.max_bytes.max(0) as u64,
-            info.state.first_sequence,
-            mean,
-        ))
+        Ok(stream.cached_info().clone())
     }
 
     /// What `sender` holds, asked of the broker: its DM targets' floors read again, or the
@@ -388,7 +381,11 @@ impl Warden {
         }
         let prefix = self.space.names().prefix();
         let measured = async {
-            let (_, _, mean) = self.extent(&self.space.names().task_stream()).await?;
+            let state = self
+                .stream_info(&self.space.names().task_stream())
+                .await?
+                .state;
+            let mean = state.bytes.checked_div(state.messages).unwrap_or(0);
             let stream = self
                 .space
                 .jetstream()
@@ -502,20 +499,11 @@ impl Warden {
 
     /// Whether DM holds [`FULL_PERCENT`] of its byte limit or more.
     async fn dm_nearly_full(&self) -> bool {
-        let info = async {
-            let mut stream = self
-                .space
-                .jetstream()
-                .get_stream(self.space.names().dm_stream())
-                .await?;
-            let info = stream.info().await?;
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>((
-                info.state.bytes,
-                info.config.max_bytes,
-            ))
-        };
-        match info.await {
-            Ok((bytes, max)) => max > 0 && bytes * 100 >= max as u64 * FULL_PERCENT,
+        match self.stream_info(&self.space.names().dm_stream()).await {
+            Ok(dm) => {
+                let max = byte_limit(&dm);
+                max > 0 && dm.state.bytes * 100 >= max * FULL_PERCENT
+            }
             Err(e) => {
                 tracing::warn!(space = self.space.name(), error = %e, "DM not read");
                 false
@@ -608,14 +596,14 @@ impl Service for Warden {
             .map_err(ServiceError::at("following DM"))?;
         let names = self.space.names();
         let mut dm_shares = Shares {
-            store: self.extent(&names.dm_stream()).await?.0,
+            store: byte_limit(&self.stream_info(&names.dm_stream()).await?),
             ..Shares::default()
         };
         // The floors first: the feed then counts only what is unread.
         let agents = addressable.agents.iter().cloned().collect();
         self.read_floors(&mut dm_shares.ledger, agents).await;
         let mut task_shares = Shares {
-            store: self.extent(&names.task_stream()).await?.0,
+            store: byte_limit(&self.stream_info(&names.task_stream()).await?),
             ..Shares::default()
         };
         // Whether the broker has yet to be told of a change of the holds.
@@ -688,11 +676,11 @@ impl Service for Warden {
                     task_shares.judged.clear();
                     let task_pairs = self.sweep(&mut addressable).await?;
                     task_shares.tasks.retain(|pair| task_pairs.contains(pair));
-                    task_shares.store = self.extent(&names.task_stream()).await?.0;
+                    task_shares.store = byte_limit(&self.stream_info(&names.task_stream()).await?);
                     // What DM no longer holds, or holds for no agent, or was read.
-                    let (store, first, _) = self.extent(&names.dm_stream()).await?;
-                    dm_shares.store = store;
-                    dm_shares.ledger.below(first);
+                    let dm = self.stream_info(&names.dm_stream()).await?;
+                    dm_shares.store = byte_limit(&dm);
+                    dm_shares.ledger.below(dm.state.first_sequence);
                     for target in dm_shares.ledger.targets() {
                         if !addressable.agents.contains(&target) {
                             dm_shares.ledger.forget_target(&target);
