@@ -1,5 +1,6 @@
 //! The warden: what keeps one agent's DMs and tasks from taking the space from the others
 //! (§4: an acknowledged DM or task is delivered at least once within retention, to everyone).
+//! Why each mechanism, and what was rejected: `docs/design-notes.md`, *Fairness*.
 //!
 //! The broker bounds each pair: DM keeps at most [`DM_MAX_MSGS_PER_PAIR`] per (target, sender)
 //! and TASK [`TASK_MAX_MSGS_PER_PAIR`] per (role, sender), refusing one more to its sender and
@@ -12,8 +13,7 @@
 //! - a pair that fills up is trimmed of the DMs its target has already read (below the ack
 //!   floor of `dm_<target>`; DM keeps read messages for history), so the pair bound counts what
 //!   waits unread, not what was said in the retention window; and when DM as a whole is nearly
-//!   full, every agent's read DMs are trimmed, so reading frees room without an operator.
-//!
+//!   full, every agent's read DMs are trimmed, so reading frees room without an operator;
 //! - a sender whose DMs wait unread across all its targets, or whose tasks wait untaken across
 //!   all roles, beyond its share of the store ([`SHARE_DIVISOR`]: an eighth of its byte limit)
 //!   is held: those publishes of it are refused, to it alone and with the reason, until it is
@@ -22,7 +22,7 @@
 //!   there are agents: one agent sending 1 MiB DMs to a few that never read filled all of DM.
 //!
 //! It sees each publish on a core subscription (refused ones too, which is how a full pair is
-//! noticed), every DM DM stores on a headers-only ordered consumer (sequence and size: the
+//! noticed), every DM that DM stores on a headers-only ordered consumer (sequence and size: the
 //! [`ledger`] of unread bytes per sender; TASK, a work queue, admits no such consumer, so a
 //! sender's tasks are measured from the stream's per-subject counts), and sweeps the streams'
 //! subjects when it starts and every [`SWEEP_INTERVAL`], which catches what was stored while it
@@ -576,7 +576,7 @@ impl Service for Warden {
             .map_err(ServiceError::at("subscribing to DMs and tasks"))?;
         let mut addressable = Addressable::default();
         self.sweep(&mut addressable).await?;
-        // Every DM DM stores, from the first it holds: sequence, pair and size, no payload.
+        // Every DM that DM stores, from the first it holds: sequence, pair and size, no payload.
         let mut stored = self
             .space
             .jetstream()
