@@ -22,7 +22,7 @@ const TEXT_LEN: usize = 256;
 /// Publishes in flight in the pipelined cases.
 const IN_FLIGHT: usize = 256;
 /// DMs in flight: a (target, sender) pair holds a bounded number of messages the target has
-/// not read and the warden has not trimmed (`services/warden.rs`), so a sender keeps fewer in
+/// not read and the warden has not trimmed (`services/warden/`), so a sender keeps fewer in
 /// flight.
 const DM_IN_FLIGHT: usize = 64;
 /// DMs a sender sends before it waits for the receiver to have read them all: a publish is

@@ -205,7 +205,8 @@ pub(super) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let exe = std::env::current_exe().context("locating the cotald executable")?;
-    let tmp = tempfile_dir()?;
+    let bench_dir = BenchDir::create()?;
+    let tmp = bench_dir.0.clone();
     let mut results = Vec::new();
 
     if args.cluster {
@@ -273,7 +274,7 @@ pub(super) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             started.elapsed().as_secs_f64()
         ));
     }
-    let _ = std::fs::remove_dir_all(&tmp);
+    drop(bench_dir);
 
     let report = Report {
         results,
@@ -300,15 +301,26 @@ fn cores() -> usize {
     std::thread::available_parallelism().map_or(0, |n| n.get())
 }
 
-/// A fresh private directory for the bench's data dirs, removed at the end.
-fn tempfile_dir() -> anyhow::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!(
-        "cotald-bench-{}-{}",
-        std::process::id(),
-        crate::protocol::new_message_id()
-    ));
-    crate::files::private_dir(&dir)?;
-    Ok(dir)
+/// A fresh private directory for the bench's data dirs, removed when dropped: at the end, and
+/// when a case fails too.
+struct BenchDir(PathBuf);
+
+impl BenchDir {
+    fn create() -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!(
+            "cotald-bench-{}-{}",
+            std::process::id(),
+            crate::protocol::new_message_id()
+        ));
+        crate::files::private_dir(&dir)?;
+        Ok(BenchDir(dir))
+    }
+}
+
+impl Drop for BenchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// One result as a progress line.
