@@ -2,26 +2,34 @@
 //! again on one that syncs every write) and reports every figure beside its baseline (the
 //! figures themselves are for reading, not asserted).
 
-use crate::helper::{TIMEOUT, cotald_bin};
+use std::time::Duration;
+
+use crate::helper::cotald_bin;
 
 #[tokio::test]
 async fn bench_reports_each_case_beside_its_baseline() {
-    let out = tokio::time::timeout(
-        TIMEOUT * 4,
-        tokio::process::Command::new(cotald_bin())
-            .args([
-                "bench", "--quick", "--runs", "1", "--json", "--case", "dm", "--case", "latency",
-            ])
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the bench finishes")
-    .unwrap();
+    // Its progress and logs go to a file, so that a bench that does not finish says where.
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let child = tokio::process::Command::new(cotald_bin())
+        .args([
+            "bench", "--quick", "--runs", "1", "--json", "-v", "--case", "dm", "--case", "latency",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(log.reopen().unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // Longer than the bench's own bound on any wait (120 s), so that it says which one.
+    let Ok(out) = tokio::time::timeout(Duration::from_secs(180), child.wait_with_output()).await
+    else {
+        let said = std::fs::read_to_string(log.path()).unwrap_or_default();
+        panic!("the bench did not finish; it said:\n{said}");
+    };
+    let out = out.unwrap();
     assert!(
         out.status.success(),
         "{}",
-        String::from_utf8_lossy(&out.stderr)
+        std::fs::read_to_string(log.path()).unwrap_or_default()
     );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
     let names: Vec<&str> = report["results"]

@@ -190,7 +190,18 @@ async fn send_many_in_flight(
             .map(|i| {
                 let client = clients[i % clients.len()];
                 let routing = routes[i % routes.len()].clone();
-                async move { client.send_text(routing, text).await.map(|(_, seq)| seq) }
+                async move {
+                    // A full DM pair is backpressure: what the receiver read is trimmed by the
+                    // warden a moment later (`services/warden/`), and a sender sends again.
+                    loop {
+                        match client.send_text(routing.clone(), text).await {
+                            Err(crate::client::ClientError::StoreFull { .. }) => {
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                            sent => return sent.map(|(_, seq)| seq),
+                        }
+                    }
+                }
             })
             .buffer_unordered(in_flight)
             .try_fold(u64::MAX, |low, seq| std::future::ready(Ok(low.min(seq)))),

@@ -46,8 +46,8 @@ pub struct BenchArgs {
     /// Smaller cases (finishes within about two minutes on a small machine).
     #[arg(long)]
     quick: bool,
-    /// Print one JSON document: `{"results": [{"name", "cotald", "baseline", "unit", "ratio",
-    /// …}], "machine": {…}}`.
+    /// Print one JSON document on stdout: `{"results": [{"name", "cotald", "baseline", "unit",
+    /// "ratio", …}], "machine": {…}}` (the progress lines go to stderr).
     #[arg(long)]
     json: bool,
     /// Repetitions of each case (after a warm-up that is not measured).
@@ -199,8 +199,11 @@ struct Report {
 pub(super) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let sizes = Sizes::new(args.quick, args.runs);
     let wanted = |name: &str| args.cases.is_empty() || args.cases.iter().any(|c| name.contains(c));
+    // With --json, stdout is the document alone: progress goes to stderr.
     let progress = |line: String| {
-        if !args.json {
+        if args.json {
+            eprintln!("{line}");
+        } else {
             println!("{line}");
         }
     };
