@@ -1,8 +1,9 @@
 //! A cluster of three appliances on loopback (three data dirs, client ports and route ports),
 //! formed with the real `cotald cluster init` / `join`: streams replicated on all three, an
 //! agent on one node reaching an agent on another, the identity minted on one node known to
-//! the lease holder, and (ignored by default: it takes a minute) a `kill -9` of the node
-//! holding the space's services during traffic.
+//! the lease holder, a sender held by the lease holder's warden refused through every node,
+//! and (ignored by default: it takes a minute) a `kill -9` of the node holding the space's
+//! services during traffic.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -86,7 +87,12 @@ async fn join_all_with(root: &Path, dirs: &[PathBuf], init: &[&str], join: &[&st
 /// Starts every node at once and waits until each is ready and the first sees a leader for
 /// every stream of the space (a replicated stream answers only once it has one).
 async fn start(dirs: &[PathBuf]) -> Vec<Cotald> {
-    let mut nodes: Vec<Cotald> = dirs.iter().map(|d| Cotald::spawn(d, &[])).collect();
+    start_with(dirs, &[]).await
+}
+
+/// [`start`] with extra arguments for `cotald up`.
+async fn start_with(dirs: &[PathBuf], args: &[&str]) -> Vec<Cotald> {
+    let mut nodes: Vec<Cotald> = dirs.iter().map(|d| Cotald::spawn(d, args)).collect();
     for node in &mut nodes {
         node.wait_stdout_within("cotald is ready", FORMING).await;
     }
@@ -423,6 +429,76 @@ fn through(m: &crate::helper::Minted, n: &Cotald) -> crate::helper::Minted {
         creds: m.creds.clone(),
         link: format!("cotals://{}/main", n.state().listen),
         ca: m.ca.clone(),
+    }
+}
+
+/// A profile whose DM store is 16 MiB, so that a sender's share (an eighth) is 2 MiB.
+const SMALL_DM: &str = r#"
+[broker]
+listen = "127.0.0.1:0"
+monitor = "127.0.0.1:0"
+
+[spaces.main]
+profile = "local"
+
+[spaces.main.jetstream]
+max_memory_store = "64M"
+max_file_store = "256M"
+
+[spaces.main.retention]
+dm_max_bytes = "16M"
+"#;
+
+/// A sender held by the lease holder's warden is refused through every node: the account JWT
+/// that carries the hold (`space/holds.rs`) reaches each node's broker.
+#[tokio::test]
+async fn a_sender_held_on_the_lease_holder_is_refused_through_every_node() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs = prepare(tmp.path()).await;
+    let profile = tmp.path().join("profile.toml");
+    std::fs::write(&profile, SMALL_DM).unwrap();
+    let nodes = start_with(&dirs, &["--config", profile.to_str().unwrap()]).await;
+    let names = server_names(&dirs);
+    let held_by = holder(&nodes[0]).await;
+    let holder_at = names.iter().position(|n| *n == held_by).unwrap();
+    let other = (holder_at + 1) % 3;
+
+    // Minted on the holder, whose warden then knows the targets at once.
+    let home = &dirs[holder_at];
+    let mallory = mint(home, "mallory", "main", &[]).await;
+    let carol = mint(home, "carol", "main", &[]).await;
+    let mut targets = Vec::new();
+    for name in ["bob", "dan", "erin", "fay"] {
+        targets.push(mint(home, name, "main", &[]).await);
+    }
+
+    // Mallory floods through a node that does not hold the lease: 40 × 256 KiB round robin to
+    // four agents who do not read.
+    let m = Probe::connect(&nodes[other], &mallory.creds).await;
+    let js = async_nats::jetstream::new(m.client.clone());
+    let pair = |i: usize| format!("cotal.main.inst.{}.{}", targets[i % 4].id, mallory.id);
+    let (stored, refused, why) = crate::fairness::flood(&js, 40, 256 << 10, pair).await;
+    let why = why.expect("Mallory is held");
+    eprintln!(
+        "through a node without the lease: {stored} × 256 KiB stored, {refused} refused ({why})"
+    );
+    assert!(why.contains("more than your share"), "{why}");
+
+    // Refused through every node, with the reason; Carol's DMs go through.
+    let bob = crate::fairness::to(&targets[0].id);
+    for n in &nodes {
+        let mc = endpoint(&through(&mallory, n), |o| o.presence = false).await;
+        let err = mc
+            .client
+            .send_text(bob.clone(), "one more")
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("more than your share"), "{err}");
+        let cc = endpoint(&through(&carol, n), |o| o.presence = false).await;
+        cc.client.send_text(bob.clone(), "hello").await.unwrap();
+    }
+    for n in nodes {
+        n.stop().await;
     }
 }
 

@@ -55,7 +55,7 @@ async fn up_with(dir: &Path, profile_text: &str) -> Cotald {
     c
 }
 
-fn to(id: &str) -> Routing {
+pub fn to(id: &str) -> Routing {
     Routing::to(&InstanceId::from_user_nkey(id).unwrap())
 }
 
@@ -68,7 +68,7 @@ async fn raw(c: &Cotald, m: &Minted) -> (Probe, jetstream::Context) {
 
 /// Publishes `count` payloads of `size` bytes to the subjects `subject(i)` through JetStream;
 /// returns (stored, refused) and the first refusal's text.
-async fn flood(
+pub async fn flood(
     js: &jetstream::Context,
     count: usize,
     size: usize,
