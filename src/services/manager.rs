@@ -103,7 +103,7 @@ impl Manager {
     }
 
     /// Handles one confined request: checks, executes, replies on the sender's inbox. A held
-    /// sender's DM, which the broker maps here (`space/holds.rs`), is answered as JetStream
+    /// sender's DM or task, which the broker maps here (`space/holds.rs`), is answered as JetStream
     /// answers a refused publish, with the reason.
     async fn serve(&self, msg: async_nats::Message, sender: String, reply_to: Option<String>) {
         if let Some((held, hold)) = hold_of(self.space.holds(), &sender, &msg.payload) {
@@ -376,17 +376,19 @@ fn concrete(channel: &str) -> Result<String, ManagerError> {
 /// request (a JSON object with an `op`, §5); else a task's (`toService`) or a DM's, or, when
 /// the payload says neither, whichever the sender is held from.
 fn hold_of(holds: &Holds, sender: &str, payload: &[u8]) -> Option<(Held, Hold)> {
+    let [dms, tasks] =
+        [Held::Dms, Held::Tasks].map(|held| holds.get(held, sender).map(|hold| (held, hold)));
+    if dms.is_none() && tasks.is_none() {
+        return None;
+    }
     let object = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(payload).ok();
     if object.as_ref().is_some_and(|o| o.contains_key("op")) {
         return None;
     }
-    let order = match object.is_some_and(|o| o.contains_key("toService")) {
-        true => [Held::Tasks, Held::Dms],
-        false => [Held::Dms, Held::Tasks],
-    };
-    order
-        .into_iter()
-        .find_map(|held| holds.get(held, sender).map(|hold| (held, hold)))
+    match object.is_some_and(|o| o.contains_key("toService")) {
+        true => tasks.or(dms),
+        false => dms.or(tasks),
+    }
 }
 
 impl Service for Manager {
@@ -437,5 +439,37 @@ impl Service for Manager {
         handlers.close();
         handlers.wait().await;
         outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_senders_publish_is_refused_by_what_it_carries_and_a_control_request_is_served() {
+        let holds = Holds::default();
+        let hold = Hold {
+            unread: 3,
+            share: 2,
+            store: 16,
+        };
+        let dm = br#"{"to":{"id":"UBOB"},"parts":[]}"#;
+        let task = br#"{"toService":"reviewer","parts":[]}"#;
+        let control = br#"{"op":"durable-join","from":{"id":"UMAL"}}"#;
+        assert_eq!(hold_of(&holds, "UMAL", dm), None, "nobody is held");
+
+        holds.hold(Held::Tasks, "UMAL", hold);
+        assert_eq!(hold_of(&holds, "UMAL", task), Some((Held::Tasks, hold)));
+        // Held from tasks only: a mapped DM can only be junk published on a task subject.
+        assert_eq!(hold_of(&holds, "UMAL", dm), Some((Held::Tasks, hold)));
+        holds.hold(Held::Dms, "UMAL", hold);
+        assert_eq!(hold_of(&holds, "UMAL", dm), Some((Held::Dms, hold)));
+        assert_eq!(
+            hold_of(&holds, "UMAL", b"not json"),
+            Some((Held::Dms, hold))
+        );
+        assert_eq!(hold_of(&holds, "UMAL", control), None, "served as ever");
+        assert_eq!(hold_of(&holds, "UCAROL", dm), None, "only the held sender");
     }
 }
