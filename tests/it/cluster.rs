@@ -432,23 +432,6 @@ fn through(m: &crate::helper::Minted, n: &Cotald) -> crate::helper::Minted {
     }
 }
 
-/// A profile whose DM store is 16 MiB, so that a sender's share (an eighth) is 2 MiB.
-const SMALL_DM: &str = r#"
-[broker]
-listen = "127.0.0.1:0"
-monitor = "127.0.0.1:0"
-
-[spaces.main]
-profile = "local"
-
-[spaces.main.jetstream]
-max_memory_store = "64M"
-max_file_store = "256M"
-
-[spaces.main.retention]
-dm_max_bytes = "16M"
-"#;
-
 /// A sender held by the lease holder's warden is refused through every node: the account JWT
 /// that carries the hold (`space/holds.rs`) reaches each node's broker.
 #[tokio::test]
@@ -456,7 +439,8 @@ async fn a_sender_held_on_the_lease_holder_is_refused_through_every_node() {
     let tmp = tempfile::tempdir().unwrap();
     let dirs = prepare(tmp.path()).await;
     let profile = tmp.path().join("profile.toml");
-    std::fs::write(&profile, SMALL_DM).unwrap();
+    // DM of 16 MiB: a sender's share (an eighth) is 2 MiB.
+    std::fs::write(&profile, crate::fairness::SMALL_BUDGETS).unwrap();
     let nodes = start_with(&dirs, &["--config", profile.to_str().unwrap()]).await;
     let names = server_names(&dirs);
     let held_by = holder(&nodes[0]).await;

@@ -16,7 +16,7 @@ use serde_json::json;
 use crate::helper::{Cotald, Minted, Probe, TIMEOUT, delivery, endpoint, mint};
 
 /// A profile whose DM and TASK budgets are small enough for a test to fill many times over.
-const SMALL_BUDGETS: &str = r#"
+pub const SMALL_BUDGETS: &str = r#"
 [broker]
 listen = "127.0.0.1:0"
 monitor = "127.0.0.1:0"
