@@ -182,9 +182,10 @@ fn byte_limit(info: &stream::Info) -> u64 {
     info.config.max_bytes.max(0) as u64
 }
 
-/// The stream sequence and payload size of a DM delivered headers-only.
-fn stored_entry(msg: &async_nats::jetstream::Message) -> Option<(u64, u64)> {
-    let seq = msg.info().ok()?.stream_sequence;
+/// The stream sequence and payload size of a DM delivered headers-only, and how many more
+/// the feed has yet to deliver.
+fn stored_entry(msg: &async_nats::jetstream::Message) -> Option<(u64, u64, u64)> {
+    let info = msg.info().ok()?;
     let size = msg
         .headers
         .as_ref()?
@@ -192,7 +193,7 @@ fn stored_entry(msg: &async_nats::jetstream::Message) -> Option<(u64, u64)> {
         .as_str()
         .parse()
         .ok()?;
-    Some((seq, size))
+    Some((info.stream_sequence, size, info.pending))
 }
 
 /// A routing token that can be used inside a purge filter as itself.
@@ -595,10 +596,14 @@ impl Service for Warden {
             .await
             .map_err(ServiceError::at("following DM"))?;
         let names = self.space.names();
+        let dm = self.stream_info(&names.dm_stream()).await?;
         let mut dm_shares = Shares {
-            store: byte_limit(&self.stream_info(&names.dm_stream()).await?),
+            store: byte_limit(&dm),
             ..Shares::default()
         };
+        // Until the feed has caught up with what DM held, holds kept from an earlier run of
+        // the warden are not reviewed (they would look read).
+        let mut replayed = dm.state.messages == 0;
         // The floors first: the feed then counts only what is unread.
         let agents = addressable.agents.iter().cloned().collect();
         self.read_floors(&mut dm_shares.ledger, agents).await;
@@ -630,8 +635,11 @@ impl Service for Warden {
                         .ok_or_else(|| ServiceError::msg("following DM ended"))?
                         .map_err(ServiceError::at("following DM"))?;
                     addressable.refresh(&self.identities);
-                    let (Verdict::Pair(target, _), Some((seq, size))) =
-                        (judge(&prefix, msg.subject.as_str(), &addressable), stored_entry(&msg))
+                    let Some((seq, size, pending)) = stored_entry(&msg) else {
+                        continue;
+                    };
+                    replayed |= pending == 0;
+                    let Verdict::Pair(target, _) = judge(&prefix, msg.subject.as_str(), &addressable)
                     else {
                         continue;
                     };
@@ -644,7 +652,7 @@ impl Service for Warden {
                 }
                 _ = review.tick() => {
                     dm_shares.in_flight.clear();
-                    if self.review_holds(Held::Dms, &mut dm_shares).await {
+                    if replayed && self.review_holds(Held::Dms, &mut dm_shares).await {
                         unpushed = true;
                     }
                     if self.review_holds(Held::Tasks, &mut task_shares).await {
@@ -671,6 +679,8 @@ impl Service for Warden {
                     continue;
                 }
                 _ = sweep.tick() => {
+                    // Caught up by now, or with nothing of the filter's to deliver.
+                    replayed = true;
                     pairs.clear();
                     dm_shares.judged.clear();
                     task_shares.judged.clear();
