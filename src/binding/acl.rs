@@ -1,24 +1,24 @@
 //! The credential profiles of Appendix B as pure builders: what a user JWT of each profile
 //! may publish and subscribe to. Every subject comes from the same names as §3 and §8.
 //!
-//! Two additions to the appendix's lists, both narrowing what it intends:
+//! Every grant the appendix lists is minted, as it lists it: it is the contract a client
+//! written to the appendix codes against, so none is left out. What the appliance adds, each
+//! a coverage fix that reads nothing the profile could not read already:
 //! - JetStream acks: nats-server may deliver with the v1 ack subject
 //!   (`$JS.ACK.<stream>.<consumer>.…`) or the v2 form with domain and account hash
 //!   (`$JS.ACK.<domain>.<hash>.<stream>.<consumer>.…`); each ack grant covers both.
+//! - The roster without a consumer: a core subscription to `$KV.cotal_presence_<space>.>` (the
+//!   records a presence watch delivers) and `STREAM.MSG.GET` on the presence bucket (the read
+//!   verb the appendix grants on the channel registry), which cotald's own client uses.
 //! - The in-process identities (manager, backstop reader, membership daemon) get what their job
 //!   needs; Appendix B leaves the manager allow-all in v0, which the appliance's own
 //!   provisioning connection is.
 //!
-//! One narrowing and its replacement, so that no agent can stop presence for the others: the
-//! appendix's consumer creates on the presence and channel-registry buckets
-//! (`$JS.API.CONSUMER.CREATE.<KV|CHKV>.>`) take any consumer name, so one agent could create
-//! consumers until the broker's limit and every other roster watch would fail. They are not
-//! granted. The roster needs no consumer: KV updates are ordinary subjects, so it is a core
-//! subscription to `$KV.cotal_presence_<space>.>` plus a snapshot read of each key with
-//! `STREAM.MSG.GET` (the read verb the appendix already grants on CHKV); neither creates state in
-//! the broker. The channel registry is read key by key with `STREAM.MSG.GET` as before. The
-//! agent's remaining consumer create (the pinned `chathist_<id>`) names one consumer per
-//! identity, so it is bounded by the identities minted.
+//! The consumer creates the appendix grants on the presence and registry buckets
+//! (`$JS.API.CONSUMER.CREATE.<KV|CHKV>.>`) take any consumer name, so one identity could
+//! create consumers until the stream's limit. That is contained by attribution, not by
+//! withholding the grant: the consumer guard (`services/consumers.rs`) bounds each identity's
+//! consumers on those buckets and deletes durable ones.
 
 use crate::protocol::{ChannelPattern, InstanceId};
 
@@ -47,11 +47,21 @@ fn presence_updates(n: &SpaceNames) -> String {
     format!("$KV.{}.>", n.presence_bucket())
 }
 
-/// Both ack-subject forms for one consumer (or, with `consumer = ">"`-style wildcards, many).
+/// Both ack-subject forms for one consumer of `stream`: the appendix's `$JS.ACK.<stream>.<consumer>.>`
+/// and the v2 form.
 fn acks(stream: &str, consumer: &str) -> [String; 2] {
     [
         format!("$JS.ACK.{stream}.{consumer}.>"),
         format!("$JS.ACK.*.*.{stream}.{consumer}.>"),
+    ]
+}
+
+/// Both ack-subject forms for every consumer of `stream`: the appendix's `$JS.ACK.<stream>.>`
+/// and the v2 form.
+fn acks_of_all(stream: &str) -> [String; 2] {
+    [
+        format!("$JS.ACK.{stream}.>"),
+        format!("$JS.ACK.*.*.{stream}.>"),
     ]
 }
 
@@ -107,9 +117,15 @@ pub fn agent(n: &SpaceNames, scope: &AgentScope) -> UserPermissions {
     ]);
     publish.extend(acks(&dm, &dmd));
     publish.extend([
+        format!("$JS.API.CONSUMER.CREATE.{kv}.>"),
+        format!("$JS.API.CONSUMER.INFO.{kv}.>"),
+        "$JS.FC.>".to_owned(),
         format!("$KV.{}.{id}", n.presence_bucket()),
-        format!("$JS.API.STREAM.MSG.GET.{kv}"),
         format!("$JS.API.STREAM.MSG.GET.{chkv}"),
+        format!("$JS.API.CONSUMER.CREATE.{chkv}.>"),
+        format!("$JS.API.CONSUMER.INFO.{chkv}.>"),
+        // Added: the roster's snapshot read without a consumer (see the module doc).
+        format!("$JS.API.STREAM.MSG.GET.{kv}"),
     ]);
     if let Some(role) = &scope.role {
         let svcd = svc_durable(role);
@@ -156,7 +172,7 @@ fn observer_publish(n: &SpaceNames) -> Vec<String> {
         format!("$JS.API.CONSUMER.MSG.NEXT.{chat}.>"),
         format!("$JS.API.CONSUMER.DELETE.{chat}.>"),
     ];
-    out.extend(acks(&chat, "*"));
+    out.extend(acks_of_all(&chat));
     out.extend([
         format!("$JS.API.CONSUMER.CREATE.{kv}.>"),
         format!("$JS.API.CONSUMER.INFO.{kv}.>"),
@@ -216,7 +232,7 @@ pub fn admin(n: &SpaceNames, id: &InstanceId) -> UserPermissions {
         format!("$JS.API.CONSUMER.MSG.NEXT.{dm}.>"),
         format!("$JS.API.CONSUMER.DELETE.{dm}.>"),
     ]);
-    publish.extend(acks(&dm, "*"));
+    publish.extend(acks_of_all(&dm));
     UserPermissions {
         publish: Permission {
             allow: publish,
@@ -250,6 +266,8 @@ pub fn membership_daemon(account: &str, id: &InstanceId) -> UserPermissions {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     const ALICE: &str = "UAQGWOEVJKMIO4WXSYOTLARXYOZTCXFK67JASEH6AFFFYK6FOPSKQCAD";
@@ -266,64 +284,210 @@ mod tests {
         }
     }
 
-    #[test]
-    fn agent_grants_follow_appendix_b() {
-        let n = SpaceNames::new("main");
-        let p = agent(&n, &scope(Some("reviewer")));
-        let has = |list: &[String], s: &str| list.iter().any(|x| x == s);
-        let sub = &p.subscribe.allow;
-        assert!(has(sub, &format!("_INBOX_{ALICE}.>")));
-        assert!(has(sub, "cotal.main.chat.*.general"));
-        assert!(has(sub, "cotal.main.chat.*.team.>"));
-        assert!(has(sub, "$KV.cotal_presence_main.>"));
-        assert_eq!(
-            sub.len(),
-            4,
-            "inbox, presence updates and the read ACL, nothing else: {sub:?}"
-        );
-        let publish = &p.publish.allow;
-        assert!(has(publish, &format!("cotal.main.chat.{ALICE}.general")));
-        assert!(
-            !publish
-                .iter()
-                .any(|s| s.starts_with("cotal.main.chat.") && s.ends_with("team.>"))
-        );
-        assert!(has(publish, &format!("cotal.main.ctl.manager.{ALICE}")));
-        assert!(has(
-            publish,
-            &format!("$JS.API.CONSUMER.CREATE.CHAT_main.chathist_{ALICE}.cotal.main.chat.*.team.>")
-        ));
-        assert!(has(publish, &format!("$JS.ACK.DM_main.dm_{ALICE}.>")));
-        assert!(has(publish, &format!("$JS.ACK.*.*.DM_main.dm_{ALICE}.>")));
-        assert!(has(
-            publish,
-            "$JS.API.CONSUMER.MSG.NEXT.TASK_main.svc_reviewer"
-        ));
-        assert!(has(publish, &format!("$KV.cotal_presence_main.{ALICE}")));
-        assert!(!publish.iter().any(|s| s.contains("DIRECT.GET")));
-        assert!(
-            !publish.iter().any(|s| s.contains("CONSUMER.CREATE.KV_")),
-            "no consumer create on the buckets: {publish:?}"
-        );
-        assert!(has(
-            publish,
-            "$JS.API.STREAM.MSG.GET.KV_cotal_presence_main"
-        ));
-        assert!(has(&p.publish.deny, "$JS.API.CONSUMER.CREATE.INBOX_main.>"));
-        assert!(has(
-            &p.publish.deny,
-            "$JS.API.CONSUMER.DURABLE.CREATE.DM_main.>"
-        ));
-        assert!(!p.publish.deny.iter().any(|s| s.contains("CHAT_main")));
+    /// Appendix B's lines for space `main`, with its placeholders filled in: `P`, `CHAT`, …
+    /// and the agent's `id`, `role` and channels.
+    fn appendix(lines: &[&str], channels: &[&str]) -> BTreeSet<String> {
+        let fill = |line: &str| {
+            line.replace("<CHAT>", "CHAT_main")
+                .replace("<DM>", "DM_main")
+                .replace("<TASK>", "TASK_main")
+                .replace("<BSTOP>", "INBOX_main")
+                .replace("<KV>", "KV_cotal_presence_main")
+                .replace("<CHKV>", "KV_cotal_channels_main")
+                .replace("<chatHistD>", &format!("chathist_{ALICE}"))
+                .replace("<dmD>", &format!("dm_{ALICE}"))
+                .replace("<svcD>", "svc_reviewer")
+                .replace("<space>", "main")
+                .replace("<manager>", "manager")
+                .replace("<id>", ALICE)
+                .replace("inbox", &format!("_INBOX_{ALICE}.>"))
+                .replace("P.", "cotal.main.")
+        };
+        let mut out = BTreeSet::new();
+        for line in lines {
+            if line.contains("<ch>") {
+                out.extend(channels.iter().map(|ch| fill(&line.replace("<ch>", ch))));
+            } else {
+                out.insert(fill(line));
+            }
+        }
+        out
+    }
 
-        let no_role = agent(&n, &scope(None));
+    fn set(list: &[String]) -> BTreeSet<String> {
+        let out: BTreeSet<String> = list.iter().cloned().collect();
+        assert_eq!(out.len(), list.len(), "a grant minted twice: {list:?}");
+        out
+    }
+
+    /// The minted list is the appendix's lines, every one of them, plus exactly `added`.
+    fn assert_appendix(what: &str, minted: &[String], lines: BTreeSet<String>, added: &[String]) {
+        let minted = set(minted);
+        let missing: Vec<&String> = lines.difference(&minted).collect();
         assert!(
-            !no_role
-                .publish
-                .allow
-                .iter()
-                .any(|s| s.contains("TASK_main.svc_"))
+            missing.is_empty(),
+            "{what}: Appendix B grants not minted: {missing:?}"
         );
+        let mut expected = lines;
+        expected.extend(added.iter().cloned());
+        let extra: Vec<&String> = minted.difference(&expected).collect();
+        assert!(
+            extra.is_empty(),
+            "{what}: grants beyond the appendix and the documented additions: {extra:?}"
+        );
+    }
+
+    // Appendix B, line by line (`<ch>` lines once per channel of the scope).
+    const AGENT_SUB: &[&str] = &["inbox", "P.chat.*.<ch>"];
+    const AGENT_PUB: &[&str] = &[
+        "P.inst.*.<id>",
+        "P.svc.*.<id>",
+        "P.ctl.<manager>.<id>",
+        "$JS.API.INFO",
+        "$JS.API.STREAM.INFO.<CHAT>",
+        "$JS.API.STREAM.INFO.<DM>",
+        "$JS.API.STREAM.INFO.<TASK>",
+        "$JS.API.STREAM.INFO.<KV>",
+        "$JS.API.STREAM.INFO.<CHKV>",
+        "$JS.API.CONSUMER.CREATE.<CHAT>.<chatHistD>.P.chat.*.<ch>",
+        "$JS.API.CONSUMER.INFO.<CHAT>.<chatHistD>",
+        "$JS.API.CONSUMER.MSG.NEXT.<CHAT>.<chatHistD>",
+        "$JS.API.CONSUMER.DELETE.<CHAT>.<chatHistD>",
+        "$JS.API.CONSUMER.INFO.<DM>.<dmD>",
+        "$JS.API.CONSUMER.MSG.NEXT.<DM>.<dmD>",
+        "$JS.ACK.<DM>.<dmD>.>",
+        "$JS.API.CONSUMER.CREATE.<KV>.>",
+        "$JS.API.CONSUMER.INFO.<KV>.>",
+        "$JS.FC.>",
+        "$KV.cotal_presence_<space>.<id>",
+        "$JS.API.STREAM.MSG.GET.<CHKV>",
+        "$JS.API.CONSUMER.CREATE.<CHKV>.>",
+        "$JS.API.CONSUMER.INFO.<CHKV>.>",
+    ];
+    const AGENT_ROLE_PUB: &[&str] = &[
+        "$JS.API.CONSUMER.INFO.<TASK>.<svcD>",
+        "$JS.API.CONSUMER.MSG.NEXT.<TASK>.<svcD>",
+        "$JS.ACK.<TASK>.<svcD>.>",
+    ];
+    const AGENT_DENY: &[&str] = &[
+        "$JS.API.CONSUMER.CREATE.<DM>",
+        "$JS.API.CONSUMER.CREATE.<DM>.>",
+        "$JS.API.CONSUMER.DURABLE.CREATE.<DM>.>",
+        "$JS.API.CONSUMER.CREATE.<TASK>",
+        "$JS.API.CONSUMER.CREATE.<TASK>.>",
+        "$JS.API.CONSUMER.DURABLE.CREATE.<TASK>.>",
+        "$JS.API.CONSUMER.CREATE.<BSTOP>",
+        "$JS.API.CONSUMER.CREATE.<BSTOP>.>",
+        "$JS.API.CONSUMER.DURABLE.CREATE.<BSTOP>.>",
+    ];
+    const OBSERVER_SUB: &[&str] = &["P.chat.>", "inbox"];
+    const OBSERVER_PUB: &[&str] = &[
+        "$JS.API.INFO",
+        "$JS.API.STREAM.INFO.<CHAT>",
+        "$JS.API.STREAM.INFO.<KV>",
+        "$JS.API.STREAM.INFO.<CHKV>",
+        "$JS.API.CONSUMER.CREATE.<CHAT>",
+        "$JS.API.CONSUMER.CREATE.<CHAT>.>",
+        "$JS.API.CONSUMER.INFO.<CHAT>.>",
+        "$JS.API.CONSUMER.MSG.NEXT.<CHAT>.>",
+        "$JS.API.CONSUMER.DELETE.<CHAT>.>",
+        "$JS.ACK.<CHAT>.>",
+        "$JS.API.CONSUMER.CREATE.<KV>.>",
+        "$JS.API.CONSUMER.INFO.<KV>.>",
+        "$JS.API.STREAM.MSG.GET.<CHKV>",
+        "$JS.API.CONSUMER.CREATE.<CHKV>.>",
+        "$JS.API.CONSUMER.INFO.<CHKV>.>",
+        "$JS.API.CONSUMER.DELETE.<CHKV>.>",
+        "$JS.FC.>",
+    ];
+    const ADMIN_SUB: &[&str] = &["P.>", "inbox"];
+    const ADMIN_DM_PUB: &[&str] = &[
+        "$JS.API.STREAM.INFO.<DM>",
+        "$JS.API.CONSUMER.CREATE.<DM>",
+        "$JS.API.CONSUMER.CREATE.<DM>.>",
+        "$JS.API.CONSUMER.INFO.<DM>.>",
+        "$JS.API.CONSUMER.MSG.NEXT.<DM>.>",
+        "$JS.API.CONSUMER.DELETE.<DM>.>",
+        "$JS.ACK.<DM>.>",
+    ];
+
+    /// What every profile adds to the appendix: the roster without a consumer.
+    fn roster_additions() -> (String, String) {
+        (
+            "$KV.cotal_presence_main.>".to_owned(),
+            "$JS.API.STREAM.MSG.GET.KV_cotal_presence_main".to_owned(),
+        )
+    }
+
+    #[test]
+    fn agent_grants_are_appendix_b_line_by_line() {
+        let n = SpaceNames::new("main");
+        let (updates, snapshot) = roster_additions();
+        let channels = ["general", "team.>"];
+        for role in [Some("reviewer"), None] {
+            let p = agent(&n, &scope(role));
+            assert_appendix(
+                "agent sub.allow",
+                &p.subscribe.allow,
+                appendix(AGENT_SUB, &channels),
+                std::slice::from_ref(&updates),
+            );
+            let mut lines = appendix(AGENT_PUB, &channels);
+            // allowPublish is `general` only: `P.chat.<id>.<ch>` for it alone.
+            lines.insert(format!("cotal.main.chat.{ALICE}.general"));
+            let mut added = vec![
+                snapshot.clone(),
+                format!("$JS.ACK.*.*.DM_main.dm_{ALICE}.>"),
+            ];
+            if role.is_some() {
+                lines.extend(appendix(AGENT_ROLE_PUB, &channels));
+                added.push("$JS.ACK.*.*.TASK_main.svc_reviewer.>".to_owned());
+            }
+            assert_appendix("agent pub.allow", &p.publish.allow, lines, &added);
+            assert_appendix(
+                "agent pub.deny",
+                &p.publish.deny,
+                appendix(AGENT_DENY, &channels),
+                &[],
+            );
+            assert!(p.subscribe.deny.is_empty());
+        }
+    }
+
+    #[test]
+    fn observer_and_admin_grants_are_appendix_b_line_by_line() {
+        let n = SpaceNames::new("main");
+        let id = InstanceId::from_user_nkey(ALICE).unwrap();
+        let (updates, snapshot) = roster_additions();
+        let o = observer(&n, &id);
+        assert_appendix(
+            "observer sub.allow",
+            &o.subscribe.allow,
+            appendix(OBSERVER_SUB, &[]),
+            std::slice::from_ref(&updates),
+        );
+        let observer_added = [snapshot, "$JS.ACK.*.*.CHAT_main.>".to_owned()];
+        assert_appendix(
+            "observer pub.allow",
+            &o.publish.allow,
+            appendix(OBSERVER_PUB, &[]),
+            &observer_added,
+        );
+        let a = admin(&n, &id);
+        assert_appendix(
+            "admin sub.allow",
+            &a.subscribe.allow,
+            appendix(ADMIN_SUB, &[]),
+            &[updates],
+        );
+        let mut lines = appendix(OBSERVER_PUB, &[]);
+        lines.extend(appendix(ADMIN_DM_PUB, &[]));
+        let mut added = observer_added.to_vec();
+        added.push("$JS.ACK.*.*.DM_main.>".to_owned());
+        assert_appendix("admin pub.allow", &a.publish.allow, lines, &added);
+        for p in [o, a] {
+            assert!(p.publish.deny.is_empty() && p.subscribe.deny.is_empty());
+        }
     }
 
     #[test]

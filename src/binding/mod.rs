@@ -9,4 +9,7 @@ mod names;
 pub mod streams;
 
 pub use credential::{Creds, CredsError, Permission, UserClaims, UserPermissions};
-pub use names::{MANAGER_SERVICE, SpaceNames, chat_history_consumer, dm_durable, svc_durable};
+pub use names::{
+    API_AUDIT_ADVISORIES, MANAGER_SERVICE, SpaceNames, chat_history_consumer,
+    consumer_deleted_advisories, dm_durable, guard_notice, svc_durable,
+};

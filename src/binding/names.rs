@@ -97,6 +97,22 @@ pub fn chat_history_consumer(id: &str) -> String {
     format!("chathist_{id}")
 }
 
+/// JetStream's audit of every API request in an account, naming the client that made it: how
+/// the consumer guard attributes a consumer to the identity that created it.
+pub const API_AUDIT_ADVISORIES: &str = "$JS.EVENT.ADVISORY.API";
+
+/// The advisories of every consumer of `stream` that is deleted (by its client, by its
+/// inactivity threshold, or by the guard).
+pub fn consumer_deleted_advisories(stream: &str) -> String {
+    format!("$JS.EVENT.ADVISORY.CONSUMER.DELETED.{stream}.*")
+}
+
+/// Where an identity is told why the consumers it creates are deleted: its own inbox, the one
+/// subject every profile may read (Appendix B `inbox`).
+pub fn guard_notice(id: &str) -> String {
+    format!("_INBOX_{id}.cotal.held")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,6 +35,13 @@ pub const MEMBERSHIP_MAX_BYTES: i64 = 64 << 20;
 /// fills up, so the bound is on what waits unread. As many as CHAT keeps per subject: a pair
 /// that is read as fast as it is written is trimmed once per few hundred DMs, not per DM.
 pub const DM_MAX_MSGS_PER_PAIR: i64 = 1000;
+/// Every stream of a space admits this many consumers. nats-server 2.15 gives a stream that
+/// sets none (or `-1`) a limit of 1,000, which one `dm_<id>` per agent, one backstop reader
+/// per online durable member or the appendix's bucket watches of a large team reach; this
+/// leaves room for the whole legitimate population of a space (a few thousand clients, each
+/// with its watches), and the consumer guard (`services/consumers.rs`) keeps any one identity
+/// to a handful on the presence and registry buckets, so no identity can fill it for others.
+pub const MAX_CONSUMERS: i32 = 10_000;
 /// TASK keeps at most this many unconsumed tasks per subject, i.e. per (role, sender) pair;
 /// one more is refused to its sender (work queue: a consumed task is gone).
 pub const TASK_MAX_MSGS_PER_PAIR: i64 = 256;
@@ -120,7 +127,7 @@ fn base(name: String, subject: String, retention: RetentionPolicy) -> Config {
         max_messages: -1,
         max_messages_per_subject: -1,
         max_message_size: -1,
-        max_consumers: -1,
+        max_consumers: MAX_CONSUMERS,
         num_replicas: 1,
         ..Default::default()
     }
@@ -181,8 +188,9 @@ const FAIRNESS_FIELDS: [&str; 3] = ["discard", "discard_new_per_subject", "max_m
 
 /// `existing` with the bounds of `expected` that it lacks and that only narrow what it
 /// stores, and the names of the fields changed; `None` when there is none. The bootstrap
-/// applies them to a stream made before them: the per-sender bounds of DM and TASK, and a
-/// largest message where there was none or a larger one (CHAT). Anything else that differs
+/// applies them to a stream made before them: the per-sender bounds of DM and TASK, a
+/// largest message where there was none or a larger one (CHAT), and an explicit consumer
+/// limit where the broker's default stood ([`MAX_CONSUMERS`]). Anything else that differs
 /// is drift, reported and left alone.
 pub fn narrowed(existing: &Config, expected: &Config) -> Option<(Config, Vec<&'static str>)> {
     let mut c = existing.clone();
@@ -202,6 +210,11 @@ pub fn narrowed(existing: &Config, expected: &Config) -> Option<(Config, Vec<&'s
     {
         c.max_message_size = expected.max_message_size;
         fields.push("max_msg_size");
+    }
+    // A stream made before [`MAX_CONSUMERS`] was set has the broker's default of 1,000.
+    if existing.max_consumers <= 0 && expected.max_consumers > 0 {
+        c.max_consumers = expected.max_consumers;
+        fields.push("max_consumers");
     }
     (!fields.is_empty()).then_some((c, fields))
 }
@@ -568,5 +581,16 @@ mod tests {
         let mut smaller = chat.clone();
         smaller.max_message_size = 1024;
         assert!(narrowed(&smaller, &chat).is_none(), "never widened");
+
+        // A bucket made with the broker's default consumer limit gets the space's; one an
+        // operator set stays as set.
+        let presence = presence_bucket(&n);
+        let mut old = presence.clone();
+        old.max_consumers = -1;
+        let (bounded, fields) = narrowed(&old, &presence).unwrap();
+        assert_eq!(fields, ["max_consumers"]);
+        assert_eq!(bounded.max_consumers, MAX_CONSUMERS);
+        old.max_consumers = 50;
+        assert!(narrowed(&old, &presence).is_none());
     }
 }

@@ -52,6 +52,7 @@ use crate::profile::{Profile, SpaceConfig};
 use crate::protocol::{Host, JoinLink};
 use crate::provision::{JetStreamLimits, KeyStore, ProvisionError, SpaceKeys, TlsFiles};
 use crate::services::backstop::Backstop;
+use crate::services::consumers::ConsumerGuard;
 use crate::services::identity_sync::{self, IdentitySync};
 use crate::services::lease::{LeaseKeeper, Starter};
 use crate::services::manager::Manager;
@@ -281,6 +282,13 @@ impl Leased {
                 self.space.clone(),
                 self.identities.clone(),
                 self.push_account.clone(),
+            )))
+            .await,
+        );
+        results.push(
+            set.start(Arc::new(ConsumerGuard::new(
+                self.space.clone(),
+                self.identities.clone(),
             )))
             .await,
         );

@@ -19,6 +19,7 @@
 //! | [`membership`] | the derived membership feed (display only) | §8 |
 //! | [`presence`] | the services' view of who is live (the backstop delivers only to them) | §6 |
 //! | [`warden`] | purges DMs and tasks nobody can read, trims full DM pairs of read messages, holds a sender past its share | §4, §8 |
+//! | [`consumers`] | the consumer guard: bounds each identity's consumers on the presence and registry buckets, deletes durable ones | §6, §7, App. B |
 //! | [`lease`] | in a cluster: which node runs the space's services above (presence excepted) | §8 |
 //! | [`identity_sync`] | in a cluster: every node knows the identities minted on any of them | §9 |
 //!
@@ -26,6 +27,7 @@
 
 pub mod backoff;
 pub mod backstop;
+pub mod consumers;
 pub mod identity_sync;
 pub mod lease;
 pub mod manager;

@@ -62,6 +62,12 @@ impl Identities {
             .find(|r| r.id == name_or_id || r.name == name_or_id)
     }
 
+    /// Whether `id` is a minted identity that is not revoked (not one of the appliance's own).
+    pub fn is_minted(&self, id: &str) -> bool {
+        let builtin = self.builtin.read().is_ok_and(|b| b.iter().any(|b| b == id));
+        !builtin && self.read().get(id).is_some_and(|r| r.revoked_at.is_none())
+    }
+
     /// Every minted identity not revoked.
     pub fn active(&self) -> Vec<IdentityRecord> {
         self.minted().collect()

@@ -568,12 +568,13 @@ async fn forged_expired_and_spliced_credentials_are_refused() {
 }
 
 /// nats-server does not check a push consumer's `deliver_subject` against its creator's publish
-/// permissions. The consumer creates Appendix B lists on the presence and registry buckets are
-/// not granted (`binding/acl.rs`), so an agent cannot use its own presence key; what remains is
-/// the pinned CHAT history create, and the broker refuses a delivery from CHAT into a chat
-/// subject (a cycle). The forged message the attacker stores on its own subject reaches Bob live
-/// and is rejected there: a receiver derives the sender from the subject (§3, §4). Nothing is
-/// surfaced as a message from the victim.
+/// permissions. On the buckets Appendix B grants creates on, such a consumer could carry what
+/// the agent writes to its own presence key onto Bob's chat subject; the consumer guard deletes
+/// any bucket consumer delivering outside its creator's inbox (`it::fairness` shows the
+/// deletion), and nats-server 2.15.1 delivers nothing there meanwhile. On CHAT the broker refuses
+/// a delivery into a chat subject (a cycle). The forged message the attacker stores on its own
+/// subject reaches Bob live and is rejected there: a receiver derives the sender from the
+/// subject (§3, §4). Nothing is surfaced as a message from the victim.
 #[tokio::test]
 async fn deliver_subject_injection_is_rejected_by_the_receiver() {
     let tmp = tempfile::tempdir().unwrap();
@@ -595,14 +596,6 @@ async fn deliver_subject_injection_is_rejected_by_the_receiver() {
 
     let target = format!("cotal.main.chat.{}.general", bob.id);
     let own_key = format!("$KV.cotal_presence_main.{}", mallory.id);
-    m.denied_request(
-        &format!("$JS.API.CONSUMER.CREATE.KV_cotal_presence_main.inject.{own_key}"),
-        json!({"stream_name": "KV_cotal_presence_main", "config": {
-            "name": "inject", "filter_subject": own_key, "deliver_subject": target,
-            "ack_policy": "none", "deliver_policy": "all"}}),
-    )
-    .await;
-
     let forged = json!({
         "id": cotald::protocol::new_message_id(), "ts": 1, "space": "main",
         "from": {"id": bob.id, "name": "bob"}, "channel": "general",
@@ -617,6 +610,25 @@ async fn deliver_subject_injection_is_rejected_by_the_receiver() {
         .unwrap()
         .await
         .unwrap();
+    // The same payload in Mallory's presence key, and a watch of that key delivering to Bob.
+    async_nats::jetstream::new(m.client.clone())
+        .publish(own_key.clone(), forged.to_string().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let reply = m
+        .request(
+            &format!("$JS.API.CONSUMER.CREATE.KV_cotal_presence_main.inject.{own_key}"),
+            json!({"stream_name": "KV_cotal_presence_main", "config": {
+                "name": "inject", "filter_subject": own_key, "deliver_subject": target,
+                "ack_policy": "none", "deliver_policy": "all"}}),
+        )
+        .await;
+    assert!(
+        reply.get("error").is_none(),
+        "Appendix B grants the create: {reply}"
+    );
     let filter = "cotal.main.chat.*.general";
     let history = format!("chathist_{}", mallory.id);
     let body = json!({"stream_name": "CHAT_main", "config": {
@@ -651,6 +663,140 @@ async fn deliver_subject_injection_is_rejected_by_the_receiver() {
             assert_eq!(a.reason, cotald::protocol::RejectReason::SenderMismatch)
         }
         other => panic!("{other:?}"),
+    }
+    c.stop().await;
+}
+
+/// A client that does only what Appendix B grants an agent, as clients written to it do (the
+/// TypeScript reference among them): KV watches of presence and of the channel registry
+/// through consumer creates, history through the pinned `chathist_<id>` create, its `dm_<id>`
+/// and `svc_<role>` bound. It connects, watches and receives.
+#[tokio::test]
+async fn a_client_written_to_appendix_b_connects_watches_and_receives() {
+    use async_nats::jetstream::consumer::{self, pull};
+    use futures_util::StreamExt;
+    use std::time::Duration;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let peer = mint(
+        tmp.path(),
+        "peer",
+        "main",
+        &["--subscribe", "general", "--role", "reviewer"],
+    )
+    .await;
+    let p = Probe::connect(&c, &peer.creds).await;
+    let js = async_nats::jetstream::new(p.client.clone());
+
+    // Presence: its own heartbeat, and Alice's, through a KV watch.
+    let presence = js.get_key_value("cotal_presence_main").await.unwrap();
+    let mut roster = crate::helper::appendix_watch(&p.client, "cotal_presence_main").await;
+    let card = json!({"card": {"id": peer.id, "name": "peer", "kind": "agent",
+        "protocolVersion": "0.2"}, "status": "idle", "ts": 1});
+    presence
+        .put(&peer.id, card.to_string().into())
+        .await
+        .expect("own presence key");
+    let a = crate::helper::endpoint(&alice, |_| {}).await;
+    let mut seen = std::collections::BTreeSet::new();
+    tokio::time::timeout(TIMEOUT, async {
+        while seen.len() < 2 {
+            seen.insert(roster.next().await.unwrap());
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the presence watch saw {seen:?}"));
+    assert!(
+        seen.contains(&alice.id) && seen.contains(&peer.id),
+        "{seen:?}"
+    );
+
+    // The channel registry, watched the same way.
+    let mut channels = crate::helper::appendix_watch(&p.client, "cotal_channels_main").await;
+    let first = tokio::time::timeout(TIMEOUT, channels.next())
+        .await
+        .expect("the registry watch delivers")
+        .unwrap();
+    assert!(
+        ["=defaults", "general"].contains(&first.as_str()),
+        "{first}"
+    );
+
+    // Alice posts, sends a DM and an anycast.
+    let general =
+        cotald::protocol::Routing::channel(&cotald::protocol::Channel::new("general").unwrap());
+    let (post, _) = a.client.send_text(general, "history").await.unwrap();
+    let me = cotald::protocol::InstanceId::from_user_nkey(&peer.id).unwrap();
+    let (dm, _) = a
+        .client
+        .send_text(cotald::protocol::Routing::to(&me), "unicast")
+        .await
+        .unwrap();
+    let (task, _) = a
+        .client
+        .send_text(cotald::protocol::Routing::to_service("reviewer"), "anycast")
+        .await
+        .unwrap();
+
+    // History through the pinned create, then deleted.
+    let chat = js.get_stream("CHAT_main").await.unwrap();
+    let history = format!("chathist_{}", peer.id);
+    let reader = chat
+        .create_consumer(pull::Config {
+            name: Some(history.clone()),
+            filter_subject: "cotal.main.chat.*.general".into(),
+            ack_policy: consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .expect("the pinned history create");
+    let mut batch = reader
+        .fetch()
+        .max_messages(10)
+        .expires(Duration::from_secs(2))
+        .messages()
+        .await
+        .unwrap();
+    let msg = tokio::time::timeout(TIMEOUT, batch.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&msg.payload).unwrap();
+    assert_eq!(body["id"], post.id.to_string());
+    chat.delete_consumer(&history)
+        .await
+        .expect("its own history consumer deleted");
+
+    // Its DM and its role's task, bound (never created) and acked.
+    for (stream, durable, id) in [
+        ("DM_main", format!("dm_{}", peer.id), dm.id.to_string()),
+        ("TASK_main", "svc_reviewer".to_owned(), task.id.to_string()),
+    ] {
+        let bound: consumer::PullConsumer = js
+            .get_stream_no_info(stream)
+            .await
+            .unwrap()
+            .get_consumer(&durable)
+            .await
+            .unwrap_or_else(|e| panic!("binding {durable}: {e}"));
+        let mut batch = bound
+            .fetch()
+            .max_messages(1)
+            .expires(Duration::from_secs(5))
+            .messages()
+            .await
+            .unwrap();
+        let msg = tokio::time::timeout(TIMEOUT, batch.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&msg.payload).unwrap();
+        assert_eq!(body["id"], id, "{durable}");
+        msg.ack().await.unwrap();
     }
     c.stop().await;
 }

@@ -520,6 +520,7 @@ async fn status_shows_each_service() {
         "presence",
         "mentions",
         "warden",
+        "consumer-guard",
         "backstop",
         "manager",
         "membership",
@@ -540,7 +541,7 @@ async fn status_shows_each_service() {
     assert!(
         text.contains(
             "services    main: presence running, mentions running, warden running, \
-             backstop running, manager running, membership running"
+             consumer-guard running, backstop running, manager running, membership running"
         ),
         "{text}"
     );

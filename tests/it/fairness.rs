@@ -519,107 +519,189 @@ async fn one_sender_cannot_fill_task_through_many_real_roles() {
     c.stop().await;
 }
 
+/// The names of `stream`'s consumers, as the machine operator lists them.
+async fn consumer_names(op: &mut Probe, stream: &str) -> Vec<String> {
+    let reply = op
+        .request(&format!("$JS.API.CONSUMER.NAMES.{stream}"), json!({}))
+        .await;
+    serde_json::from_value(reply["consumers"].clone()).unwrap_or_default()
+}
+
+/// Waits until `stream` holds no consumer `pred` picks more than `most` of; returns how many
+/// it holds then.
+async fn until_at_most(
+    op: &mut Probe,
+    stream: &str,
+    most: usize,
+    pred: impl Fn(&str) -> bool,
+) -> usize {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let n = consumer_names(op, stream)
+            .await
+            .iter()
+            .filter(|n| pred(n))
+            .count();
+        if n <= most {
+            return n;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{stream} still holds {n} (more than {most})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits for the next notice of the consumer guard on `sub`, and returns its description.
+async fn guard_notice(sub: &mut async_nats::Subscriber) -> String {
+    let msg = crate::helper::next(sub).await;
+    let body: serde_json::Value = serde_json::from_slice(&msg.payload).unwrap();
+    assert_eq!(body["error"]["code"], 429, "{body}");
+    body["error"]["description"].as_str().unwrap().to_owned()
+}
+
+/// Appendix B grants every agent consumer creates on the presence and registry buckets. One
+/// agent creating 1,200 (more than nats-server's default limit of 1,000 a stream) stops no one's
+/// watch, a raw KV watch and cotald's roster alike; the flooder keeps its bound, is told why the
+/// rest is deleted, and a durable or a consumer delivering outside the creator's inbox is
+/// deleted at once.
 #[tokio::test]
-async fn consumer_creates_cannot_stop_anyones_roster() {
+async fn a_consumer_flood_on_the_buckets_stops_no_watch() {
+    use cotald::services::consumers::PER_IDENTITY;
+    use futures_util::StreamExt;
     let tmp = tempfile::tempdir().unwrap();
     let c = Cotald::up(tmp.path()).await;
     let mallory = mint(tmp.path(), "mallory", "main", &["--subscribe", "general"]).await;
+    let eve = mint(tmp.path(), "eve", "main", &[]).await;
     let bob = mint(tmp.path(), "bob", "main", &[]).await;
     let carol = mint(tmp.path(), "carol", "main", &[]).await;
+    let dave = mint(tmp.path(), "dave", "main", &[]).await;
+    let mut op = operator(&c).await;
     let (mut m, _) = raw(&c, &mallory).await;
+    let mut told = m
+        .client
+        .subscribe(format!("_INBOX_{}.cotal.held", mallory.id))
+        .await
+        .unwrap();
 
-    // 500 consumer creates on the presence and registry buckets, each a new name.
-    for i in 0..500 {
-        for stream in ["KV_cotal_presence_main", "KV_cotal_channels_main"] {
-            let body = json!({"stream_name": stream, "config": {
-                "name": format!("flood{i}"), "deliver_policy": "last_per_subject",
-                "ack_policy": "none", "filter_subject": "$KV.>"}});
-            m.client
-                .publish(
-                    format!("$JS.API.CONSUMER.CREATE.{stream}.flood{i}.$KV.>"),
-                    body.to_string().into(),
-                )
-                .await
-                .unwrap();
-        }
+    // Bob watches presence as a client written to the appendix does: a KV watch.
+    let (b, _) = raw(&c, &bob).await;
+    let mut watch = crate::helper::appendix_watch(&b.client, "cotal_presence_main").await;
+
+    let bucket = "KV_cotal_presence_main";
+    let create = |name: &str, config: serde_json::Value| {
+        let mut config = config;
+        config["name"] = json!(name);
+        config["filter_subject"] = json!("$KV.cotal_presence_main.>");
+        config["ack_policy"] = json!("none");
+        (
+            format!("$JS.API.CONSUMER.CREATE.{bucket}.{name}.$KV.cotal_presence_main.>"),
+            json!({"stream_name": bucket, "config": config}),
+        )
+    };
+    let started = std::time::Instant::now();
+    for i in 0..1200 {
+        let (subject, body) = create(
+            &format!("flood{i}"),
+            json!({"inactive_threshold": 60_000_000_000u64}),
+        );
+        let reply = m.request(&subject, body).await;
+        assert!(reply.get("error").is_none(), "create {i}: {reply}");
     }
-    m.violation(
-        "Publish",
-        "$JS.API.CONSUMER.CREATE.KV_cotal_presence_main.flood0.$KV.>",
-    )
-    .await;
-    // The one consumer create an agent holds names one consumer: itself, 500 times.
+    eprintln!("1,200 creates answered in {:?}", started.elapsed());
+    let notice = guard_notice(&mut told).await;
+    assert!(
+        notice.starts_with("held: ")
+            && notice.contains(&format!("the most one identity may ({PER_IDENTITY})")),
+        "{notice}"
+    );
+    let kept = until_at_most(&mut op, bucket, PER_IDENTITY, |n| n.starts_with("flood")).await;
+    eprintln!("Mallory keeps {kept}; told: {notice}");
+
+    // Bob's watch goes on, and a watch made after the flood starts.
+    let c_end = endpoint(&carol, |_| {}).await;
+    let after = tokio::time::timeout(TIMEOUT, async {
+        while let Some(key) = watch.next().await {
+            if key == carol.id {
+                return;
+            }
+        }
+        panic!("Bob's watch ended");
+    });
+    after.await.expect("Bob's watch saw Carol after the flood");
+    let mut fresh = crate::helper::appendix_watch(&b.client, "cotal_presence_main").await;
+    tokio::time::timeout(TIMEOUT, fresh.next())
+        .await
+        .expect("the new watch delivers")
+        .unwrap();
+    // cotald's own roster sees a newcomer.
+    let d = endpoint(&dave, |_| {}).await;
+    let roster = c_end.client.roster().clone();
+    tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let changed = roster.changed();
+            if roster.status(&dave.id) == Some(PresenceStatus::Idle) {
+                return;
+            }
+            changed.await;
+        }
+    })
+    .await
+    .expect("Carol's roster saw Dave");
+
+    // A durable on a bucket, and a watch delivering onto Bob's chat subject, are deleted at once.
+    let (mut e, _) = raw(&c, &eve).await;
+    let mut eve_told = e
+        .client
+        .subscribe(format!("_INBOX_{}.cotal.held", eve.id))
+        .await
+        .unwrap();
+    let (subject, mut body) = create("kept-forever", json!({"durable_name": "kept-forever"}));
+    body["config"]["name"] = json!("kept-forever");
+    let reply = e.request(&subject, body).await;
+    assert!(reply.get("error").is_none(), "{reply}");
+    until_at_most(&mut op, bucket, 0, |n| n == "kept-forever").await;
+    let notice = guard_notice(&mut eve_told).await;
+    assert!(notice.contains("durable consumer"), "{notice}");
+    tokio::time::sleep(Duration::from_millis(1100)).await; // the guard tells once a second
+    let target = format!("cotal.main.chat.{}.general", bob.id);
+    let (subject, body) = create(
+        "inject",
+        json!({"deliver_subject": target, "deliver_policy": "all", "inactive_threshold": 5_000_000_000u64}),
+    );
+    let reply = e.request(&subject, body).await;
+    assert!(reply.get("error").is_none(), "{reply}");
+    until_at_most(&mut op, bucket, 0, |n| n == "inject").await;
+    let notice = guard_notice(&mut eve_told).await;
+    assert!(
+        notice.contains(&format!("delivered to `{target}`")),
+        "{notice}"
+    );
+
+    // The one CHAT consumer create an agent holds names one consumer: itself.
     let filter = "cotal.main.chat.*.general";
-    let mut created = 0;
-    for i in 0..500 {
+    for i in 0..50 {
         let body = json!({"stream_name": "CHAT_main", "config": {
             "name": format!("chathist_{}", mallory.id), "filter_subject": filter,
             "ack_policy": "none", "deliver_policy": if i % 2 == 0 { "all" } else { "new" },
         }});
-        let reply = m
-            .request(
-                &format!(
-                    "$JS.API.CONSUMER.CREATE.CHAT_main.chathist_{}.{filter}",
-                    mallory.id
-                ),
-                body,
-            )
-            .await;
-        if reply.get("error").is_none() {
-            created += 1;
-        }
+        m.request(
+            &format!(
+                "$JS.API.CONSUMER.CREATE.CHAT_main.chathist_{}.{filter}",
+                mallory.id
+            ),
+            body,
+        )
+        .await;
     }
-    m.barrier().await;
-    let mut op = operator(&c).await;
-    let mut names = async |stream: &str| -> Vec<String> {
-        let reply = op
-            .request(&format!("$JS.API.CONSUMER.NAMES.{stream}"), json!({}))
-            .await;
-        serde_json::from_value(reply["consumers"].clone()).unwrap_or_default()
-    };
-    let presence = names("KV_cotal_presence_main").await;
-    let registry = names("KV_cotal_channels_main").await;
-    let chat = names("CHAT_main").await;
-    let mallorys: Vec<&String> = presence
-        .iter()
-        .chain(&registry)
-        .chain(&chat)
-        .filter(|n| n.starts_with("flood") || n.contains(&mallory.id))
-        .collect();
-    eprintln!(
-        "1000 bucket creates and 500 history creates ({created} answered without error): \
-         Mallory holds {mallorys:?}; the buckets have {} and {} consumers (the appliance's)",
-        presence.len(),
-        registry.len()
-    );
-    assert!(
-        !mallorys.iter().any(|n| n.starts_with("flood")),
-        "{mallorys:?}"
-    );
+    let chat = consumer_names(&mut op, "CHAT_main").await;
+    let mallorys: Vec<&String> = chat.iter().filter(|n| n.contains(&mallory.id)).collect();
     assert!(
         mallorys.len() <= 1,
         "one history consumer at most: {mallorys:?}"
     );
-
-    // Bob and Carol see each other (their rosters need no consumer).
-    let b = endpoint(&bob, |_| {}).await;
-    let cl = endpoint(&carol, |_| {}).await;
-    for (who, roster, peer) in [
-        ("bob", b.client.roster().clone(), &carol.id),
-        ("carol", cl.client.roster().clone(), &bob.id),
-    ] {
-        tokio::time::timeout(TIMEOUT, async {
-            loop {
-                let changed = roster.changed();
-                if roster.status(peer) == Some(PresenceStatus::Idle) {
-                    return;
-                }
-                changed.await;
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("{who} never saw its peer"));
-    }
+    drop((b, d));
     c.stop().await;
 }
 

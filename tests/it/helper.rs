@@ -524,3 +524,35 @@ pub async fn cotald_in(data_dir: &Path, args: &[&str]) -> std::process::Output {
     .expect("cotald finishes")
     .unwrap()
 }
+
+/// A KV watch of `bucket` (its latest value per key, then every update) made the way Appendix B
+/// grants it: an ordered push consumer created on the named form
+/// `$JS.API.CONSUMER.CREATE.KV_<bucket>.<name>.$KV.<bucket>.>` (async-nats's own `watch` uses the
+/// bare create subject, which the appendix does not grant). Yields each entry's key.
+pub async fn appendix_watch(
+    client: &async_nats::Client,
+    bucket: &str,
+) -> impl futures_util::Stream<Item = String> + Unpin + use<> {
+    use async_nats::jetstream::consumer::{DeliverPolicy, push};
+    use futures_util::StreamExt;
+    let js = async_nats::jetstream::new(client.clone());
+    let stream = js.get_stream_no_info(format!("KV_{bucket}")).await.unwrap();
+    let prefix = format!("$KV.{bucket}.");
+    let inbox = client.new_inbox();
+    let unique = inbox.rsplit('.').next().unwrap_or_default().to_owned();
+    let consumer = stream
+        .create_consumer(push::OrderedConfig {
+            name: Some(format!("oc_{unique}")),
+            deliver_subject: inbox,
+            filter_subject: format!("{prefix}>"),
+            deliver_policy: DeliverPolicy::LastPerSubject,
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("watching {bucket}: {e}"));
+    let messages = consumer.messages().await.unwrap();
+    Box::pin(messages.map(move |m| {
+        let m = m.expect("the watch delivers");
+        m.subject.as_str().trim_start_matches(&prefix).to_owned()
+    }))
+}
