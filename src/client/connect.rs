@@ -38,6 +38,10 @@ pub struct ConnectOptions {
     pub expect_id: Option<String>,
     /// Bound on control and JetStream requests.
     pub request_timeout: Duration,
+    /// How long a direct message or task waits, when its (target, sender) pair is full, for the
+    /// recipient to read some before it is refused ([`DEFAULT_PAIR_WAIT`]): a reader that keeps
+    /// up makes room within a moment, one that reads nothing gets the refusal.
+    pub pair_wait: Duration,
     /// Bind `dm_<id>` and receive DMs.
     pub receive_dms: bool,
     /// Watch the roster and, when `announce` is set too, heartbeat our own presence.
@@ -51,6 +55,9 @@ pub struct ConnectOptions {
     pub receive_backstop: bool,
 }
 
+/// The default of [`ConnectOptions::pair_wait`].
+pub const DEFAULT_PAIR_WAIT: Duration = Duration::from_secs(15);
+
 impl ConnectOptions {
     /// Options for `link` with the `.creds` text `creds`.
     pub fn new(link: JoinLink, creds: String) -> Self {
@@ -63,6 +70,7 @@ impl ConnectOptions {
             role: None,
             expect_id: None,
             request_timeout: Duration::from_secs(5),
+            pair_wait: DEFAULT_PAIR_WAIT,
             receive_dms: true,
             presence: true,
             announce: true,
@@ -313,6 +321,7 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
         roster: Roster::default(),
         declared: Mutex::new(Default::default()),
         request_timeout: opts.request_timeout,
+        pair_wait: opts.pair_wait,
         announced: announce,
     });
     let client = Client { inner };

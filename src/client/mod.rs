@@ -39,7 +39,7 @@ use crate::protocol::{
 };
 
 pub use channels::ChannelInfo;
-pub use connect::{ConnectOptions, Connection, DialError, dial, nats_options};
+pub use connect::{ConnectOptions, Connection, DEFAULT_PAIR_WAIT, DialError, dial, nats_options};
 pub use deliver::{Anomaly, Deliveries, Delivery, Notice};
 pub use join::{ChannelRegistry, DurableState, JoinError, JoinReport, Replay};
 pub use presence::{Declared, Peer, ResolveError, Roster};
@@ -174,6 +174,8 @@ pub enum ClientError {
     /// what the sender can do.
     #[error("{what} was refused: {advice}")]
     StoreFull {
+        /// Which bound.
+        limit: StoreLimit,
         /// What was sent, and to whom.
         what: String,
         /// Which bound, and what to do.
@@ -285,53 +287,102 @@ pub(crate) fn nats_err<E: Into<BoxError>>(
 
 /// A publish the stream did not store: a fairness bound (per pair, or the stream's or the
 /// space's storage) is named with what the sender can do; anything else stays a NATS error.
-fn store_refusal(routing: &Routing, subject: &str, e: impl Into<BoxError>) -> ClientError {
-    let source: BoxError = e.into();
-    let mut said = source.to_string();
-    let mut cause = source.source();
-    while let Some(c) = cause {
-        said.push_str(": ");
-        said.push_str(&c.to_string());
-        cause = c.source();
+/// The first pause before a DM or task whose pair is full is sent again; it doubles up to
+/// [`PAIR_BACKOFF_MAX`].
+const PAIR_BACKOFF_FIRST: Duration = Duration::from_millis(20);
+/// The longest pause between two tries of a DM or task whose pair is full.
+const PAIR_BACKOFF_MAX: Duration = Duration::from_millis(500);
+
+/// Which bound of the space refused a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreLimit {
+    /// Its (target or role, sender) pair holds as many unread as the stream keeps per subject
+    /// (`binding::streams::{DM,TASK}_MAX_MSGS_PER_PAIR`); on a channel, the sender's subject.
+    PairFull,
+    /// The sender is held past its share of the store (`space/holds.rs`).
+    Held,
+    /// The stream's byte or message limit.
+    StreamFull,
+    /// The space's JetStream quota or the disk.
+    DiskFull,
+}
+
+impl StoreLimit {
+    /// The bound a JetStream publish error names, from its code and words; `None` for any
+    /// other error.
+    fn of(error: &(dyn std::error::Error + 'static)) -> Option<StoreLimit> {
+        let mut said = error.to_string();
+        let mut cause = error.source();
+        while let Some(c) = cause {
+            said.push_str(": ");
+            said.push_str(&c.to_string());
+            cause = c.source();
+        }
+        // nats-server gives one code (10077, "store failed") to every stream limit and tells
+        // them apart by its words; a hold's refusal is the manager's, with its own prefix.
+        if said.contains(crate::space::holds::HELD) {
+            Some(StoreLimit::Held)
+        } else if said.contains("maximum messages per subject exceeded") {
+            Some(StoreLimit::PairFull)
+        } else if said.contains("maximum bytes exceeded")
+            || said.contains("maximum messages exceeded")
+        {
+            Some(StoreLimit::StreamFull)
+        } else if said.contains("resources exceeded") || said.contains("insufficient") {
+            Some(StoreLimit::DiskFull)
+        } else {
+            None
+        }
     }
+}
+
+fn store_refusal(
+    routing: &Routing,
+    subject: &str,
+    e: impl Into<BoxError>,
+    waited: Duration,
+) -> ClientError {
+    let source: BoxError = e.into();
     let what = match routing {
         Routing::Channel(channel) => format!("the message to channel `{channel}`"),
         Routing::To(target) => format!("the direct message to {target}"),
         Routing::ToService(role) => format!("the task for role `{role}`"),
     };
-    let advice = if said.contains("maximum messages per subject exceeded") {
-        match routing {
-            Routing::To(_) => format!(
-                "{} of your direct messages already wait unread for this recipient; send again once it has read some",
-                crate::binding::streams::DM_MAX_MSGS_PER_PAIR
-            ),
-            Routing::ToService(_) => format!(
-                "{} of your tasks already wait for this role; send again once a worker has taken some",
-                crate::binding::streams::TASK_MAX_MSGS_PER_PAIR
-            ),
-            Routing::Channel(_) => "the channel keeps no more from you".to_owned(),
-        }
-    } else if let Some(reason) = said.split_once(crate::space::holds::HELD) {
-        // The warden's hold (`space/holds.rs`): its refusal carries the figures.
-        let reason = reason.1;
-        reason
-            .split_once(" (code ")
-            .map_or(reason, |r| r.0)
-            .to_owned()
-    } else if said.contains("maximum bytes exceeded") || said.contains("maximum messages exceeded")
-    {
-        "the space's store for this kind of message is full; ask its operator to raise the retention limits in the profile, or send again once messages expire or are read"
-            .to_owned()
-    } else if said.contains("resources exceeded") || said.contains("insufficient") {
-        "the space's storage is full; ask its operator to free disk or raise the space's JetStream quota"
-            .to_owned()
-    } else {
+    let Some(limit) = StoreLimit::of(source.as_ref()) else {
         return ClientError::Nats {
             action: format!("publish on {subject}"),
             source,
         };
     };
+    let advice = match limit {
+        StoreLimit::PairFull => match routing {
+            Routing::To(_) => format!(
+                "{} of your direct messages already wait unread for this recipient, and none \
+                 was read in {waited:?}; send again once it has read some",
+                crate::binding::streams::DM_MAX_MSGS_PER_PAIR
+            ),
+            Routing::ToService(_) => format!(
+                "{} of your tasks already wait for this role, and none was taken in \
+                 {waited:?}; send again once a worker has taken some",
+                crate::binding::streams::TASK_MAX_MSGS_PER_PAIR
+            ),
+            Routing::Channel(_) => "the channel keeps no more from you".to_owned(),
+        },
+        StoreLimit::Held => {
+            // The warden's hold (`space/holds.rs`): its refusal carries the figures.
+            let said = source.to_string();
+            let reason = said
+                .split_once(crate::space::holds::HELD)
+                .map_or(said.as_str(), |r| r.1);
+            reason.split_once(" (code ").map_or(reason, |r| r.0).to_owned()
+        }
+        StoreLimit::StreamFull => "the space's store for this kind of message is full; ask its operator to raise the retention limits in the profile, or send again once messages expire or are read"
+            .to_owned(),
+        StoreLimit::DiskFull => "the space's storage is full; ask its operator to free disk or raise the space's JetStream quota"
+            .to_owned(),
+    };
     ClientError::StoreFull {
+        limit,
         what,
         advice,
         source,
@@ -381,6 +432,7 @@ pub(crate) struct Inner {
     pub(crate) roster: presence::Roster,
     pub(crate) declared: Mutex<presence::Declared>,
     pub(crate) request_timeout: Duration,
+    pub(crate) pair_wait: Duration,
     /// Whether this client heartbeats presence (and so owes a final `offline`).
     pub(crate) announced: bool,
 }
@@ -459,21 +511,47 @@ impl Client {
             what: "message",
             source,
         })?;
+        let payload = bytes::Bytes::from(payload);
         let mut violations = self.inner.violations.subscribe();
+        // A full pair of a DM or a task is backpressure while its recipient reads: the warden
+        // trims what was read (`services/warden/`), so the same message (same id: stored at
+        // most once) is sent again, with backoff, for up to `pair_wait`.
+        let waits = !matches!(message.routing, Routing::Channel(_));
         let publish = async {
-            let ack = self
-                .inner
-                .js
-                .send_publish(
-                    subject.clone(),
-                    jetstream::message::PublishMessage::build()
-                        .message_id(message.id.clone())
-                        .payload(payload.into()),
-                )
-                .await
-                .map_err(nats_err(format!("publish on {subject}")))?;
-            ack.await
-                .map_err(|e| store_refusal(&message.routing, &subject, e))
+            let started = tokio::time::Instant::now();
+            let mut backoff = PAIR_BACKOFF_FIRST;
+            loop {
+                let ack = self
+                    .inner
+                    .js
+                    .send_publish(
+                        subject.clone(),
+                        jetstream::message::PublishMessage::build()
+                            .message_id(message.id.clone())
+                            .payload(payload.clone()),
+                    )
+                    .await
+                    .map_err(nats_err(format!("publish on {subject}")))?;
+                let refusal = match ack.await {
+                    Ok(ack) => return Ok(ack),
+                    Err(e) => store_refusal(&message.routing, &subject, e, started.elapsed()),
+                };
+                let full = matches!(
+                    refusal,
+                    ClientError::StoreFull {
+                        limit: StoreLimit::PairFull,
+                        ..
+                    }
+                );
+                if !(waits && full) || started.elapsed() + backoff > self.inner.pair_wait {
+                    return Err(refusal);
+                }
+                if backoff == PAIR_BACKOFF_FIRST {
+                    tracing::debug!(subject, "pair full: waiting for the recipient to read");
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(PAIR_BACKOFF_MAX);
+            }
         };
         let refused = refused_publish(&mut violations, &subject);
         tokio::select! {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use cotald::binding::streams::DM_MAX_MSGS_PER_PAIR;
-use cotald::client::ClientError;
+use cotald::client::{ClientError, StoreLimit};
 use cotald::protocol::{InstanceId, PresenceStatus, Routing};
 use serde_json::json;
 
@@ -176,14 +176,27 @@ async fn junk_dms_neither_evict_an_unread_dm_nor_stop_others_sending() {
          DM holds {dm_msgs} messages, {dm_bytes} bytes"
     );
 
-    // Mallory's own client names the bound and what to do.
-    let mc = endpoint(&mallory, |o| o.presence = false).await;
+    // Mallory's own client waits a moment for Bob to read, then names the bound and what to do.
+    let mc = endpoint(&mallory, |o| {
+        o.presence = false;
+        o.pair_wait = Duration::from_millis(500);
+    })
+    .await;
     let err = mc
         .client
         .send_text(to(&bob.id), "one more")
         .await
         .unwrap_err();
-    assert!(matches!(err, ClientError::StoreFull { .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            ClientError::StoreFull {
+                limit: StoreLimit::PairFull,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     let said = err.to_string();
     assert!(said.contains("wait unread for this recipient"), "{said}");
 
@@ -711,7 +724,12 @@ async fn a_full_pair_is_trimmed_of_what_its_target_has_read() {
     let c = Cotald::up(tmp.path()).await;
     let alice = mint(tmp.path(), "alice", "main", &[]).await;
     let bob = mint(tmp.path(), "bob", "main", &[]).await;
-    let a = endpoint(&alice, |o| o.presence = false).await;
+    // Refused at once when full (the wait for a reader is another test's).
+    let a = endpoint(&alice, |o| {
+        o.presence = false;
+        o.pair_wait = Duration::ZERO;
+    })
+    .await;
     for i in 0..DM_MAX_MSGS_PER_PAIR {
         a.client
             .send_text(to(&bob.id), &format!("{i}"))
@@ -877,5 +895,55 @@ async fn the_default_profile_fits_a_small_disk_and_degrades_clearly_when_it_fill
     // What JetStream stores counts in the budget: the next start still serves `main`.
     let c = Cotald::up(&dir).await;
     assert!(c.state().unserved.is_empty(), "{:?}", c.state().unserved);
+    c.stop().await;
+}
+
+/// A full pair is backpressure, not a failure, while its reader keeps up: 20,000 DMs sent
+/// 256 at a time (20 times the pair's bound) to a reader acking as it goes are all accepted,
+/// each surfaced once.
+#[tokio::test]
+async fn a_reader_that_keeps_up_never_gets_its_sender_refused() {
+    use futures_util::StreamExt;
+    const DMS: usize = 20_000;
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &[]).await;
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    let mut b = endpoint(&bob, |o| o.presence = false).await;
+    let reader = tokio::spawn(async move {
+        let mut seen = std::collections::HashSet::new();
+        let mut twice = 0;
+        while seen.len() < DMS {
+            let d = delivery(&mut b.deliveries).await;
+            if !seen.insert(d.message.id.clone()) {
+                twice += 1;
+            }
+            d.ack().await.unwrap();
+        }
+        (seen.len(), twice)
+    });
+    let started = std::time::Instant::now();
+    let sends = futures_util::stream::iter(0..DMS)
+        .map(|i| {
+            let client = a.client.clone();
+            let target = to(&bob.id);
+            async move { client.send_text(target, &format!("{i}")).await.map(|_| ()) }
+        })
+        .buffer_unordered(256);
+    let refused: Vec<ClientError> = sends.filter_map(|r| async move { r.err() }).collect().await;
+    let sent_in = started.elapsed();
+    assert!(
+        refused.is_empty(),
+        "{} refused, the first: {}",
+        refused.len(),
+        refused[0]
+    );
+    let (surfaced, twice) = tokio::time::timeout(Duration::from_secs(120), reader)
+        .await
+        .expect("every DM surfaced")
+        .unwrap();
+    eprintln!("{DMS} DMs accepted in {sent_in:?}; {surfaced} surfaced, {twice} twice");
+    assert_eq!((surfaced, twice), (DMS, 0));
     c.stop().await;
 }
