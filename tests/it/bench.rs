@@ -13,6 +13,7 @@ async fn bench_reports_each_case_beside_its_baseline() {
     let child = tokio::process::Command::new(cotald_bin())
         .args([
             "bench", "--quick", "--runs", "1", "--json", "-v", "--case", "dm", "--case", "latency",
+            "--case", "fanout",
         ])
         .stdout(std::process::Stdio::piped())
         .stderr(log.reopen().unwrap())
@@ -44,7 +45,10 @@ async fn bench_reports_each_case_beside_its_baseline() {
             "live_latency_p50",
             "live_latency_p99",
             "dm_throughput",
-            "dm_throughput_sync_always"
+            "dm_throughput_sync_always",
+            "durable_fanout_online_1",
+            "durable_fanout_online_10",
+            "durable_fanout_online_50",
         ]
     );
     for r in report["results"].as_array().unwrap() {
@@ -59,6 +63,21 @@ async fn bench_reports_each_case_beside_its_baseline() {
             "ratio = cotald / baseline: {r}"
         );
         assert!(r["unit"].is_string(), "{r}");
+        if r["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("durable_fanout_online_")
+        {
+            for figure in [
+                "appliance_us_per_msg_per_member",
+                "appliance_us_per_msg_per_member_live",
+            ] {
+                assert!(
+                    r["extra"][figure].as_f64().is_some_and(|v| v >= 0.0),
+                    "{figure}: {r}"
+                );
+            }
+        }
     }
     assert!(report["machine"]["cores"].as_u64().unwrap() >= 1);
 }

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -13,9 +14,10 @@ use async_nats::jetstream::{self, consumer::pull, message::PublishMessage};
 use futures_util::{StreamExt, TryStreamExt};
 use serde_json::json;
 
-use super::{Bench, Better, CaseResult, Minted, SPACE, Sizes, bounded};
+use super::{Bench, Better, CaseResult, Minted, SPACE, Sizes, bounded, spread};
 use crate::client::{Client, Connection, Delivery, DurableState, Replay};
 use crate::protocol::{Channel, CotalMessage, DeliveryKind, InstanceId, Part, Routing};
+use tokio_util::sync::CancellationToken;
 
 /// Text length of every message.
 const TEXT_LEN: usize = 256;
@@ -95,6 +97,15 @@ pub(super) const ALL: &[Case] = &[
         names: &["durable_end_to_end"],
         throughput: false,
         run: |b, s| Box::pin(durable_end_to_end(b, s)),
+    },
+    Case {
+        names: &[
+            "durable_fanout_online_1",
+            "durable_fanout_online_10",
+            "durable_fanout_online_50",
+        ],
+        throughput: false,
+        run: |b, s| Box::pin(durable_fanout(b, s)),
     },
 ];
 
@@ -190,18 +201,8 @@ async fn send_many_in_flight(
             .map(|i| {
                 let client = clients[i % clients.len()];
                 let routing = routes[i % routes.len()].clone();
-                async move {
-                    // A full DM pair is backpressure: what the receiver read is trimmed by the
-                    // warden a moment later (`services/warden/`), and a sender sends again.
-                    loop {
-                        match client.send_text(routing.clone(), text).await {
-                            Err(crate::client::ClientError::StoreFull { .. }) => {
-                                tokio::time::sleep(Duration::from_millis(20)).await;
-                            }
-                            sent => return sent.map(|(_, seq)| seq),
-                        }
-                    }
-                }
+                // A full DM pair is backpressure the client absorbs (`pair_wait`).
+                async move { client.send_text(routing, text).await.map(|(_, seq)| seq) }
             })
             .buffer_unordered(in_flight)
             .try_fold(u64::MAX, |low, seq| std::future::ready(Ok(low.min(seq)))),
@@ -957,6 +958,188 @@ async fn durable_end_to_end(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<C
         "cotald, the same traffic on a live channel",
         "as close to 1 as it goes",
     )])
+}
+
+const CH_FAN_DURABLE: &str = "bench-fan-durable";
+const CH_FAN_LIVE: &str = "bench-fan-live";
+/// The numbers of online members the fan-out case measures.
+const FAN_MEMBERS: [usize; 3] = [1, 10, 50];
+
+/// What the fan-out case's members have surfaced: first sightings per channel.
+#[derive(Default)]
+struct Surfaced {
+    durable: std::sync::atomic::AtomicUsize,
+    live: std::sync::atomic::AtomicUsize,
+    changed: tokio::sync::Notify,
+}
+
+impl Surfaced {
+    fn of(&self, ch: &str) -> &std::sync::atomic::AtomicUsize {
+        if ch == CH_FAN_DURABLE {
+            &self.durable
+        } else {
+            &self.live
+        }
+    }
+
+    /// Waits until `ch` counts at least `target`.
+    async fn reach(&self, ch: &str, target: usize) {
+        loop {
+            let changed = self.changed.notified();
+            if self.of(ch).load(std::sync::atomic::Ordering::Acquire) >= target {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
+/// One online member of both fan-out channels: surfaces and acks what it gets, counting each
+/// message the first time.
+async fn fan_member(mut conn: Connection, surfaced: Arc<Surfaced>, stop: CancellationToken) {
+    let mut seen = HashSet::new();
+    loop {
+        let d = tokio::select! {
+            () = stop.cancelled() => break,
+            d = conn.deliveries.next() => match d { Some(d) => d, None => break },
+        };
+        if let Some(ch) = d.channel.clone()
+            && seen.insert(d.message.id.clone())
+        {
+            surfaced
+                .of(&ch)
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            surfaced.changed.notify_waiters();
+        }
+        let _ = d.ack().await;
+    }
+    conn.client.close().await;
+}
+
+/// Pending and unacknowledged entries of the trusted reader's consumers on CHAT (`bk_…`): 0
+/// once every durable copy is acknowledged.
+async fn backstop_pending(raw: &async_nats::Client) -> anyhow::Result<u64> {
+    let js = jetstream::new(raw.clone());
+    let stream = js.get_stream_no_info(format!("CHAT_{SPACE}")).await?;
+    let infos: Vec<_> = stream.consumers().try_collect().await?;
+    Ok(infos
+        .iter()
+        .filter(|i| i.name.starts_with("bk_"))
+        .map(|i| i.num_pending + i.num_ack_pending as u64)
+        .sum())
+}
+
+/// N members online on a durable channel against the same N on a live one, for N in
+/// [`FAN_MEMBERS`]: one sender posts [`Sizes::samples`]/10 messages one at a time (as agents
+/// talk); the time until every member surfaced every message (on the durable side also until
+/// every durable copy is acknowledged), as msg/s, and the appliance's CPU per message per
+/// online member on each side.
+async fn durable_fanout(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
+    let n = (sizes.samples / 10).max(20);
+    set_class(bench, CH_FAN_LIVE, "live").await?;
+    let p = bench
+        .mint(
+            "bench-fan-pub",
+            json!({"allow_publish": [CH_FAN_DURABLE, CH_FAN_LIVE]}),
+        )
+        .await?;
+    let sender = bench.sender(&p).await?;
+    let appliance = bench
+        .dir
+        .read_state()?
+        .context("the appliance under test stopped")?
+        .pid;
+    let surfaced = Arc::new(Surfaced::default());
+    let stop = CancellationToken::new();
+    let mut tasks = Vec::new();
+    let mut results = Vec::new();
+    for online in FAN_MEMBERS {
+        while tasks.len() < online {
+            let m = bench
+                .mint(
+                    &format!("bench-fan-member{}", tasks.len()),
+                    json!({"subscribe": [CH_FAN_DURABLE, CH_FAN_LIVE]}),
+                )
+                .await?;
+            let conn = bench.connect(&m, |_| {}).await?;
+            for ch in [CH_FAN_DURABLE, CH_FAN_LIVE] {
+                bounded("join", conn.client.join(ch, Replay::Off)).await??;
+            }
+            tasks.push(tokio::spawn(fan_member(
+                conn,
+                surfaced.clone(),
+                stop.clone(),
+            )));
+        }
+        let cpu_us = std::sync::Mutex::new([Vec::new(), Vec::new()]);
+        let fan = |ch: &'static str, warm: bool| {
+            let (sender, surfaced, cpu_us) = (&sender, &surfaced, &cpu_us);
+            async move {
+                let n = if warm { n / 4 } else { n };
+                let route = Routing::channel(&channel(ch)?);
+                let target =
+                    surfaced.of(ch).load(std::sync::atomic::Ordering::Acquire) + n * online;
+                let before = proc_usage(appliance).0;
+                let start = Instant::now();
+                for _ in 0..n {
+                    bounded("publish", sender.client.send_text(route.clone(), &text())).await??;
+                }
+                bounded("every member to surface", surfaced.reach(ch, target)).await?;
+                let took = start.elapsed();
+                if ch == CH_FAN_DURABLE {
+                    bounded("every durable copy acknowledged", async {
+                        while backstop_pending(&bench.raw).await? > 0 {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        anyhow::Ok(())
+                    })
+                    .await??;
+                }
+                // SAFETY: sysconf has no preconditions.
+                let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+                let cpu = (proc_usage(appliance).0 - before) / ticks;
+                if !warm && let Ok(mut cpu_us) = cpu_us.lock() {
+                    let side = usize::from(ch == CH_FAN_LIVE);
+                    cpu_us[side].push(cpu * 1e6 / (n * online) as f64);
+                }
+                Ok(rate(n, took))
+            }
+        };
+        let figures = interleaved(
+            sizes.runs,
+            |warm| fan(CH_FAN_DURABLE, warm),
+            |warm| fan(CH_FAN_LIVE, warm),
+        )
+        .await?;
+        let name = match online {
+            1 => "durable_fanout_online_1",
+            10 => "durable_fanout_online_10",
+            _ => "durable_fanout_online_50",
+        };
+        let mut result = CaseResult::new(
+            name,
+            "msg/s",
+            Better::Higher,
+            figures,
+            "cotald, the same members on a live channel",
+            "≥ 0.8 at 50 members; appliance CPU per message per member ≤ 5 µs",
+        );
+        let [durable_cpu, live_cpu] = cpu_us.into_inner().unwrap_or_default();
+        result
+            .extra
+            .insert("appliance_us_per_msg_per_member", spread(durable_cpu).1);
+        result
+            .extra
+            .insert("appliance_us_per_msg_per_member_live", spread(live_cpu).1);
+        result.extra.insert("messages", n as f64);
+        results.push(result);
+    }
+    stop.cancel();
+    for t in tasks {
+        let _ = t.await;
+    }
+    sender.client.close().await;
+    Ok(results)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -12,7 +12,9 @@
 //! Cases ([`cases`]): `live_throughput`, `live_latency_p50`/`_p99`, `dm_throughput`,
 //! `durable_publish_100_members` (100 absent durable members vs 1), `catchup_10k` (a returning
 //! durable member's backlog vs a raw pull of the same range), `replay_10k` (a late joiner's
-//! history vs an ordered consumer), `durable_end_to_end` (an online
+//! history vs an ordered consumer), `durable_fanout_online_{1,10,50}` (N online members of a
+//! durable channel vs the same N on a live one, messages one at a time, with the appliance's CPU
+//! per message per member), `durable_end_to_end` (an online
 //! member on a durable channel vs on a live one), `startup_cold`/`_warm` (`cotald up` to
 //! ready vs the bundled broker alone on the config cotald rendered). The throughput cases run
 //! again on an appliance whose profile syncs every write (`sync_interval = "always"`), named
