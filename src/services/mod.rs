@@ -160,6 +160,20 @@ impl Context {
     }
 }
 
+/// Why a service's task ended without returning: its panic message.
+fn panicked(e: tokio::task::JoinError) -> String {
+    if !e.is_panic() {
+        return "its task was cancelled".to_owned();
+    }
+    let payload = e.into_panic();
+    let message = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_owned());
+    format!("panicked: {message}")
+}
+
 /// A service as its set sees it.
 struct Entry {
     name: &'static str,
@@ -233,13 +247,16 @@ impl ServiceSet {
                     health: health.clone(),
                 };
                 let started = tokio::time::Instant::now();
-                let outcome = service.run(ctx).await;
+                // On a task of its own, so that a panic ends this run, not the set's loop.
+                let running = service.clone();
+                let outcome = tokio::spawn(async move { running.run(ctx).await }).await;
                 if token.is_cancelled() {
                     break;
                 }
                 let reason = match outcome {
-                    Ok(()) => "stopped on its own".to_owned(),
-                    Err(e) => crate::ops::error_text(&e),
+                    Ok(Ok(())) => "stopped on its own".to_owned(),
+                    Ok(Err(e)) => crate::ops::error_text(&e),
+                    Err(e) => panicked(e),
                 };
                 tracing::error!(scope, service = name, reason, "service failed; restarting");
                 if let Some(tx) = failed_tx.take() {
@@ -315,5 +332,56 @@ impl ServiceSet {
                 "services did not stop in time"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Panics on its first run, serves on the next.
+    struct Flaky {
+        runs: AtomicU32,
+    }
+
+    impl Service for Flaky {
+        fn name(&self) -> &'static str {
+            "flaky"
+        }
+
+        async fn run(&self, ctx: Context) -> Result<(), ServiceError> {
+            if self.runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                panic!("first run");
+            }
+            ctx.report(Health::Running);
+            ctx.cancelled().await;
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_service_is_restarted_and_its_status_says_why() {
+        let root = CancellationToken::new();
+        let set = ServiceSet::new("test", &root);
+        let first = set
+            .start(Arc::new(Flaky {
+                runs: AtomicU32::new(0),
+            }))
+            .await;
+        let why = first.expect_err("the first run panicked").to_string();
+        assert!(why.contains("panicked: first run"), "{why}");
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let status = &set.status()[0];
+                if status.health == Health::Running {
+                    assert_eq!(status.restarts, 1, "{status:?}");
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("restarted after the panic");
+        set.shutdown(Duration::from_secs(5)).await;
     }
 }

@@ -44,6 +44,8 @@ async fn bench_reports_each_case_beside_its_baseline() {
         [
             "live_latency_p50",
             "live_latency_p99",
+            "default_profile_latency_p50",
+            "default_profile_latency_p99",
             "dm_throughput",
             "dm_throughput_sync_always",
             "durable_fanout_online_1",

@@ -61,12 +61,22 @@ pub(super) const ALL: &[Case] = &[
     Case {
         names: &["live_throughput"],
         throughput: true,
-        run: |b, s| Box::pin(live_throughput(b, s)),
+        run: |b, s| Box::pin(live_throughput(b, s, LIVE)),
     },
     Case {
         names: &["live_latency_p50", "live_latency_p99"],
         throughput: false,
-        run: |b, s| Box::pin(live_latency(b, s)),
+        run: |b, s| Box::pin(live_latency(b, s, LIVE)),
+    },
+    Case {
+        names: &["default_profile_throughput"],
+        throughput: true,
+        run: |b, s| Box::pin(live_throughput(b, s, DEFAULT_PROFILE)),
+    },
+    Case {
+        names: &["default_profile_latency_p50", "default_profile_latency_p99"],
+        throughput: false,
+        run: |b, s| Box::pin(live_latency(b, s, DEFAULT_PROFILE)),
     },
     Case {
         names: &["dm_throughput"],
@@ -256,10 +266,45 @@ async fn next(conn: &mut Connection) -> anyhow::Result<Delivery> {
 // Live channels.
 
 const CH_LIVE: &str = "bench-live";
+const CH_DEFAULT: &str = "bench-default";
 const CH_RAW: &str = "bench-raw";
 
-/// A live channel's publisher and subscriber, and the raw pair beside them.
+/// Which channel a one-publisher, one-subscriber case runs on.
+#[derive(Clone, Copy)]
+pub(super) struct Flavor {
+    /// The channel.
+    ch: &'static str,
+    /// Its class, set through the manager; `None`: as the shipped profile makes it (`local`:
+    /// durable), the subscriber a durable member online.
+    class: Option<&'static str>,
+    /// The case's names: throughput, latency p50, latency p99.
+    names: [&'static str; 3],
+    /// Their goals, in words.
+    goals: [&'static str; 3],
+}
+
+pub(super) const LIVE: Flavor = Flavor {
+    ch: CH_LIVE,
+    class: Some("live"),
+    names: ["live_throughput", "live_latency_p50", "live_latency_p99"],
+    goals: [">= 0.9", "<= 1.2", "<= 2.0"],
+};
+
+const DEFAULT_PROFILE: Flavor = Flavor {
+    ch: CH_DEFAULT,
+    class: None,
+    names: [
+        "default_profile_throughput",
+        "default_profile_latency_p50",
+        "default_profile_latency_p99",
+    ],
+    goals: [">= 0.85", "<= 1.3", "<= 2.0"],
+};
+
+/// A channel's publisher and subscriber, and the raw pair beside them.
 struct LivePair {
+    /// The channel.
+    ch: &'static str,
     publisher: Connection,
     subscriber: Connection,
     raw_js: jetstream::Context,
@@ -269,21 +314,24 @@ struct LivePair {
 }
 
 impl LivePair {
-    async fn new(bench: &Bench, tag: &str) -> anyhow::Result<LivePair> {
-        set_class(bench, CH_LIVE, "live").await?;
+    async fn new(bench: &Bench, tag: &str, flavor: Flavor) -> anyhow::Result<LivePair> {
+        let ch = flavor.ch;
+        if let Some(class) = flavor.class {
+            set_class(bench, ch, class).await?;
+        }
         set_class(bench, CH_RAW, "live").await?;
         let from = bench
             .mint(
-                &format!("bench-{tag}-pub"),
-                json!({"allow_publish": [CH_LIVE]}),
+                &format!("bench-{tag}-{ch}-pub"),
+                json!({"allow_publish": [ch]}),
             )
             .await?;
         let to = bench
-            .mint(&format!("bench-{tag}-sub"), json!({"subscribe": [CH_LIVE]}))
+            .mint(&format!("bench-{tag}-{ch}-sub"), json!({"subscribe": [ch]}))
             .await?;
         let publisher = bench.sender(&from).await?;
         let subscriber = bench.connect(&to, |_| {}).await?;
-        subscriber.client.join(CH_LIVE, Replay::Off).await?;
+        subscriber.client.join(ch, Replay::Off).await?;
         // The raw side: the operator publishes on its own subject of another live channel; a
         // plain core subscription receives.
         let raw_subject = format!("cotal.{SPACE}.chat.{}.{CH_RAW}", bench.operator.id);
@@ -292,6 +340,7 @@ impl LivePair {
         let raw_sub = receiver.subscribe(raw_subject.clone()).await?;
         receiver.flush().await?;
         Ok(LivePair {
+            ch,
             publisher,
             subscriber,
             raw_js: jetstream::new(bench.raw.clone()),
@@ -310,10 +359,11 @@ impl LivePair {
 pub(super) async fn live_throughput(
     bench: &Bench,
     sizes: Sizes,
+    flavor: Flavor,
 ) -> anyhow::Result<Vec<CaseResult>> {
     let n = sizes.messages;
-    let pair = tokio::sync::Mutex::new(LivePair::new(bench, "tput").await?);
-    let route = [Routing::channel(&channel(CH_LIVE)?)];
+    let pair = tokio::sync::Mutex::new(LivePair::new(bench, "tput", flavor).await?);
+    let route = [Routing::channel(&channel(flavor.ch)?)];
     let figures = interleaved(
         sizes.runs,
         |warm| {
@@ -323,6 +373,7 @@ pub(super) async fn live_throughput(
             async move {
                 let mut pair = pair.lock().await;
                 let LivePair {
+                    ch,
                     publisher,
                     subscriber,
                     ..
@@ -333,9 +384,11 @@ pub(super) async fn live_throughput(
                 let receiving = async {
                     let mut got = 0;
                     while got < n {
-                        if next(subscriber).await?.channel.as_deref() == Some(CH_LIVE) {
+                        let d = next(subscriber).await?;
+                        if d.channel.as_deref() == Some(*ch) {
                             got += 1;
                         }
+                        d.ack().await?;
                     }
                     anyhow::Ok(())
                 };
@@ -377,19 +430,23 @@ pub(super) async fn live_throughput(
     .await?;
     pair.into_inner().close().await;
     Ok(vec![CaseResult::new(
-        "live_throughput",
+        flavor.names[0],
         "msg/s",
         Better::Higher,
         figures,
         "JetStream publish with Nats-Msg-Id, acks pipelined -> core subscriber",
-        ">= 0.9",
+        flavor.goals[0],
     )])
 }
 
-pub(super) async fn live_latency(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
+pub(super) async fn live_latency(
+    bench: &Bench,
+    sizes: Sizes,
+    flavor: Flavor,
+) -> anyhow::Result<Vec<CaseResult>> {
     let samples = sizes.samples;
-    let pair = tokio::sync::Mutex::new(LivePair::new(bench, "lat").await?);
-    let ch = channel(CH_LIVE)?;
+    let pair = tokio::sync::Mutex::new(LivePair::new(bench, "lat", flavor).await?);
+    let ch = channel(flavor.ch)?;
     // Each repetition yields (p50, p99) in µs; the two results share the repetitions.
     let cotald_runs = std::cell::RefCell::new(Vec::new());
     let raw_runs = std::cell::RefCell::new(Vec::new());
@@ -410,8 +467,10 @@ pub(super) async fn live_latency(bench: &Bench, sizes: Sizes) -> anyhow::Result<
                     let start = Instant::now();
                     let send = publisher.client.send_text(Routing::channel(ch), &text);
                     let surfaced = async {
-                        next(subscriber).await?;
-                        anyhow::Ok(start.elapsed())
+                        let d = next(subscriber).await?;
+                        let took = start.elapsed();
+                        d.ack().await?;
+                        anyhow::Ok(took)
                     };
                     let (sent, surfaced) = tokio::join!(send, surfaced);
                     sent?;
@@ -473,20 +532,20 @@ pub(super) async fn live_latency(bench: &Bench, sizes: Sizes) -> anyhow::Result<
     let baseline = "JetStream publish with Nats-Msg-Id -> core subscriber, one at a time";
     Ok(vec![
         CaseResult::new(
-            "live_latency_p50",
+            flavor.names[1],
             "µs",
             Better::Lower,
             (pick(&c, false), pick(&r, false)),
             baseline,
-            "<= 1.2",
+            flavor.goals[1],
         ),
         CaseResult::new(
-            "live_latency_p99",
+            flavor.names[2],
             "µs",
             Better::Lower,
             (pick(&c, true), pick(&r, true)),
             baseline,
-            "<= 2.0",
+            flavor.goals[2],
         ),
     ])
 }

@@ -40,8 +40,8 @@ fn compare(r3: &CaseResult, r1: &CaseResult) -> CaseResult {
 /// The live cases on one appliance (through `appliance`).
 async fn live(appliance: &Appliance, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
     let bench = Bench::new(appliance).await?;
-    let mut out = cases::live_throughput(&bench, sizes).await?;
-    out.extend(cases::live_latency(&bench, sizes).await?);
+    let mut out = cases::live_throughput(&bench, sizes, cases::LIVE).await?;
+    out.extend(cases::live_latency(&bench, sizes, cases::LIVE).await?);
     bench.close().await;
     Ok(out)
 }

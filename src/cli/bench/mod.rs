@@ -9,7 +9,9 @@
 //! cotald/baseline as measured (lower is better). It asserts nothing about time: the figures
 //! are for reading (`docs/benchmarks.md` keeps the last ones with the machine described).
 //!
-//! Cases ([`cases`]): `live_throughput`, `live_latency_p50`/`_p99`, `dm_throughput`,
+//! Cases ([`cases`]): `live_throughput`, `live_latency_p50`/`_p99`, the same on the shipped
+//! profile's durable channel with its member online (`default_profile_throughput`,
+//! `default_profile_latency_p50`/`_p99`), `dm_throughput`,
 //! `durable_publish_100_members` (100 absent durable members vs 1), `catchup_10k` (a returning
 //! durable member's backlog vs a raw pull of the same range), `replay_10k` (a late joiner's
 //! history vs an ordered consumer), `durable_fanout_online_{1,10,50}` (N online members of a
