@@ -8,7 +8,6 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use super::DataDirArg;
-use crate::daemon::admin;
 use crate::ops::{Request, Stopping};
 
 /// How long the appliance may take to stop: its services, then the broker's own graceful stop
@@ -24,7 +23,7 @@ pub struct DownArgs {
 
 pub(super) async fn run(args: DownArgs) -> anyhow::Result<ExitCode> {
     let dir = args.data_dir.resolve()?;
-    let Some(data) = admin::call(&dir, &Request::Shutdown).await? else {
+    let Some(data) = super::admin_call(&dir, &Request::Shutdown).await? else {
         println!(
             "cotald is not running (data dir {}): nothing to stop",
             dir.root().display()

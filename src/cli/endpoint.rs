@@ -269,7 +269,7 @@ fn local_spaces(dir: &DataDir) -> Vec<String> {
 
 /// The link of `space` on the appliance running on `dir`, naming `channels`.
 fn local_link(dir: &DataDir, space: &str, channels: &[String]) -> anyhow::Result<JoinLink> {
-    let Some(state) = dir.read_state()? else {
+    let Some(state) = super::started_state(dir)? else {
         bail!(
             "no cotald is running on data dir {}: start it with `cotald up`, or say where to \
              connect (--link and --creds, COTALD_LINK and COTALD_CREDS, or a context: `cotald \

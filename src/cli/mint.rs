@@ -7,7 +7,6 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use super::DataDirArg;
-use crate::daemon::admin;
 use crate::daemon::{DaemonError, execute_offline};
 use crate::datadir::DataDirError;
 use crate::ops::{CredentialProfile, MintReply, MintRequest, Request};
@@ -82,7 +81,7 @@ pub(super) async fn run(args: MintArgs) -> anyhow::Result<ExitCode> {
         expires: args.expires.clone(),
         replace: args.replace,
     });
-    let value = match admin::call(&dir, &req).await? {
+    let value = match super::admin_call(&dir, &req).await? {
         Some(value) => value,
         None => execute_offline(&dir, &req).map_err(|e| match e {
             DaemonError::DataDir(DataDirError::Locked { .. }) => anyhow::anyhow!(

@@ -282,6 +282,55 @@ fn install_tracing(verbose: u8, format: LogFormat, serving: bool) {
     };
 }
 
+/// How long a command waits for an appliance that is starting (its data dir locked, not ready
+/// yet) before it says none is running.
+pub const STARTING_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long it waits for an appliance to take its data dir at all: `cotald up &` followed at
+/// once by another command starts both processes together.
+const LOCK_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The running appliance's state on `dir`, waiting (with a note on stderr) while one is
+/// starting; `None` when none is running. Called before anything is connected, so it may block.
+pub(crate) fn started_state(dir: &DataDir) -> anyhow::Result<Option<crate::datadir::RuntimeState>> {
+    let started = std::time::Instant::now();
+    let mut noted = false;
+    loop {
+        if let Some(state) = dir.read_state()? {
+            return Ok(Some(state));
+        }
+        let locked = dir.is_locked()?;
+        let waited = started.elapsed();
+        if (!locked && waited >= LOCK_GRACE) || waited >= STARTING_WAIT {
+            return Ok(None);
+        }
+        if locked && !noted {
+            eprintln!(
+                "cotald is starting on data dir {}; waiting for it to be ready (at most {} s)",
+                dir.root().display(),
+                STARTING_WAIT.as_secs()
+            );
+            noted = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// [`crate::daemon::admin::call`], waiting first for an appliance that is starting (its data dir
+/// locked, its admin socket not open yet); `None` when none is running.
+pub(crate) async fn admin_call(
+    dir: &DataDir,
+    req: &crate::ops::Request,
+) -> anyhow::Result<Option<serde_json::Value>> {
+    use crate::daemon::admin;
+    if let Some(reply) = admin::call(dir, req).await? {
+        return Ok(Some(reply));
+    }
+    if dir.is_locked()? && started_state(dir)?.is_some() {
+        return Ok(admin::call(dir, req).await?);
+    }
+    Ok(None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

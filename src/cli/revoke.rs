@@ -6,7 +6,6 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use super::DataDirArg;
-use crate::daemon::admin;
 use crate::ops::{IdentityRecord, Request, Revoke};
 
 /// Options of `cotald revoke`.
@@ -27,7 +26,7 @@ pub(super) async fn run(args: RevokeArgs) -> anyhow::Result<ExitCode> {
         space: args.space.clone(),
         name: args.name.clone(),
     });
-    let Some(data) = admin::call(&dir, &req).await? else {
+    let Some(data) = super::admin_call(&dir, &req).await? else {
         bail!(
             "no cotald is running on data dir {}; start it with `cotald up` (a revocation must \
              reach the broker)",

@@ -7,7 +7,6 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 
 use super::DataDirArg;
-use crate::daemon::admin;
 use crate::ops::{Request, SpaceAdd, SpaceInfo};
 use crate::profile::DeploymentProfile;
 
@@ -51,7 +50,7 @@ pub(super) async fn run(args: SpaceArgs) -> anyhow::Result<ExitCode> {
         ),
         SpaceCommand::List { json } => (Request::SpaceList, *json),
     };
-    let data = match admin::call(&dir, &req).await? {
+    let data = match super::admin_call(&dir, &req).await? {
         Some(data) => data,
         // Stopped: the spaces it served last are what it serves at the next start.
         None if matches!(args.command, SpaceCommand::List { .. }) => {

@@ -19,6 +19,10 @@ pub struct StatusArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Wait until the appliance is running and healthy, at most SECS (30 when no value is
+    /// given), then answer as without it: for scripts that start `cotald up &` and go on.
+    #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "30")]
+    wait: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -34,24 +38,14 @@ struct Report {
 
 pub(super) async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let dir = args.data_dir.resolve()?;
-    let running = dir.is_locked()?;
-    let state = if running { dir.read_state()? } else { None };
-    let (healthy, reported_version) = match &state {
-        Some(s) => {
-            let alive = process_alive(s.broker_pid);
-            (
-                alive && monitor::healthy(s.monitor).await,
-                monitor::version(s.monitor).await,
-            )
+    let deadline =
+        tokio::time::Instant::now() + std::time::Duration::from_secs(args.wait.unwrap_or(0));
+    let report = loop {
+        let report = report(&dir).await?;
+        if (report.running && report.healthy) || tokio::time::Instant::now() >= deadline {
+            break report;
         }
-        None => (false, None),
-    };
-    let report = Report {
-        running,
-        healthy,
-        data_dir: dir.root().display().to_string(),
-        state,
-        reported_version,
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     };
     let printed = if args.json {
         let doc = serde_json::to_string_pretty(&report)?;
@@ -65,6 +59,29 @@ pub(super) async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         _ if report.running && report.healthy => Ok(ExitCode::SUCCESS),
         _ => Ok(ExitCode::FAILURE),
     }
+}
+
+/// What the data dir says of its appliance, and what its broker says of itself.
+async fn report(dir: &crate::datadir::DataDir) -> anyhow::Result<Report> {
+    let running = dir.is_locked()?;
+    let state = if running { dir.read_state()? } else { None };
+    let (healthy, reported_version) = match &state {
+        Some(s) => {
+            let alive = process_alive(s.broker_pid);
+            (
+                alive && monitor::healthy(s.monitor).await,
+                monitor::version(s.monitor).await,
+            )
+        }
+        None => (false, None),
+    };
+    Ok(Report {
+        running,
+        healthy,
+        data_dir: dir.root().display().to_string(),
+        state,
+        reported_version,
+    })
 }
 
 fn print_text(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {

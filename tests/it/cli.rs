@@ -795,3 +795,38 @@ async fn the_readme_quickstart_runs_as_written() {
     }
     c.stop().await;
 }
+
+/// The Quickstart pasted as a block: `cotald up &`, then at once `cotald send` and `cotald
+/// status --wait`. Each waits for the appliance that is starting (with a note) instead of
+/// saying that none is running.
+#[tokio::test]
+async fn commands_right_after_up_wait_for_it_to_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::spawn(tmp.path(), &[]);
+    let (send, status) = tokio::join!(
+        crate::helper::cotald_in(tmp.path(), &["send", "--channel", "general", "right away"]),
+        crate::helper::cotald_in(tmp.path(), &["status", "--wait"]),
+    );
+    let said = |o: &Output| {
+        format!(
+            "stdout: {}\nstderr: {}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    assert!(send.status.success(), "{}", said(&send));
+    assert!(
+        String::from_utf8_lossy(&send.stdout).contains("sent "),
+        "{}",
+        said(&send)
+    );
+    assert!(status.status.success(), "{}", said(&status));
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains("broker healthy"),
+        "{}",
+        said(&status)
+    );
+    let mut c = c;
+    c.wait_stdout("cotald is ready").await;
+    c.stop().await;
+}
