@@ -47,10 +47,10 @@ async fn bench_reports_each_case_beside_its_baseline() {
             "default_profile_latency_p50",
             "default_profile_latency_p99",
             "dm_throughput",
-            "dm_throughput_sync_always",
             "durable_fanout_online_1",
             "durable_fanout_online_10",
             "durable_fanout_online_50",
+            "dm_throughput_sync_always",
         ]
     );
     for r in report["results"].as_array().unwrap() {
