@@ -34,6 +34,10 @@
 //!
 //! **Only for members that are there.** Nothing is pulled for a member without a session: a
 //! session starts with the member's `resume` and ends when its heartbeats stop.
+//!
+//! **Batched for members that are following.** A pump that has caught up waits [`LINGER`]
+//! before it reads on, so a member online on a busy channel gets its durable copies (the net
+//! under the live copies it already surfaced) a batch at a time, not one per message.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -69,6 +73,13 @@ pub const HANDOFF_TIMEOUT: Duration = Duration::from_secs(30);
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Pull batch size.
 const BATCH: usize = 256;
+/// How long a pump that has caught up waits before it takes what arrived meanwhile. A member
+/// with a session is online and surfaces each message from its live copy; its durable copy is
+/// the net under that, and read one message at a time it cost the appliance a pull, a handoff
+/// and two acks per message per online member. Waiting lets the copies of a fraction of a
+/// second go out in one batch (`docs/benchmarks.md`, *The default path at team scale*). A
+/// catch-up is not slowed: its batches are full, and only a short one waits.
+const LINGER: Duration = Duration::from_millis(200);
 
 /// Why the reader could not do something for a member.
 #[derive(Debug, thiserror::Error)]
@@ -686,6 +697,7 @@ impl Pump {
                     next = ready.next() => next,
                 };
                 let Some(entries) = next else { break };
+                let caught_up = entries.len() < BATCH;
                 let mut batch = Batch::default();
                 let mut finished = false;
                 for entry in entries {
@@ -704,6 +716,14 @@ impl Pump {
                 self.hand_over(batch).await;
                 if finished {
                     return;
+                }
+                // Caught up: the member is following live, so its durable copies are a safety
+                // net that can wait to be read in a batch (see LINGER).
+                if caught_up {
+                    tokio::select! {
+                        () = token.cancelled() => return,
+                        () = tokio::time::sleep(LINGER) => {}
+                    }
                 }
             }
         }

@@ -815,3 +815,69 @@ async fn join_tail_and_leave_from_the_command_line() {
     a.client.close().await;
     c.stop().await;
 }
+
+/// Ten durable members online while one posts: one of them drops in the middle of the traffic
+/// and comes back on a new connection. It still surfaces every message published while it was
+/// away (from its durable backlog) and after, and the nine others surface everything.
+#[tokio::test]
+async fn with_ten_members_online_one_that_drops_and_returns_misses_nothing() {
+    use std::collections::HashSet;
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    let mut members = Vec::new();
+    for i in 0..10 {
+        let m = mint(
+            tmp.path(),
+            &format!("m{i}"),
+            "main",
+            &["--subscribe", "general"],
+        )
+        .await;
+        let conn = endpoint(&m, |_| {}).await;
+        let report = conn.client.join("general", Replay::Off).await.unwrap();
+        assert_eq!(report.durable, DurableState::Established, "{report:?}");
+        members.push((m, conn));
+    }
+    let (dropper, mut first) = members.remove(0);
+    // The nine others read everything, live or durable, each text counted once.
+    let others: Vec<_> = members
+        .into_iter()
+        .map(|(_, mut conn)| {
+            tokio::spawn(async move {
+                let mut seen = HashSet::new();
+                while seen.len() < 300 {
+                    let d = delivery(&mut conn.deliveries).await;
+                    seen.insert(text(&d));
+                    d.ack().await.unwrap();
+                }
+                conn.client.close().await;
+                seen.len()
+            })
+        })
+        .collect();
+    let until_seen = async |conn: &mut Connection, want: &[String]| {
+        let mut missing: HashSet<&String> = want.iter().collect();
+        while !missing.is_empty() {
+            let d = delivery(&mut conn.deliveries).await;
+            missing.remove(&text(&d));
+            d.ack().await.unwrap();
+        }
+    };
+    let before = publish(&a, "general", "m", 0..100).await;
+    until_seen(&mut first, &before).await;
+    first.client.close().await;
+    let away = publish(&a, "general", "m", 100..200).await;
+    let mut back = endpoint(&dropper, |_| {}).await;
+    let after = publish(&a, "general", "m", 200..300).await;
+    let mut want = away.clone();
+    want.extend(after);
+    until_seen(&mut back, &want).await;
+    for other in others {
+        assert_eq!(other.await.unwrap(), 300);
+    }
+    back.client.close().await;
+    a.client.close().await;
+    c.stop().await;
+}
