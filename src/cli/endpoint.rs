@@ -426,6 +426,19 @@ pub(super) async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
             ),
         },
     };
+    // The warden discards tasks for a role no agent of the space holds (§8 TASK): where the
+    // identities are known, such a task is refused before it is sent, not sent to be lost.
+    if let Route::Service(role) = route
+        && endpoint.local.is_some()
+        && !endpoint.minted().iter().any(|r| {
+            r.profile == crate::ops::CredentialProfile::Agent && r.role.as_deref() == Some(role)
+        })
+    {
+        bail!(
+            "no agent of this space holds role {role}, so a task for it would be discarded; mint \
+             one with `cotald mint NAME --role {role}` before sending tasks to it"
+        );
+    }
     let needs_roster = !args.mentions.is_empty()
         || match route {
             Route::Channel(_) => false,
@@ -471,23 +484,10 @@ pub(super) async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
         }
         _ => None,
     };
-    // The warden discards tasks for a role no agent of the space holds (§8 TASK): say so
-    // where the identities are known, rather than promise a queue.
-    let nobody_minted = unheld.is_some_and(|role| {
-        endpoint.local.is_some()
-            && !endpoint.minted().iter().any(|r| {
-                r.profile == crate::ops::CredentialProfile::Agent && r.role.as_deref() == Some(role)
-            })
-    });
     conn.client.clone().close().await;
     let (message, seq) = sent?;
     super::stdout(|out| writeln!(out, "sent {} (stream sequence {seq})", message.id))?;
-    if let Some(role) = unheld.filter(|_| nobody_minted) {
-        eprintln!(
-            "warning: no agent of this space holds role {role}, so the task will be discarded; \
-             mint one with `cotald mint NAME --role {role}` before sending tasks to it"
-        );
-    } else if let Some(role) = unheld {
+    if let Some(role) = unheld {
         eprintln!(
             "warning: nobody holding role {role} is online; the task is queued and goes to the \
              first holder that connects"

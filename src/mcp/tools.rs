@@ -160,6 +160,7 @@ impl CotalServer {
         Ok(Json(Sent {
             id: message.id,
             sequence,
+            warning: None,
         }))
     }
 
@@ -182,6 +183,9 @@ pub struct Sent {
     id: String,
     /// Its position in the space's stream (the broker stored it).
     sequence: u64,
+    /// Something to know before waiting for an answer (an anycast nobody online can take).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warning: Option<String>,
 }
 
 // ----- arguments -----
@@ -709,8 +713,22 @@ impl CotalServer {
         &self,
         Parameters(args): Parameters<AnycastArgs>,
     ) -> Result<Json<Sent>, String> {
+        let role = args.role.clone();
         let message = self.draft(Routing::to_service(args.role), args.text, args.reply_to);
-        self.publish(message, "anycast").await
+        let mut sent = self.publish(message, "anycast").await?;
+        let _ = tokio::time::timeout(ROSTER_LOAD, self.client.roster().loaded()).await;
+        let online = self.client.roster().peers().values().any(|p| {
+            p.presence.card.role.as_deref() == Some(role.as_str())
+                && p.status() != crate::protocol::PresenceStatus::Offline
+        });
+        if !online {
+            sent.0.warning = Some(format!(
+                "nobody holding role {role} is online: the task waits for the first holder that \
+                 connects (and is discarded if no agent of the space holds the role), so an \
+                 answer may not come soon"
+            ));
+        }
+        Ok(sent)
     }
 
     /// Read what arrived for you since the last call, oldest first: channel messages, direct

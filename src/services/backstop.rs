@@ -78,7 +78,8 @@ const BATCH: usize = 256;
 /// the net under that, and read one message at a time it cost the appliance a pull, a handoff
 /// and two acks per message per online member. Waiting lets the copies of a fraction of a
 /// second go out in one batch (`docs/benchmarks.md`, *The default path at team scale*). A
-/// catch-up is not slowed: its batches are full, and only a short one waits.
+/// catch-up is not slowed: a pump waits only when the broker says nothing is pending after the
+/// last entry it got.
 const LINGER: Duration = Duration::from_millis(200);
 
 /// Why the reader could not do something for a member.
@@ -697,7 +698,12 @@ impl Pump {
                     next = ready.next() => next,
                 };
                 let Some(entries) = next else { break };
-                let caught_up = entries.len() < BATCH;
+                // Caught up: the broker says nothing more is pending after the last entry.
+                let caught_up = entries
+                    .last()
+                    .and_then(|e| e.as_ref().ok())
+                    .and_then(|m| m.info().ok())
+                    .is_some_and(|info| info.pending == 0);
                 let mut batch = Batch::default();
                 let mut finished = false;
                 for entry in entries {

@@ -309,13 +309,27 @@ async fn two_agents_exchange_a_channel_message_a_dm_by_name_and_an_anycast_task(
         "returned once: {after}"
     );
 
-    // An anycast task to the role bob holds.
-    call(
+    // An anycast task to the role bob holds (online: no warning), and one to a role nobody
+    // online holds (a warning before the agent waits for an answer that may not come).
+    let sent = call(
         &a,
         "cotal_anycast",
         json!({"role": "reviewer", "text": "please review PR 7"}),
     )
     .await;
+    assert!(sent.get("warning").is_none(), "{sent}");
+    let sent = call(
+        &a,
+        "cotal_anycast",
+        json!({"role": "deployer", "text": "please deploy"}),
+    )
+    .await;
+    assert!(
+        sent["warning"]
+            .as_str()
+            .is_some_and(|w| w.contains("nobody holding role deployer is online")),
+        "{sent}"
+    );
     let (task, _) = inbox_until(&b, |m| text(m) == "please review PR 7").await;
     assert_eq!(task["kind"], "anycast");
     assert_eq!(task["role"], "reviewer");
