@@ -129,7 +129,13 @@ fn load(dir: &Path, name: &str) -> anyhow::Result<SavedContext> {
         }
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
     };
-    serde_json::from_str(&text).with_context(|| format!("{} is malformed", path.display()))
+    serde_json::from_str(&text).with_context(|| {
+        format!(
+            "context `{name}` ({}) is malformed; remove it with `cotald context rm {name}` and \
+             add it again",
+            path.display()
+        )
+    })
 }
 
 /// The names of the saved contexts, sorted.
@@ -232,20 +238,25 @@ pub(super) async fn run(args: ContextArgs) -> anyhow::Result<ExitCode> {
         }
         ContextCommand::Ls { json } => {
             let current = current(&dir);
+            // A context that cannot be read is listed as broken, with why, not a failure of
+            // the whole listing (`context rm` removes it).
             let mut rows = Vec::new();
             for name in names(&dir) {
-                let saved = load(&dir, &name)?;
+                let saved = load(&dir, &name).map_err(|e| format!("{e:#}"));
                 rows.push((current.as_deref() == Some(name.as_str()), name, saved));
             }
             super::stdout(|out| {
                 if json {
                     let doc: Vec<serde_json::Value> = rows
                         .iter()
-                        .map(|(current, name, c)| {
-                            serde_json::json!({
+                        .map(|(current, name, c)| match c {
+                            Ok(c) => serde_json::json!({
                                 "name": name, "link": c.link, "creds": c.creds,
                                 "ca": c.ca, "current": current,
-                            })
+                            }),
+                            Err(broken) => serde_json::json!({
+                                "name": name, "broken": broken, "current": current,
+                            }),
                         })
                         .collect();
                     writeln!(out, "{}", serde_json::Value::from(doc))
@@ -258,22 +269,43 @@ pub(super) async fn run(args: ContextArgs) -> anyhow::Result<ExitCode> {
                         )?;
                     }
                     for (current, name, c) in &rows {
-                        writeln!(
-                            out,
-                            "{} {name}  {}  {}",
-                            if *current { "*" } else { " " },
-                            c.link,
-                            c.creds.display()
-                        )?;
+                        let mark = if *current { "*" } else { " " };
+                        match c {
+                            Ok(c) => {
+                                writeln!(out, "{mark} {name}  {}  {}", c.link, c.creds.display())?
+                            }
+                            Err(broken) => writeln!(
+                                out,
+                                "{mark} {name}  BROKEN: {broken} (remove it with `cotald context \
+                                 rm {name}`)"
+                            )?,
+                        }
                     }
                     Ok(())
                 }
             })?;
         }
         ContextCommand::Rm { name } => {
-            load(&dir, &name)?;
-            std::fs::remove_file(context_path(&dir, &name))
-                .with_context(|| format!("cannot remove context {name}"))?;
+            // Removed whatever it holds: a malformed context is what one most wants gone.
+            validate(&name)?;
+            let path = context_path(&dir, &name);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    let known = names(&dir);
+                    bail!(
+                        "no context `{name}`{}",
+                        if known.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" (contexts: {})", known.join(", "))
+                        }
+                    );
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("cannot remove {}", path.display()));
+                }
+            }
             if current(&dir).as_deref() == Some(name.as_str()) {
                 let _ = std::fs::remove_file(current_path(&dir));
             }

@@ -83,6 +83,12 @@ pub(super) async fn run(args: MintArgs) -> anyhow::Result<ExitCode> {
     });
     let value = match super::admin_call(&dir, &req).await? {
         Some(value) => value,
+        // Nothing to mint from (and nothing is written there): no appliance ever ran here.
+        None if !dir.keys().is_dir() => bail!(
+            "no appliance was ever started on data dir {}: start one with `cotald up` (or give \
+             the data dir it uses with --data-dir)",
+            dir.root().display()
+        ),
         None => execute_offline(&dir, &req).map_err(|e| match e {
             DaemonError::DataDir(DataDirError::Locked { .. }) => anyhow::anyhow!(
                 "cotald is starting on {} (its admin socket is not open yet); retry in a moment",

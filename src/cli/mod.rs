@@ -219,7 +219,9 @@ pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
         Ok(code) => code,
         Err(e) if stdout_closed(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Each cause once: an error that already says its source's words is not followed
+            // by them again.
+            eprintln!("error: {}", crate::ops::error_text(e.as_ref()));
             ExitCode::FAILURE
         }
     }

@@ -310,7 +310,8 @@ pub struct StatusArgs {
     /// idle, working or waiting (unchanged when absent).
     #[serde(default)]
     status: Option<StatusWord>,
-    /// What you are doing, in a few words (an empty text clears it; unchanged when absent).
+    /// What you are doing, in a few words (an empty text clears it; unchanged when absent,
+    /// except that idle clears it).
     #[serde(default)]
     activity: Option<String>,
     /// open, dnd or focus (unchanged when absent).
@@ -957,6 +958,8 @@ impl CotalServer {
             let activity = match args.activity {
                 Some(a) if a.is_empty() => None,
                 Some(a) => Some(a),
+                // Idle is done with what it was doing: the activity goes with it.
+                None if matches!(args.status, Some(StatusWord::Idle)) => None,
                 None => now.activity,
             };
             self.client

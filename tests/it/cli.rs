@@ -257,6 +257,24 @@ async fn contexts_and_environment_variables_reach_a_remote_appliance() {
             ],
         )
         .await;
+    // A malformed context is listed as broken beside the good ones, and `rm` removes it.
+    std::fs::write(
+        remote.config.path().join("cotald/contexts/torn.json"),
+        "{\"link\":",
+    )
+    .unwrap();
+    let listed = remote.ok(&["context", "ls"]).await;
+    assert!(listed.contains("* work"), "{listed}");
+    assert!(
+        listed.contains("torn  BROKEN: context `torn`")
+            && listed.contains("cotald context rm torn"),
+        "{listed}"
+    );
+    assert_eq!(remote.json(&["context", "ls"]).await[0]["name"], "torn");
+    assert_eq!(
+        remote.ok(&["context", "rm", "torn"]).await.trim(),
+        "removed context torn"
+    );
     assert_eq!(
         remote.ok(&["context", "rm", "work"]).await.trim(),
         "removed context work"
@@ -585,6 +603,19 @@ async fn refusals_say_what_was_refused_and_the_fix() {
         &["this credential expired at ", "--replace"],
     )
     .await;
+
+    // A mint into a data dir no appliance ever used is refused, and leaves nothing there.
+    let wrong = tempfile::tempdir().unwrap();
+    cli.refused(
+        &["mint", "stray", "--data-dir", path(wrong.path())],
+        &["no appliance was ever started on data dir"],
+    )
+    .await;
+    assert_eq!(
+        std::fs::read_dir(wrong.path()).unwrap().count(),
+        0,
+        "nothing left behind"
+    );
 
     // A task for a role no agent holds would be discarded by the warden: it is refused.
     cli.refused(

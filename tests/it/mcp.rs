@@ -355,6 +355,13 @@ async fn two_agents_exchange_a_channel_message_a_dm_by_name_and_an_anycast_task(
     })
     .await
     .expect("alice's roster shows bob working");
+    // Done: idle clears what he was doing.
+    let status = call(&b, "cotal_status", json!({"status": "idle"})).await;
+    assert_eq!(status["status"], "idle");
+    assert!(
+        status.get("activity").is_none_or(|a| a.is_null()),
+        "{status}"
+    );
 
     // History, channels and the channel's config.
     let history = call(&a, "cotal_history", json!({"channel": "general"})).await;
