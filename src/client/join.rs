@@ -92,7 +92,8 @@ pub struct JoinReport {
     pub effective: EffectiveChannelConfig,
     /// The join watermark (CHAT last sequence once the subscription was confirmed).
     pub watermark: u64,
-    /// How many history messages were surfaced.
+    /// How many history messages were surfaced (none when a durable member resumed: its
+    /// backlog comes from the backstop instead).
     pub backfilled: usize,
     /// The durable half.
     pub durable: DurableState,
@@ -272,17 +273,27 @@ impl Client {
             }
         }));
         let effective = self.effective_config(&pattern).await?;
-        let backfilled = if replay == Replay::AsConfigured && effective.replay && watermark > 0 {
-            let start = match &effective.replay_window {
-                Some(window) => DeliverPolicy::ByStartTime {
-                    start_time: time::OffsetDateTime::now_utc() - window.duration(),
-                },
-                None => DeliverPolicy::All,
+        // A member coming back to a durable channel it never left resumes: its backlog comes
+        // from the backstop after what it acknowledged, so the history it read before is not
+        // surfaced again (an agent restarted by its host pays for nothing it has seen).
+        let resumes = replay == Replay::AsConfigured
+            && effective.replay
+            && watermark > 0
+            && effective.delivery_class == DeliveryClass::Durable
+            && pattern.is_concrete()
+            && self.open_membership(&key).await;
+        let backfilled =
+            if !resumes && replay == Replay::AsConfigured && effective.replay && watermark > 0 {
+                let start = match &effective.replay_window {
+                    Some(window) => DeliverPolicy::ByStartTime {
+                        start_time: time::OffsetDateTime::now_utc() - window.duration(),
+                    },
+                    None => DeliverPolicy::All,
+                };
+                self.backfill(&subject, watermark, start, watermark).await?
+            } else {
+                0
             };
-            self.backfill(&subject, watermark, start, watermark).await?
-        } else {
-            0
-        };
         let durable = match effective.delivery_class {
             DeliveryClass::Live => DurableState::NotApplicable,
             DeliveryClass::Durable if !pattern.is_concrete() => DurableState::Unavailable(
@@ -830,6 +841,17 @@ impl Client {
     }
 
     /// Asks the provisioner for durable membership with the join cursor (§7).
+    /// Whether this identity holds an open durable membership of `channel` (a failed lookup
+    /// says no: the history is then replayed, which costs duplicates, never a message).
+    async fn open_membership(&self, channel: &str) -> bool {
+        self.manager::<Vec<ops::Membership>>(&ops::Request::Memberships)
+            .await
+            .is_ok_and(|ms| {
+                ms.iter()
+                    .any(|m| m.channel == channel && m.leave_cursor.is_none())
+            })
+    }
+
     async fn durable_join(&self, channel: &str, cursor: u64) -> DurableState {
         let request = ops::Request::DurableJoin(ops::DurableJoin {
             channel: channel.to_owned(),

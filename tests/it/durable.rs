@@ -881,3 +881,58 @@ async fn with_ten_members_online_one_that_drops_and_returns_misses_nothing() {
     a.client.close().await;
     c.stop().await;
 }
+
+/// A durable member that comes back on a new connection (an agent restarted by its host) and
+/// joins again does not surface the history it read before: its backlog comes from the
+/// backstop after what it acknowledged, and the first thing it surfaces is new.
+#[tokio::test]
+async fn a_returning_member_does_not_replay_the_history_it_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    publish(&a, "general", "old", 0..5).await;
+
+    let mut first = endpoint(&bob, |_| {}).await;
+    let report = first
+        .client
+        .join("general", Replay::AsConfigured)
+        .await
+        .unwrap();
+    assert_eq!(report.durable, DurableState::Established, "{report:?}");
+    assert_eq!(report.backfilled, 5, "the first join reads the history");
+    for _ in 0..5 {
+        delivery(&mut first.deliveries).await.ack().await.unwrap();
+    }
+    publish(&a, "general", "live", 0..3).await;
+    for _ in 0..3 {
+        let d = delivery(&mut first.deliveries).await;
+        assert!(text(&d).starts_with("live"), "{d:?}");
+        d.ack().await.unwrap();
+    }
+    let js = operator(&c, tmp.path()).await;
+    drained(&js, &interval_consumer(&bob.id, "general", 1)).await;
+    first.client.close().await;
+
+    let mut again = endpoint(&bob, |_| {}).await;
+    let report = again
+        .client
+        .join("general", Replay::AsConfigured)
+        .await
+        .unwrap();
+    assert_eq!(report.durable, DurableState::Established, "{report:?}");
+    assert_eq!(report.backfilled, 0, "resumed: no history replayed");
+    let (new, _) = a.client.send_text(channel("general"), "new").await.unwrap();
+    let d = delivery(&mut again.deliveries).await;
+    assert_eq!(
+        d.message.id,
+        new.id,
+        "the first thing surfaced is new: {}",
+        text(&d)
+    );
+    for conn in [a, again] {
+        conn.client.close().await;
+    }
+    c.stop().await;
+}
