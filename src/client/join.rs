@@ -155,6 +155,10 @@ pub struct ChannelRegistry {
 pub enum Replay {
     /// As the channel's effective config says.
     AsConfigured,
+    /// As configured, except that a member of a durable channel it never left resumes: its
+    /// backlog comes from the backstop after what it acknowledged, and the history is not
+    /// read again (a new session of an agent that read it before: `cotald mcp`).
+    Resume,
     /// Never (noise control, e.g. `tail --no-history`).
     Off,
 }
@@ -276,24 +280,23 @@ impl Client {
         // A member coming back to a durable channel it never left resumes: its backlog comes
         // from the backstop after what it acknowledged, so the history it read before is not
         // surfaced again (an agent restarted by its host pays for nothing it has seen).
-        let resumes = replay == Replay::AsConfigured
+        let resumes = replay == Replay::Resume
             && effective.replay
             && watermark > 0
             && effective.delivery_class == DeliveryClass::Durable
             && pattern.is_concrete()
             && self.open_membership(&key).await;
-        let backfilled =
-            if !resumes && replay == Replay::AsConfigured && effective.replay && watermark > 0 {
-                let start = match &effective.replay_window {
-                    Some(window) => DeliverPolicy::ByStartTime {
-                        start_time: time::OffsetDateTime::now_utc() - window.duration(),
-                    },
-                    None => DeliverPolicy::All,
-                };
-                self.backfill(&subject, watermark, start, watermark).await?
-            } else {
-                0
+        let backfilled = if !resumes && replay != Replay::Off && effective.replay && watermark > 0 {
+            let start = match &effective.replay_window {
+                Some(window) => DeliverPolicy::ByStartTime {
+                    start_time: time::OffsetDateTime::now_utc() - window.duration(),
+                },
+                None => DeliverPolicy::All,
             };
+            self.backfill(&subject, watermark, start, watermark).await?
+        } else {
+            0
+        };
         let durable = match effective.delivery_class {
             DeliveryClass::Live => DurableState::NotApplicable,
             DeliveryClass::Durable if !pattern.is_concrete() => DurableState::Unavailable(

@@ -257,7 +257,7 @@ impl CotalServer {
         let server = self.clone();
         tokio::spawn(async move {
             for channel in channels {
-                let said = match server.client.join(&channel, Replay::AsConfigured).await {
+                let said = match server.client.join(&channel, Replay::Resume).await {
                     Ok(report) => report.summary(),
                     Err(e) => format!(
                         "could not join {channel}: {}",

@@ -865,7 +865,7 @@ impl CotalServer {
     ) -> Result<Json<MembershipView>, String> {
         let replay = match args.history {
             Some(false) => Replay::Off,
-            _ => Replay::AsConfigured,
+            _ => Replay::Resume,
         };
         let report = self
             .client

@@ -667,6 +667,27 @@ async fn deliver_subject_injection_is_rejected_by_the_receiver() {
     c.stop().await;
 }
 
+/// The first message one fetch from `consumer` brings, and its body.
+async fn first_fetched(
+    consumer: &async_nats::jetstream::consumer::PullConsumer,
+) -> (async_nats::jetstream::Message, serde_json::Value) {
+    use futures_util::StreamExt;
+    let mut batch = consumer
+        .fetch()
+        .max_messages(1)
+        .expires(std::time::Duration::from_secs(5))
+        .messages()
+        .await
+        .unwrap();
+    let msg = tokio::time::timeout(TIMEOUT, batch.next())
+        .await
+        .expect("a message within the timeout")
+        .expect("the fetch brings one")
+        .unwrap();
+    let body = serde_json::from_slice(&msg.payload).unwrap();
+    (msg, body)
+}
+
 /// A client that does only what Appendix B grants an agent, as clients written to it do (the
 /// TypeScript reference among them): KV watches of presence and of the channel registry
 /// through consumer creates, history through the pinned `chathist_<id>` create, its `dm_<id>`
@@ -675,7 +696,6 @@ async fn deliver_subject_injection_is_rejected_by_the_receiver() {
 async fn a_client_written_to_appendix_b_connects_watches_and_receives() {
     use async_nats::jetstream::consumer::{self, pull};
     use futures_util::StreamExt;
-    use std::time::Duration;
 
     let tmp = tempfile::tempdir().unwrap();
     let c = Cotald::up(tmp.path()).await;
@@ -752,19 +772,7 @@ async fn a_client_written_to_appendix_b_connects_watches_and_receives() {
         })
         .await
         .expect("the pinned history create");
-    let mut batch = reader
-        .fetch()
-        .max_messages(10)
-        .expires(Duration::from_secs(2))
-        .messages()
-        .await
-        .unwrap();
-    let msg = tokio::time::timeout(TIMEOUT, batch.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    let body: serde_json::Value = serde_json::from_slice(&msg.payload).unwrap();
+    let (_, body) = first_fetched(&reader).await;
     assert_eq!(body["id"], post.id.to_string());
     chat.delete_consumer(&history)
         .await
@@ -782,19 +790,7 @@ async fn a_client_written_to_appendix_b_connects_watches_and_receives() {
             .get_consumer(&durable)
             .await
             .unwrap_or_else(|e| panic!("binding {durable}: {e}"));
-        let mut batch = bound
-            .fetch()
-            .max_messages(1)
-            .expires(Duration::from_secs(5))
-            .messages()
-            .await
-            .unwrap();
-        let msg = tokio::time::timeout(TIMEOUT, batch.next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        let body: serde_json::Value = serde_json::from_slice(&msg.payload).unwrap();
+        let (msg, body) = first_fetched(&bound).await;
         assert_eq!(body["id"], id, "{durable}");
         msg.ack().await.unwrap();
     }

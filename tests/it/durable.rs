@@ -882,8 +882,8 @@ async fn with_ten_members_online_one_that_drops_and_returns_misses_nothing() {
     c.stop().await;
 }
 
-/// A durable member that comes back on a new connection (an agent restarted by its host) and
-/// joins again does not surface the history it read before: its backlog comes from the
+/// A durable member that comes back on a new connection (an agent restarted by its host;
+/// `cotald mcp` joins so) and joins again to resume does not surface the history it read before: its backlog comes from the
 /// backstop after what it acknowledged, and the first thing it surfaces is new.
 #[tokio::test]
 async fn a_returning_member_does_not_replay_the_history_it_read() {
@@ -916,11 +916,7 @@ async fn a_returning_member_does_not_replay_the_history_it_read() {
     first.client.close().await;
 
     let mut again = endpoint(&bob, |_| {}).await;
-    let report = again
-        .client
-        .join("general", Replay::AsConfigured)
-        .await
-        .unwrap();
+    let report = again.client.join("general", Replay::Resume).await.unwrap();
     assert_eq!(report.durable, DurableState::Established, "{report:?}");
     assert_eq!(report.backfilled, 0, "resumed: no history replayed");
     let (new, _) = a.client.send_text(channel("general"), "new").await.unwrap();
