@@ -236,55 +236,7 @@ pub(super) async fn run(args: ContextArgs) -> anyhow::Result<ExitCode> {
             files::write_atomic(&current_path(&dir), name.as_bytes(), 0o600)?;
             super::stdout(|out| writeln!(out, "using context {name}"))?;
         }
-        ContextCommand::Ls { json } => {
-            let current = current(&dir);
-            // A context that cannot be read is listed as broken, with why, not a failure of
-            // the whole listing (`context rm` removes it).
-            let mut rows = Vec::new();
-            for name in names(&dir) {
-                let saved = load(&dir, &name).map_err(|e| format!("{e:#}"));
-                rows.push((current.as_deref() == Some(name.as_str()), name, saved));
-            }
-            super::stdout(|out| {
-                if json {
-                    let doc: Vec<serde_json::Value> = rows
-                        .iter()
-                        .map(|(current, name, c)| match c {
-                            Ok(c) => serde_json::json!({
-                                "name": name, "link": c.link, "creds": c.creds,
-                                "ca": c.ca, "current": current,
-                            }),
-                            Err(broken) => serde_json::json!({
-                                "name": name, "broken": broken, "current": current,
-                            }),
-                        })
-                        .collect();
-                    writeln!(out, "{}", serde_json::Value::from(doc))
-                } else {
-                    if rows.is_empty() {
-                        writeln!(
-                            out,
-                            "no contexts; save one with `cotald context add NAME --link LINK \
-                             --creds FILE --ca CA`"
-                        )?;
-                    }
-                    for (current, name, c) in &rows {
-                        let mark = if *current { "*" } else { " " };
-                        match c {
-                            Ok(c) => {
-                                writeln!(out, "{mark} {name}  {}  {}", c.link, c.creds.display())?
-                            }
-                            Err(broken) => writeln!(
-                                out,
-                                "{mark} {name}  BROKEN: {broken} (remove it with `cotald context \
-                                 rm {name}`)"
-                            )?,
-                        }
-                    }
-                    Ok(())
-                }
-            })?;
-        }
+        ContextCommand::Ls { json } => list(&dir, json)?,
         ContextCommand::Rm { name } => {
             // Removed whatever it holds: a malformed context is what one most wants gone.
             validate(&name)?;
@@ -317,4 +269,54 @@ pub(super) async fn run(args: ContextArgs) -> anyhow::Result<ExitCode> {
 
 fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
     std::path::absolute(path).with_context(|| format!("cannot resolve {}", path.display()))
+}
+
+/// `context ls`: every saved context, a broken one marked with why.
+fn list(dir: &Path, json: bool) -> anyhow::Result<()> {
+    let current = current(dir);
+    // A context that cannot be read is listed as broken, with why, not a failure of
+    // the whole listing (`context rm` removes it).
+    let mut rows = Vec::new();
+    for name in names(dir) {
+        let saved = load(dir, &name).map_err(|e| format!("{e:#}"));
+        rows.push((current.as_deref() == Some(name.as_str()), name, saved));
+    }
+    super::stdout(|out| {
+        if json {
+            let doc: Vec<serde_json::Value> = rows
+                .iter()
+                .map(|(current, name, c)| match c {
+                    Ok(c) => serde_json::json!({
+                        "name": name, "link": c.link, "creds": c.creds,
+                        "ca": c.ca, "current": current,
+                    }),
+                    Err(broken) => serde_json::json!({
+                        "name": name, "broken": broken, "current": current,
+                    }),
+                })
+                .collect();
+            writeln!(out, "{}", serde_json::Value::from(doc))
+        } else {
+            if rows.is_empty() {
+                writeln!(
+                    out,
+                    "no contexts; save one with `cotald context add NAME --link LINK \
+                     --creds FILE --ca CA`"
+                )?;
+            }
+            for (current, name, c) in &rows {
+                let mark = if *current { "*" } else { " " };
+                match c {
+                    Ok(c) => writeln!(out, "{mark} {name}  {}  {}", c.link, c.creds.display())?,
+                    Err(broken) => writeln!(
+                        out,
+                        "{mark} {name}  BROKEN: {broken} (remove it with `cotald context \
+                         rm {name}`)"
+                    )?,
+                }
+            }
+            Ok(())
+        }
+    })?;
+    Ok(())
 }
