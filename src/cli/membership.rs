@@ -8,11 +8,13 @@
 
 use std::process::ExitCode;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::Args;
 
 use super::endpoint::EndpointArgs;
-use crate::client::{Client, DurableState, Replay};
+use crate::binding::{Creds, SpaceNames};
+use crate::client::{Client, ConnectOptions, DurableState, JoinError, Replay};
+use crate::mcp::Grants;
 
 /// Options of `cotald join`.
 #[derive(Debug, Args)]
@@ -37,10 +39,22 @@ pub(super) async fn join(args: JoinArgs) -> anyhow::Result<ExitCode> {
     let mut opts = args.endpoint.options()?;
     opts.receive_dms = false;
     opts.receive_backstop = false;
+    let readable = readable_channels(&opts);
     let conn = Client::connect(opts).await?;
     let joined = conn.client.join(&args.channel, Replay::Off).await;
     conn.client.clone().close().await;
-    let report = joined.with_context(|| format!("cannot join {}", args.channel))?;
+    let report = match joined {
+        Err(e @ JoinError::Refused { .. }) => bail!(
+            "cannot join {}: {e}; this credential may read {}",
+            args.channel,
+            if readable.is_empty() {
+                "no channel".to_owned()
+            } else {
+                readable.join(", ")
+            }
+        ),
+        joined => joined.with_context(|| format!("cannot join {}", args.channel))?,
+    };
     println!("{}", report.summary());
     Ok(match report.durable {
         DurableState::Established | DurableState::NotApplicable => ExitCode::SUCCESS,
@@ -64,4 +78,14 @@ pub(super) async fn leave(args: LeaveArgs) -> anyhow::Result<ExitCode> {
         membership.leave_cursor.unwrap_or(membership.join_cursor)
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The channels the credential of `opts` may read (its `allowSubscribe`, as its grants say);
+/// empty when they cannot be read from it.
+fn readable_channels(opts: &ConnectOptions) -> Vec<String> {
+    let names = SpaceNames::new(opts.link.space());
+    Creds::parse(&opts.creds)
+        .and_then(|c| c.claims())
+        .map(|claims| Grants::of(&claims.permissions, &names, &claims.subject).read)
+        .unwrap_or_default()
 }

@@ -604,6 +604,13 @@ async fn refusals_say_what_was_refused_and_the_fix() {
     )
     .await;
 
+    // A join outside the read ACL names the channels the credential may read.
+    cli.refused(
+        &["join", "random", "--as", "reader"],
+        &["cannot join random", "this credential may read general"],
+    )
+    .await;
+
     // A mint into a data dir no appliance ever used is refused, and leaves nothing there.
     let wrong = tempfile::tempdir().unwrap();
     cli.refused(
