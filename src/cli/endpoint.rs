@@ -402,6 +402,10 @@ pub struct SendArgs {
     /// Mention a peer by name or id (repeatable).
     #[arg(long = "mention", value_name = "NAME|ID")]
     mentions: Vec<String>,
+    /// Post to a --channel that has no config and no messages yet, creating it (without it
+    /// such a post is refused as a likely typo, naming the closest channel).
+    #[arg(long)]
+    new: bool,
     /// The text to send.
     text: String,
 }
@@ -452,6 +456,14 @@ pub(super) async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
     opts.receive_backstop = false;
     let conn = Client::connect(opts).await?;
     let sent = async {
+        // Only a channel typed on the command line may be a typo (the link's is the
+        // appliance's own default).
+        if let Route::Channel(c) = &route
+            && args.channel.is_some()
+            && !args.new
+        {
+            unknown_channel_refused(&conn.client, c).await?;
+        }
         let routing = match &route {
             Route::Channel(c) => Routing::channel(c),
             Route::To(to) => {
@@ -494,6 +506,53 @@ pub(super) async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses a post to `channel` when the space knows nothing of it (no config, no message): a
+/// typo would otherwise create a channel that shows everywhere. A failed look-up refuses
+/// nothing.
+async fn unknown_channel_refused(client: &Client, channel: &Channel) -> anyhow::Result<()> {
+    let Ok(known) = client.channels().await else {
+        return Ok(());
+    };
+    if known.iter().any(|c| &c.channel == channel) {
+        return Ok(());
+    }
+    let closest = known
+        .iter()
+        .map(|c| {
+            (
+                edit_distance(c.channel.as_str(), channel.as_str()),
+                c.channel.as_str(),
+            )
+        })
+        .filter(|(d, _)| *d <= 2)
+        .min();
+    let hint = match closest {
+        Some((_, name)) => format!("did you mean `{name}`? "),
+        None => String::new(),
+    };
+    bail!(
+        "channel `{channel}` has no config and no messages yet: {hint}pass --new to create it by \
+         posting (`cotald channels` lists the channels)",
+        channel = channel.as_str()
+    )
+}
+
+/// The Levenshtein distance of `a` and `b`, in characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut previous = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substitution = previous + usize::from(ca != *cb);
+            previous = row[j + 1];
+            row[j + 1] = substitution.min(row[j] + 1).min(previous + 1);
+        }
+    }
+    row[b.len()]
 }
 
 /// Options of `cotald tail`.
@@ -720,6 +779,15 @@ fn escaped_on_terminal(c: char) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn edit_distance_counts_characters() {
+        assert_eq!(edit_distance("general", "generl"), 1);
+        assert_eq!(edit_distance("general", "general"), 0);
+        assert_eq!(edit_distance("team.backend", "team.frontend"), 5);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("é", "e"), 1);
+    }
 
     #[test]
     fn controls_from_the_wire_are_shown_not_obeyed() {

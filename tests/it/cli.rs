@@ -604,6 +604,19 @@ async fn refusals_say_what_was_refused_and_the_fix() {
     )
     .await;
 
+    // A post to a channel nobody made is taken for a typo; --new creates it.
+    cli.refused(
+        &["send", "--channel", "generl", "x"],
+        &[
+            "channel `generl` has no config and no messages yet",
+            "did you mean `general`?",
+            "--new",
+        ],
+    )
+    .await;
+    cli.ok(&["send", "--channel", "generl", "--new", "x"]).await;
+    cli.ok(&["send", "--channel", "generl", "again"]).await;
+
     // A join outside the read ACL names the channels the credential may read.
     cli.refused(
         &["join", "random", "--as", "reader"],
