@@ -1075,6 +1075,21 @@ async fn fan_member(mut conn: Connection, surfaced: Arc<Surfaced>, stop: Cancell
     conn.client.close().await;
 }
 
+/// The `i`th fan-out member, minted, connected and joined to both channels.
+async fn fan_member_joined(bench: &Bench, i: usize) -> anyhow::Result<Connection> {
+    let m = bench
+        .mint(
+            &format!("bench-fan-member{i}"),
+            json!({"subscribe": [CH_FAN_DURABLE, CH_FAN_LIVE]}),
+        )
+        .await?;
+    let conn = bench.connect(&m, |_| {}).await?;
+    for ch in [CH_FAN_DURABLE, CH_FAN_LIVE] {
+        bounded("join", conn.client.join(ch, Replay::Off)).await??;
+    }
+    Ok(conn)
+}
+
 /// Pending and unacknowledged entries of the trusted reader's consumers on CHAT (`bk_…`): 0
 /// once every durable copy is acknowledged.
 async fn backstop_pending(raw: &async_nats::Client) -> anyhow::Result<u64> {
@@ -1114,16 +1129,7 @@ async fn durable_fanout(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseR
     let mut results = Vec::new();
     for online in FAN_MEMBERS {
         while tasks.len() < online {
-            let m = bench
-                .mint(
-                    &format!("bench-fan-member{}", tasks.len()),
-                    json!({"subscribe": [CH_FAN_DURABLE, CH_FAN_LIVE]}),
-                )
-                .await?;
-            let conn = bench.connect(&m, |_| {}).await?;
-            for ch in [CH_FAN_DURABLE, CH_FAN_LIVE] {
-                bounded("join", conn.client.join(ch, Replay::Off)).await??;
-            }
+            let conn = fan_member_joined(bench, tasks.len()).await?;
             tasks.push(tokio::spawn(fan_member(
                 conn,
                 surfaced.clone(),
