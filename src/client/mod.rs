@@ -8,7 +8,7 @@
 //!
 //! | spec | where |
 //! | --- | --- |
-//! | §2 adopt the credential's id; inbox `_INBOX_<id>` (§10) | [`connect`] |
+//! | §2 adopt the credential's id; inbox `_INBOX_<id>` (§10) | `connect` |
 //! | §6 heartbeat, roster | [`presence`] |
 //! | §7 join/leave, watermark, replay, durable membership | [`join`] |
 //! | §7 the channels: registry, effective config, activity | [`ChannelInfo`] |

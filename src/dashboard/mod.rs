@@ -17,13 +17,13 @@
 //! and redirects to the same page without it. No token: 401; a wrong one: 403. Every response
 //! sets a strict Content-Security-Policy (only the dashboard's own script and style),
 //! `X-Content-Type-Options: nosniff` and no referrer, and every string from the wire is
-//! escaped ([`pages::esc`]). It listens on loopback unless the profile says otherwise.
+//! escaped (`pages::esc`). It listens on loopback unless the profile says otherwise.
 //!
 //! # How it is built
 //!
 //! A service of the appliance's [`ServiceSet`](crate::services::ServiceSet) (like the admin
 //! socket): it owns its listener and the observers, and stops when its context is cancelled.
-//! HTTP/1.1 is a small strict parser over `tokio::net::TcpListener` ([`http`]): the
+//! HTTP/1.1 is a small strict parser over `tokio::net::TcpListener` (`http`): the
 //! dashboard serves a handful of GETs to one browser, which needs no HTTP stack. Pages are
 //! rendered on the server; the feed follows a server-sent event stream whose events are
 //! rendered the same way. HTML, CSS and JS are compiled into the binary.

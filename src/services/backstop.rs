@@ -35,7 +35,7 @@
 //! **Only for members that are there.** Nothing is pulled for a member without a session: a
 //! session starts with the member's `resume` and ends when its heartbeats stop.
 //!
-//! **Batched for members that are following.** A pump that has caught up waits [`LINGER`]
+//! **Batched for members that are following.** A pump that has caught up waits `LINGER`
 //! before it reads on, so a member online on a busy channel gets its durable copies (the net
 //! under the live copies it already surfaced) a batch at a time, not one per message.
 

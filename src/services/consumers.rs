@@ -24,7 +24,7 @@
 //!   seen, until it has created none for [`HOLD_QUIET`]. Those it kept are left alone, so its
 //!   watches go on;
 //! - the identity is told why on its inbox ([`guard_notice`]), with the figures, at most once
-//!   per [`NOTICE_EVERY`], and the log says it once per hold;
+//!   per `NOTICE_EVERY`, and the log says it once per hold;
 //! - only minted identities are bounded; the appliance's own users (its provisioner, the
 //!   machine operator, the dashboard) are not.
 //!

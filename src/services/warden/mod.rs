@@ -3,13 +3,13 @@
 //! Why each mechanism, and what was rejected: `docs/design-notes.md`, *Fairness*.
 //!
 //! The broker bounds each pair: DM keeps at most [`DM_MAX_MSGS_PER_PAIR`] per (target, sender)
-//! and TASK [`TASK_MAX_MSGS_PER_PAIR`] per (role, sender), refusing one more to its sender and
+//! and TASK [`TASK_MAX_MSGS_PER_PAIR`](crate::binding::streams::TASK_MAX_MSGS_PER_PAIR) per (role, sender), refusing one more to its sender and
 //! never evicting anything older (`binding/streams.rs`). What the broker cannot bound is how
 //! many pairs a sender opens: Appendix B lets an agent publish `inst.<anything>.<id>` and
 //! `svc.<anything>.<id>`, and a target that does not exist never reads. The warden closes that:
 //! - a DM to a target that is no minted, unrevoked agent (only agents have a `dm_<id>` to read
 //!   it with) is purged as soon as it is seen (a flood to one such target, once per
-//!   [`PURGE_BATCH`]), and so is a task to a role no such agent holds;
+//!   `PURGE_BATCH`), and so is a task to a role no such agent holds;
 //! - a pair that fills up is trimmed of the DMs its target has already read (below the ack
 //!   floor of `dm_<target>`; DM keeps read messages for history), so the pair bound counts what
 //!   waits unread, not what was said in the retention window; and when DM as a whole is nearly
@@ -23,7 +23,7 @@
 //!
 //! It sees each publish on a core subscription (refused ones too, which is how a full pair is
 //! noticed), every DM that DM stores on a headers-only ordered consumer (sequence and size: the
-//! [`ledger`] of unread bytes per sender; TASK, a work queue, admits no such consumer, so a
+//! `ledger` of unread bytes per sender; TASK, a work queue, admits no such consumer, so a
 //! sender's tasks are measured from the stream's per-subject counts), and sweeps the streams'
 //! subjects when it starts and every [`SWEEP_INTERVAL`], which catches what was stored while it
 //! was not running and identities revoked since.
