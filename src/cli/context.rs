@@ -109,24 +109,27 @@ fn validate(name: &str) -> anyhow::Result<()> {
     crate::space::identity::validate_name(name).map_err(|e| anyhow::anyhow!("context {e}"))
 }
 
+/// There is no context `name`: say which there are, and how to make one.
+fn no_such(dir: &Path, name: &str) -> anyhow::Error {
+    let known = names(dir);
+    anyhow::anyhow!(
+        "no context named `{name}`{}; save one with `cotald context add {name} --link LINK \
+         --creds FILE --ca CA`",
+        if known.is_empty() {
+            String::new()
+        } else {
+            format!(" (known: {})", known.join(", "))
+        }
+    )
+}
+
 /// Reads the context named `name`.
 fn load(dir: &Path, name: &str) -> anyhow::Result<SavedContext> {
     validate(name)?;
     let path = context_path(dir, name);
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let known = names(dir);
-            bail!(
-                "no context named `{name}`{}; save one with `cotald context add {name} --link \
-                 LINK --creds FILE --ca CA`",
-                if known.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (known: {})", known.join(", "))
-                }
-            )
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(no_such(dir, name)),
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
     };
     serde_json::from_str(&text).with_context(|| {
@@ -244,15 +247,7 @@ pub(super) async fn run(args: ContextArgs) -> anyhow::Result<ExitCode> {
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    let known = names(&dir);
-                    bail!(
-                        "no context `{name}`{}",
-                        if known.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" (contexts: {})", known.join(", "))
-                        }
-                    );
+                    return Err(no_such(&dir, &name));
                 }
                 Err(e) => {
                     return Err(e).with_context(|| format!("cannot remove {}", path.display()));

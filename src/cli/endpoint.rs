@@ -378,10 +378,7 @@ async fn resolve_peer(
 /// Whether an instance holding `role` is online (§6: the card's role, the liveness rule).
 async fn role_held(client: &Client, role: &str) -> bool {
     let _ = tokio::time::timeout(ROSTER_WAIT, client.roster().loaded()).await;
-    client.roster().peers().values().any(|p| {
-        p.presence.card.role.as_deref() == Some(role)
-            && p.status() != crate::protocol::PresenceStatus::Offline
-    })
+    client.roster().role_online(role)
 }
 
 /// Options of `cotald send`.

@@ -286,7 +286,7 @@ fn install_tracing(verbose: u8, format: LogFormat, serving: bool) {
 
 /// How long a command waits for an appliance that is starting (its data dir locked, not ready
 /// yet) before it says none is running.
-pub const STARTING_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+const STARTING_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long it waits for an appliance to take its data dir at all: `cotald up &` followed at
 /// once by another command starts both processes together.
 const LOCK_GRACE: std::time::Duration = std::time::Duration::from_millis(500);

@@ -843,7 +843,6 @@ impl Client {
         }
     }
 
-    /// Asks the provisioner for durable membership with the join cursor (§7).
     /// Whether this identity holds an open durable membership of `channel` (a failed lookup
     /// says no: the history is then replayed, which costs duplicates, never a message).
     async fn open_membership(&self, channel: &str) -> bool {
@@ -855,6 +854,7 @@ impl Client {
             })
     }
 
+    /// Asks the provisioner for durable membership with the join cursor (§7).
     async fn durable_join(&self, channel: &str, cursor: u64) -> DurableState {
         let request = ops::Request::DurableJoin(ops::DurableJoin {
             channel: channel.to_owned(),

@@ -311,13 +311,7 @@ impl StoreLimit {
     /// The bound a JetStream publish error names, from its code and words; `None` for any
     /// other error.
     fn of(error: &(dyn std::error::Error + 'static)) -> Option<StoreLimit> {
-        let mut said = error.to_string();
-        let mut cause = error.source();
-        while let Some(c) = cause {
-            said.push_str(": ");
-            said.push_str(&c.to_string());
-            cause = c.source();
-        }
+        let said = crate::ops::error_text(error);
         // nats-server gives one code (10077, "store failed") to every stream limit and tells
         // them apart by its words; a hold's refusal is the manager's, with its own prefix.
         if said.contains(crate::space::holds::HELD) {

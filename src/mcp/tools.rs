@@ -718,10 +718,7 @@ impl CotalServer {
         let message = self.draft(Routing::to_service(args.role), args.text, args.reply_to);
         let mut sent = self.publish(message, "anycast").await?;
         let _ = tokio::time::timeout(ROSTER_LOAD, self.client.roster().loaded()).await;
-        let online = self.client.roster().peers().values().any(|p| {
-            p.presence.card.role.as_deref() == Some(role.as_str())
-                && p.status() != crate::protocol::PresenceStatus::Offline
-        });
+        let online = self.client.roster().role_online(&role);
         if !online {
             sent.0.warning = Some(format!(
                 "nobody holding role {role} is online: the task waits for the first holder that \

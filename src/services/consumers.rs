@@ -168,11 +168,17 @@ impl Tally {
     }
 }
 
-/// The part of an API audit advisory the guard reads.
+/// The subject of an API audit advisory: read first, since every JetStream request of the
+/// account is audited and only the bucket creates need the rest.
 #[derive(Deserialize)]
-struct Audit<'a> {
+struct AuditSubject<'a> {
     #[serde(borrow)]
     subject: Cow<'a, str>,
+}
+
+/// The part of a bucket create's audit advisory the guard reads.
+#[derive(Deserialize)]
+struct Audit {
     client: Option<AuditClient>,
     response: Option<String>,
 }
@@ -201,12 +207,17 @@ struct CreatedConfig {
 
 impl CreatedConfig {
     fn is_durable(&self) -> bool {
-        self.durable_name.is_some()
-            || match self.inactive_threshold {
-                None | Some(0) => true,
-                Some(ns) => Duration::from_nanos(ns) > LONGEST_INACTIVITY,
-            }
+        is_durable(
+            self.durable_name.is_some(),
+            self.inactive_threshold.map(Duration::from_nanos),
+        )
     }
+}
+
+/// Durable as the guard counts it: named durable, without an inactivity threshold, or with one
+/// longer than [`LONGEST_INACTIVITY`].
+fn is_durable(named: bool, inactive_threshold: Option<Duration>) -> bool {
+    named || inactive_threshold.is_none_or(|idle| idle.is_zero() || idle > LONGEST_INACTIVITY)
 }
 
 /// Why a consumer may not stay on a bucket, whoever made it.
@@ -229,19 +240,15 @@ struct Created {
 
 /// Reads an API audit advisory: a successful consumer create on one of `buckets`, or nothing.
 fn created_on(payload: &[u8], buckets: &[String; 2]) -> Option<Created> {
-    let audit: Audit = serde_json::from_slice(payload).ok()?;
-    let rest = audit
-        .subject
+    let AuditSubject { subject } = serde_json::from_slice(payload).ok()?;
+    let rest = subject
         .strip_prefix("$JS.API.CONSUMER.CREATE.")
-        .or_else(|| {
-            audit
-                .subject
-                .strip_prefix("$JS.API.CONSUMER.DURABLE.CREATE.")
-        })?;
+        .or_else(|| subject.strip_prefix("$JS.API.CONSUMER.DURABLE.CREATE."))?;
     let stream = rest.split('.').next()?;
     if !buckets.iter().any(|b| b == stream) {
         return None;
     }
+    let audit: Audit = serde_json::from_slice(payload).ok()?;
     let response: CreateResponse = serde_json::from_str(audit.response.as_deref()?).ok()?;
     if response.error.is_some() {
         return None;
@@ -442,12 +449,10 @@ impl ConsumerGuard {
             .await
             .map_err(ServiceError::at("listing a bucket's consumers"))?;
         for info in infos {
-            let config = CreatedConfig {
-                durable_name: info.config.durable_name.clone(),
-                deliver_subject: None,
-                inactive_threshold: Some(info.config.inactive_threshold.as_nanos() as u64),
-            };
-            if config.is_durable() {
+            if is_durable(
+                info.config.durable_name.is_some(),
+                Some(info.config.inactive_threshold),
+            ) {
                 tracing::warn!(
                     space = self.space.name(),
                     stream = bucket,

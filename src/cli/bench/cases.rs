@@ -1160,9 +1160,7 @@ async fn durable_fanout(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseR
                     })
                     .await??;
                 }
-                // SAFETY: sysconf has no preconditions.
-                let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-                let cpu = (proc_usage(appliance).0 - before) / ticks;
+                let cpu = (proc_usage(appliance).0 - before) / clock_ticks();
                 if !warm && let Ok(mut cpu_us) = cpu_us.lock() {
                     let side = usize::from(ch == CH_FAN_LIVE);
                     cpu_us[side].push(cpu * 1e6 / (n * online) as f64);
@@ -1368,8 +1366,7 @@ impl ProcessUse {
     }
 
     fn between(before: &Sample, after: &Sample, elapsed: Duration) -> ProcessUse {
-        // SAFETY: sysconf has no preconditions.
-        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        let ticks = clock_ticks();
         let mut usage = ProcessUse::default();
         for i in 0..2 {
             let (cpu0, _) = before.0[i];
@@ -1379,6 +1376,12 @@ impl ProcessUse {
         }
         usage
     }
+}
+
+/// Clock ticks per second, the unit of [`proc_usage`]'s CPU time.
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64
 }
 
 /// (utime + stime in clock ticks, VmRSS in MiB) of `pid`; zeros when unreadable.
