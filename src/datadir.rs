@@ -97,10 +97,10 @@ pub struct RuntimeState {
     pub broker_restarts: u32,
     /// Why and when the broker was last restarted, if it was.
     #[serde(default)]
-    pub broker_last_restart: Option<crate::supervisor::BrokerRestart>,
+    pub broker_last_restart: Option<crate::ops::status::BrokerRestart>,
     /// The health of every service of every space.
     #[serde(default)]
-    pub services: Vec<crate::services::ServiceStatus>,
+    pub services: Vec<crate::ops::status::ServiceStatus>,
     /// The spaces that could not be served at start, and why (the others are served).
     #[serde(default)]
     pub unserved: Vec<UnservedSpace>,
@@ -109,7 +109,7 @@ pub struct RuntimeState {
     pub dashboard: Option<String>,
     /// In a cluster: who holds each space's lease (runs its services).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub leases: BTreeMap<String, crate::services::lease::LeaseView>,
+    pub leases: BTreeMap<String, crate::ops::status::LeaseView>,
     /// In a cluster: its nodes and the leader of each stream, as this node saw them last.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterState>,
@@ -463,7 +463,7 @@ mod tests {
             monitor: "127.0.0.1:8222".parse().unwrap(),
             spaces: vec!["main".into()],
             broker_restarts: 1,
-            broker_last_restart: Some(crate::supervisor::BrokerRestart {
+            broker_last_restart: Some(crate::ops::status::BrokerRestart {
                 reason: "unresponsive: no answer to /healthz within 1s".into(),
                 at: "2026-12-03T09:00:00Z".into(),
             }),

@@ -3,23 +3,26 @@
 //!
 //! # Layout
 //!
-//! Dependencies point one way: `protocol` is pure and knows nothing else; `binding` builds on
-//! it; `profile`, `provision` and `supervisor` know nothing of each other; `space` applies the
-//! binding to a server; `daemon` composes them; `cli` is a thin shell over `daemon`.
+//! Dependencies point one way, down this table: a module uses only the modules above it
+//! (`tests/it/layering.rs` reads every `crate::` path of `src/` and fails on one that points
+//! down). `protocol` is pure; `binding` applies it to NATS as data; everything that talks to a
+//! broker sits below `client`, the one conformant endpoint; the appliance (`daemon`) composes
+//! the rest, and `cli` is a thin shell over it.
 //!
 //! | module | what it is | spec |
 //! | --- | --- | --- |
 //! | [`protocol`] | the transport-agnostic contract: subjects, envelopes, presence, channels, links | §2–§7, §10, §11 |
-//! | [`binding`] | the NATS binding as data: stream, bucket and durable names and configs, profile ACLs | §8, §9, App. B |
+//! | [`binding`] | the NATS binding as data: subject, stream, bucket and durable names and configs, profile ACLs, refusal kinds | §8, §9, App. B |
 //! | [`profile`] | the operator's TOML profile: broker settings, spaces | §7 (deployment profile) |
-//! | [`datadir`] | the data dir layout, its lock, the runtime state file | |
 //! | [`files`] | atomic, owner-only file writes | |
-//! | [`ops`] | every operation the appliance serves, and the two transports that carry them | §5, §7 |
+//! | [`backoff`] | capped exponential backoff between restarts | |
+//! | [`ops`] | every operation the appliance serves, the two transports that carry them, and what `status` reports | §5, §7 |
 //! | [`provision`] | keys and trust chain (operator, SYS, account per space, users), `.creds`, TLS | §2, §9 |
-//! | [`space`] | a served space: provisioner connection, bootstrap, minted identities | §7, §8, App. B |
 //! | [`supervisor`] | the child nats-server: install, config, spawn, readiness, restart, stop | §8 |
+//! | [`datadir`] | the data dir layout, its lock, the runtime state file | |
 //! | [`client`] | the conformant endpoint: connect, presence, join/replay/dedup, DM, anycast, control | §2, §4–§8, §10, §12 |
-//! | [`services`] | the in-process services and the one way they run: manager, trusted backstop reader, mention router, membership feed, presence view, the warden of DM and TASK; in a cluster, the per-space lease and the shared identities | §4–§9 |
+//! | [`space`] | a served space: provisioner connection, bootstrap, minted identities, the warden's holds | §7, §8, App. B |
+//! | [`services`] | the in-process services and the one way they run: manager, trusted backstop reader, mention router, membership feed, presence view, the warden of DM and TASK, the consumer guard; in a cluster, the per-space lease and the shared identities | §4–§9 |
 //! | [`dashboard`] | the live web dashboard `cotald up` serves: roster, channels, feed, health, read as an observer | §6, §7, App. B |
 //! | [`mcp`] | `cotald mcp`: an MCP server on stdio that makes an AI agent host one long-lived endpoint | §4–§8, §12 |
 //! | [`daemon`] | the appliance: startup phases, the storage budget, account push, the admin socket, readiness to a service manager, teardown; `cluster init`/`join` | §9 |
@@ -28,6 +31,7 @@
 //! The `cotald` executable (`src/main.rs`) is the only artefact that embeds the bundled
 //! nats-server; the library refers to it by [`supervisor::BrokerBinary`].
 
+pub mod backoff;
 pub mod binding;
 pub mod cli;
 pub mod client;

@@ -107,6 +107,10 @@ pub fn consumer_deleted_advisories(stream: &str) -> String {
     format!("$JS.EVENT.ADVISORY.CONSUMER.DELETED.{stream}.*")
 }
 
+/// How a refusal for a held sender begins (the warden's holds, the consumer guard's notices):
+/// the client recognizes the kind by it and finds the reason after it.
+pub const HELD: &str = "held: ";
+
 /// Where an identity is told why the consumers it creates are deleted: its own inbox, the one
 /// subject every profile may read (Appendix B `inbox`).
 pub fn guard_notice(id: &str) -> String {

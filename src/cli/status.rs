@@ -138,9 +138,11 @@ fn service_lines(services: &[ServiceStatus]) -> Vec<String> {
             Health::Stopped => "stopped".to_owned(),
             Health::Degraded(why) => format!("DEGRADED ({why})"),
         };
-        let restarts = match s.restarts {
-            0 => String::new(),
-            n => format!(", {n} restarts"),
+        let restarts = match (s.restarts, &s.last_failure) {
+            (0, _) => String::new(),
+            (1, Some(why)) => format!(", restarted once (last: {why})"),
+            (n, Some(why)) => format!(", {n} restarts (last: {why})"),
+            (n, None) => format!(", {n} restarts"),
         };
         let entry = format!("{} {state}{restarts}", s.name);
         match scopes.iter_mut().find(|(scope, _)| *scope == s.scope) {

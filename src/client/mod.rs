@@ -314,7 +314,7 @@ impl StoreLimit {
         let said = crate::ops::error_text(error);
         // nats-server gives one code (10077, "store failed") to every stream limit and tells
         // them apart by its words; a hold's refusal is the manager's, with its own prefix.
-        if said.contains(crate::space::holds::HELD) {
+        if said.contains(crate::binding::HELD) {
             Some(StoreLimit::Held)
         } else if said.contains("maximum messages per subject exceeded") {
             Some(StoreLimit::PairFull)
@@ -366,7 +366,7 @@ fn store_refusal(
             // The warden's hold (`space/holds.rs`): its refusal carries the figures.
             let said = source.to_string();
             let reason = said
-                .split_once(crate::space::holds::HELD)
+                .split_once(crate::binding::HELD)
                 .map_or(said.as_str(), |r| r.1);
             reason.split_once(" (code ").map_or(reason, |r| r.0).to_owned()
         }

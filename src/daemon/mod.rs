@@ -252,7 +252,7 @@ impl Leased {
         first_the_manager: bool,
     ) -> Result<(), crate::services::ServiceError> {
         // Retried: a takeover often coincides with the registry's stream electing a leader.
-        let mut backoff = crate::services::Backoff::default();
+        let mut backoff = crate::backoff::Backoff::default();
         let mut attempts = 0;
         while let Err(e) = self.members.reload().await {
             attempts += 1;
@@ -904,7 +904,7 @@ impl Core {
     /// still be starting).
     async fn bootstrap(&self, space: &Space) -> Result<(), DaemonError> {
         let deadline = tokio::time::Instant::now() + CLUSTER_FORMING;
-        let mut backoff = crate::services::Backoff::default();
+        let mut backoff = crate::backoff::Backoff::default();
         loop {
             match space.bootstrap().await {
                 Ok(_) => return Ok(()),

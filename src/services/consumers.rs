@@ -48,8 +48,8 @@ use super::{Context, Health, Service, ServiceError};
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::stream::ConsumerErrorKind;
 
+use crate::binding::HELD;
 use crate::binding::{API_AUDIT_ADVISORIES, SpaceNames, consumer_deleted_advisories, guard_notice};
-use crate::space::holds::HELD;
 use crate::space::{Identities, Space};
 
 /// Consumers one identity may keep on each bucket.

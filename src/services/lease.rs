@@ -32,6 +32,8 @@ use async_nats::jetstream::kv::{self, CreateErrorKind, UpdateErrorKind};
 use bytes::Bytes;
 use tokio::time::Instant;
 
+pub use crate::ops::status::LeaseView;
+
 use super::{Context, Health, Service, ServiceError, ServiceSet, ServiceStatus};
 use crate::space::Space;
 
@@ -51,15 +53,6 @@ pub type Starter = Arc<dyn Fn(Arc<ServiceSet>) -> Starting + Send + Sync>;
 /// The lease's bucket of a space.
 pub fn bucket_name(space: &str) -> String {
     format!("cotald_lease_{space}")
-}
-
-/// Who holds a space's lease, as one node saw it last.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct LeaseView {
-    /// The holder's server name, when someone holds it.
-    pub holder: Option<String>,
-    /// Whether that is this node.
-    pub mine: bool,
 }
 
 /// Contends for a space's lease and runs the leased services while it holds it.

@@ -25,7 +25,6 @@
 //!
 //! [`members`] is the registry the manager writes and the backstop reads (§7 membership).
 
-pub mod backoff;
 pub mod backstop;
 pub mod consumers;
 pub mod identity_sync;
@@ -37,14 +36,14 @@ pub mod mentions;
 pub mod presence;
 pub mod warden;
 
-pub use backoff::Backoff;
+use crate::backoff::Backoff;
+pub use crate::ops::status::{Health, ServiceStatus};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -99,34 +98,6 @@ pub trait Service: Send + Sync + 'static {
     fn run(&self, ctx: Context) -> impl Future<Output = Result<(), ServiceError>> + Send;
 }
 
-/// How a service is doing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "state", content = "reason", rename_all = "lowercase")]
-pub enum Health {
-    /// Started, not serving yet.
-    Starting,
-    /// Serving.
-    Running,
-    /// Serving in part, or waiting to be restarted; the reason says what is missing.
-    Degraded(String),
-    /// Stopped (shutdown).
-    Stopped,
-}
-
-/// One service's health as `cotald status` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServiceStatus {
-    /// The set it belongs to (`appliance`, or the space's name).
-    pub scope: String,
-    /// The service.
-    pub name: String,
-    /// Its health.
-    #[serde(flatten)]
-    pub health: Health,
-    /// How many times it was restarted after failing.
-    pub restarts: u32,
-}
-
 /// What a running service is handed: its cancellation and its health reporter.
 #[derive(Clone)]
 pub struct Context {
@@ -174,11 +145,41 @@ fn panicked(e: tokio::task::JoinError) -> String {
     format!("panicked: {message}")
 }
 
+/// Fault injection for the integration tests, in debug builds only:
+/// `COTALD_FAULT_PANIC=<service name>` makes that service's first run panic as soon as it
+/// reports [`Health::Running`], so that a test sees a running service panic, be restarted,
+/// and `cotald status` say so.
+mod fault {
+    use tokio::sync::watch;
+
+    use super::{Health, ServiceError};
+
+    /// Whether the service named `name` is to panic once.
+    pub(super) fn asked(name: &str) -> bool {
+        cfg!(debug_assertions)
+            && std::env::var("COTALD_FAULT_PANIC").is_ok_and(|wanted| wanted == name)
+    }
+
+    /// Runs `run` until the service reports running, then panics.
+    pub(super) async fn panic_once_running(
+        run: impl std::future::Future<Output = Result<(), ServiceError>>,
+        mut seen: watch::Receiver<Health>,
+    ) -> Result<(), ServiceError> {
+        tokio::select! {
+            outcome = run => outcome,
+            _ = seen.wait_for(|h| *h == Health::Running) => {
+                panic!("fault injected by COTALD_FAULT_PANIC")
+            }
+        }
+    }
+}
+
 /// A service as its set sees it.
 struct Entry {
     name: &'static str,
     health: watch::Receiver<Health>,
     restarts: Arc<AtomicU32>,
+    last_failure: Arc<Mutex<Option<String>>>,
 }
 
 /// The services of one scope (the appliance, or one space).
@@ -215,11 +216,13 @@ impl ServiceSet {
         let name = service.name();
         let (health, mut watched) = watch::channel(Health::Starting);
         let restarts = Arc::new(AtomicU32::new(0));
+        let last_failure = Arc::new(Mutex::new(None));
         if let Ok(mut entries) = self.entries.lock() {
             entries.push(Entry {
                 name,
                 health: watched.clone(),
                 restarts: restarts.clone(),
+                last_failure: last_failure.clone(),
             });
         }
         let scope = self.scope.clone();
@@ -249,7 +252,15 @@ impl ServiceSet {
                 let started = tokio::time::Instant::now();
                 // On a task of its own, so that a panic ends this run, not the set's loop.
                 let running = service.clone();
-                let outcome = tokio::spawn(async move { running.run(ctx).await }).await;
+                let fault = (restarts.load(Ordering::Relaxed) == 0 && fault::asked(name))
+                    .then(|| health.subscribe());
+                let outcome = tokio::spawn(async move {
+                    match fault {
+                        Some(seen) => fault::panic_once_running(running.run(ctx), seen).await,
+                        None => running.run(ctx).await,
+                    }
+                })
+                .await;
                 if token.is_cancelled() {
                     break;
                 }
@@ -261,6 +272,9 @@ impl ServiceSet {
                 tracing::error!(scope, service = name, reason, "service failed; restarting");
                 if let Some(tx) = failed_tx.take() {
                     let _ = tx.send(reason.clone());
+                }
+                if let Ok(mut last) = last_failure.lock() {
+                    *last = Some(reason.clone());
                 }
                 health.send_replace(Health::Degraded(reason));
                 backoff.ran_for(started.elapsed());
@@ -304,6 +318,7 @@ impl ServiceSet {
                         name: e.name.to_owned(),
                         health: e.health.borrow().clone(),
                         restarts: e.restarts.load(Ordering::Relaxed),
+                        last_failure: e.last_failure.lock().ok().and_then(|l| l.clone()),
                     })
                     .collect()
             })

@@ -20,11 +20,8 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use crate::binding::MANAGER_SERVICE;
+use crate::binding::{HELD, MANAGER_SERVICE};
 use crate::profile::human_size;
-
-/// How a hold's refusal begins; a client finds the reason after it.
-pub const HELD: &str = "held: ";
 
 /// What a sender is held from sending: each has its share of its store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

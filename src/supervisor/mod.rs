@@ -75,8 +75,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::Backoff;
 use crate::files::FileError;
-use crate::services::Backoff;
+pub use crate::ops::status::BrokerRestart;
 use monitor::HealthFailure;
 
 /// Why the broker could not be started.
@@ -147,15 +148,6 @@ pub struct BrokerStatus {
     pub restarts: u32,
     /// The last restart, if there was one.
     pub last_restart: Option<BrokerRestart>,
-}
-
-/// Why and when the broker was last restarted.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct BrokerRestart {
-    /// `exited: <status>`, `unhealthy: <what /healthz said>` or `unresponsive: <…>`.
-    pub reason: String,
-    /// When the old child was found dead or was killed (RFC 3339, UTC).
-    pub at: String,
 }
 
 /// Owns the child nats-server for the lifetime of the appliance.

@@ -831,3 +831,44 @@ async fn a_wildcard_listener_links_an_address_peers_can_dial() {
     }
     c.stop().await;
 }
+
+/// A service that panics is restarted like one that fails, and `status` says so: its restart
+/// count and its reason (§8's services must not stop for good while `status` reads healthy).
+#[tokio::test]
+async fn a_panicking_service_is_restarted_and_status_json_says_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Cotald::spawn_with_env(tmp.path(), &[], &[("COTALD_FAULT_PANIC", "mentions")]);
+    c.wait_stdout("cotald is ready").await;
+    let restarted = |report: &serde_json::Value| {
+        report["services"].as_array().and_then(|services| {
+            services
+                .iter()
+                .find(|s| s["scope"] == "main" && s["name"] == "mentions")
+                .filter(|s| s["restarts"].as_u64() >= Some(1) && s["state"] == "running")
+                .cloned()
+        })
+    };
+    let service = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let (_, report) = status_json(tmp.path()).await;
+            if let Some(service) = restarted(&report) {
+                return service;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .expect("the panicked service restarted and running within the timeout");
+    let reason = service["last_failure"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("panicked: fault injected"),
+        "status names the panic: {service}"
+    );
+    let text = cotald_in(tmp.path(), &["status"]).await;
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("mentions running, restarted once (last: panicked: fault injected"),
+        "{text}"
+    );
+    c.stop().await;
+}

@@ -12,6 +12,7 @@ mod durable;
 mod fairness;
 mod faults;
 mod helper;
+mod layering;
 mod leaf;
 mod mcp;
 mod packaging;

@@ -31,6 +31,8 @@
 //! the token to acknowledge and the original payload unchanged; the member acks each token
 //! with `backstop-ack` once it has handled the message.
 
+pub mod status;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 

@@ -1,0 +1,55 @@
+//! What `cotald status` reports of a running appliance, in the words its writer (the appliance)
+//! and its readers (the command line, the dashboard) share: the health of each service, the
+//! broker's last restart, who holds a clustered space's lease. The runtime state file
+//! (`run/state.json`, the data dir's `RuntimeState`) is made of these.
+
+use serde::{Deserialize, Serialize};
+
+/// How a service is doing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", content = "reason", rename_all = "lowercase")]
+pub enum Health {
+    /// Started, not serving yet.
+    Starting,
+    /// Serving.
+    Running,
+    /// Serving in part, or waiting to be restarted; the reason says what is missing.
+    Degraded(String),
+    /// Stopped (shutdown).
+    Stopped,
+}
+
+/// One service's health as `cotald status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceStatus {
+    /// The set it belongs to (`appliance`, or the space's name).
+    pub scope: String,
+    /// The service.
+    pub name: String,
+    /// Its health.
+    #[serde(flatten)]
+    pub health: Health,
+    /// How many times it was restarted after failing.
+    pub restarts: u32,
+    /// Why it failed last (an error, or `panicked: …`), kept once it runs again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<String>,
+}
+
+/// Why and when the broker was last restarted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerRestart {
+    /// `exited: <status>`, `unhealthy: <what /healthz said>` or `unresponsive: <…>`.
+    pub reason: String,
+    /// When the old child was found dead or was killed (RFC 3339, UTC).
+    pub at: String,
+}
+
+/// Who holds a space's lease, as one node saw it last.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseView {
+    /// The holder's server name, when someone holds it.
+    pub holder: Option<String>,
+    /// Whether that is this node.
+    pub mine: bool,
+}
