@@ -10,6 +10,6 @@ pub mod streams;
 
 pub use credential::{Creds, CredsError, Permission, UserClaims, UserPermissions};
 pub use names::{
-    API_AUDIT_ADVISORIES, HELD, MANAGER_SERVICE, SpaceNames, chat_history_consumer,
-    consumer_deleted_advisories, dm_durable, guard_notice, svc_durable,
+    API_AUDIT_ADVISORIES, HELD, MANAGER_SERVICE, SpaceNames, backstop_inbox, chat_history_consumer,
+    consumer_deleted_advisories, dm_durable, guard_notice, inbox_of, svc_durable,
 };

@@ -55,6 +55,41 @@ impl SpaceNames {
         format!("cotal.{}.backstop.>", self.space)
     }
 
+    /// Every DM subject, `<P>.inst.*.*` (target, then sender: §3).
+    pub fn dms(&self) -> String {
+        format!("cotal.{}.inst.*.*", self.space)
+    }
+
+    /// The DMs to `target` from anyone: `<P>.inst.<target>.*`.
+    pub fn dms_to(&self, target: &str) -> String {
+        format!("cotal.{}.inst.{target}.*", self.space)
+    }
+
+    /// The DMs of `sender` to anyone: `<P>.inst.*.<sender>`.
+    pub fn dms_from(&self, sender: &str) -> String {
+        format!("cotal.{}.inst.*.{sender}", self.space)
+    }
+
+    /// Every task subject, `<P>.svc.*.*` (role, then sender: §3).
+    pub fn tasks(&self) -> String {
+        format!("cotal.{}.svc.*.*", self.space)
+    }
+
+    /// The tasks for `role` from anyone: `<P>.svc.<role>.*`.
+    pub fn tasks_for(&self, role: &str) -> String {
+        format!("cotal.{}.svc.{role}.*", self.space)
+    }
+
+    /// The tasks of `sender` for any role: `<P>.svc.*.<sender>`.
+    pub fn tasks_from(&self, sender: &str) -> String {
+        format!("cotal.{}.svc.*.{sender}", self.space)
+    }
+
+    /// Where `id`'s requests reach the manager: `<P>.ctl.manager.<id>` (§7).
+    pub fn manager_control(&self, id: &str) -> String {
+        format!("cotal.{}.ctl.{MANAGER_SERVICE}.{id}", self.space)
+    }
+
     /// `cotal_presence_<space>` (§6).
     pub fn presence_bucket(&self) -> String {
         format!("cotal_presence_{}", self.space)
@@ -79,6 +114,11 @@ impl SpaceNames {
     /// The stream behind a KV bucket: `KV_<bucket>`.
     pub fn kv_stream(bucket: &str) -> String {
         format!("KV_{bucket}")
+    }
+
+    /// The subject of `key` in a KV bucket: `$KV.<bucket>.<key>`; every key's with `>`.
+    pub fn kv_subject(bucket: &str, key: &str) -> String {
+        format!("$KV.{bucket}.{key}")
     }
 }
 
@@ -110,6 +150,17 @@ pub fn consumer_deleted_advisories(stream: &str) -> String {
 /// How a refusal for a held sender begins (the warden's holds, the consumer guard's notices):
 /// the client recognizes the kind by it and finds the reason after it.
 pub const HELD: &str = "held: ";
+
+/// What every subject of `id`'s own inbox begins with: `_INBOX_<id>.` (Appendix B `inbox`);
+/// a reply to `id`, and a push delivery it may ask for, go there and nowhere else.
+pub fn inbox_of(id: &str) -> String {
+    format!("_INBOX_{id}.")
+}
+
+/// The subject durable copies reach a member on: `_INBOX_<id>.backstop` (§8 trusted reader).
+pub fn backstop_inbox(id: &str) -> String {
+    format!("_INBOX_{id}.backstop")
+}
 
 /// Where an identity is told why the consumers it creates are deleted: its own inbox, the one
 /// subject every profile may read (Appendix B `inbox`).

@@ -643,21 +643,7 @@ pub(super) async fn tail(args: TailArgs) -> anyhow::Result<ExitCode> {
                     }
                     printed += 1;
                 }
-                Some(Event::Notice(Notice::Rejected(a))) => {
-                    eprintln!("rejected {} ({}): {}", a.subject, a.reason.as_str(), a.detail);
-                }
-                Some(Event::Notice(Notice::ChannelDropped { channel })) => {
-                    eprintln!("the broker refused {channel}; dropped");
-                }
-                Some(Event::Notice(Notice::ConsumerLost { durable, reason })) => {
-                    eprintln!("{durable}: {reason}; rebinding");
-                }
-                Some(Event::Notice(Notice::Gap { channel, .. })) => {
-                    eprintln!(
-                        "#{channel}: the connection dropped and its history may not be read: live \
-                         messages of that moment may be missed"
-                    );
-                }
+                Some(Event::Notice(notice)) => eprintln!("{}", notice_line(notice)),
                 None => break Ok(()),
             },
             changed = state.changed() => {
@@ -665,21 +651,8 @@ pub(super) async fn tail(args: TailArgs) -> anyhow::Result<ExitCode> {
                     break Ok(());
                 }
                 let now = *state.borrow_and_update();
-                match now {
-                    ConnectionState::Reconnecting => {
-                        if lost_at.is_none() {
-                            lost_at = Some(std::time::Instant::now());
-                            eprintln!("connection to the appliance lost; reconnecting");
-                        }
-                    }
-                    ConnectionState::Connected => {
-                        if let Some(at) = lost_at.take() {
-                            eprintln!("reconnected after {:.1} s", at.elapsed().as_secs_f64());
-                        }
-                    }
-                    ConnectionState::Disconnected => {
-                        break Err(anyhow::anyhow!("the connection to the appliance is closed"));
-                    }
+                if let Err(e) = connection_changed(now, &mut lost_at) {
+                    break Err(e);
                 }
             }
             _ = &mut interrupted => break Ok(()),
@@ -688,6 +661,49 @@ pub(super) async fn tail(args: TailArgs) -> anyhow::Result<ExitCode> {
     joins.abort();
     client.close().await;
     result.map(|()| ExitCode::SUCCESS)
+}
+
+/// What `tail` says of a notice, on stderr.
+fn notice_line(notice: Notice) -> String {
+    match notice {
+        Notice::Rejected(a) => format!(
+            "rejected {} ({}): {}",
+            a.subject,
+            a.reason.as_str(),
+            a.detail
+        ),
+        Notice::ChannelDropped { channel } => format!("the broker refused {channel}; dropped"),
+        Notice::ConsumerLost { durable, reason } => format!("{durable}: {reason}; rebinding"),
+        Notice::Gap { channel, .. } => format!(
+            "#{channel}: the connection dropped and its history may not be read: live messages \
+             of that moment may be missed"
+        ),
+    }
+}
+
+/// Says on stderr that the connection was lost or is back (a reader must know when it may
+/// miss live messages); a closed connection ends `tail`.
+fn connection_changed(
+    now: ConnectionState,
+    lost_at: &mut Option<std::time::Instant>,
+) -> anyhow::Result<()> {
+    match now {
+        ConnectionState::Reconnecting => {
+            if lost_at.is_none() {
+                *lost_at = Some(std::time::Instant::now());
+                eprintln!("connection to the appliance lost; reconnecting");
+            }
+        }
+        ConnectionState::Connected => {
+            if let Some(at) = lost_at.take() {
+                eprintln!("reconnected after {:.1} s", at.elapsed().as_secs_f64());
+            }
+        }
+        ConnectionState::Disconnected => {
+            bail!("the connection to the appliance is closed");
+        }
+    }
+    Ok(())
 }
 
 /// Writes one delivery to stdout; a closed pipe (`tail | head`) is an error, not a panic.

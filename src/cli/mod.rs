@@ -1,6 +1,5 @@
 //! The `cotald` command line: thin over the library. Errors become `anyhow` here, at the edge.
 
-mod bench;
 mod channels;
 mod cluster;
 mod context;
@@ -135,7 +134,8 @@ pub enum Command {
     /// client and through a raw async-nats baseline on the same broker, interleaved, and
     /// prints min/median/max and the ratio cotald/baseline. Takes several minutes (`--quick`:
     /// about two).
-    Bench(bench::BenchArgs),
+    #[cfg(feature = "bench")]
+    Bench(crate::bench::BenchArgs),
     /// Print a shell completion script: `cotald completions bash > ~/.local/share/bash-completion/completions/cotald`.
     Completions(shell::CompletionsArgs),
     /// Print the manual page (roff): `cotald man | man -l -`.
@@ -205,7 +205,12 @@ pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
             Command::Join(args) => membership::join(args).await,
             Command::Leave(args) => membership::leave(args).await,
             Command::Down(args) => down::run(args).await,
-            Command::Bench(args) => bench::run(args).await,
+            #[cfg(feature = "bench")]
+            Command::Bench(args) => {
+                let report = crate::bench::run(&args).await?;
+                stdout(|out| crate::bench::write(out, &report, args.json))?;
+                Ok(ExitCode::SUCCESS)
+            }
             Command::Completions(args) => shell::completions(args),
             Command::Man => shell::man(),
             Command::Identities(args) => identities::run(args).await,

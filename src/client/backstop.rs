@@ -1,7 +1,7 @@
 //! Receiving the durable backstop (§4 `durable`, §8 trusted reader, §12 item 12).
 //!
 //! The appliance's trusted reader hands durable copies to this member on its own inbox,
-//! `_INBOX_<id>.backstop` ([`crate::ops::backstop_inbox`]), in batches
+//! `_INBOX_<id>.backstop` ([`crate::binding::backstop_inbox`]), in batches
 //! ([`crate::ops::CopyBatch`]): each with the original payload, the chat subject it was
 //! published on and a token. The copy is validated like any channel copy (the subject
 //! names the sender, §5), deduplicated with the live and backfill copies, and surfaced with an
@@ -35,7 +35,7 @@ pub(crate) fn granted(client: &Client, grants: &crate::binding::UserPermissions)
         .subjects
         .ctl(MANAGER_SERVICE, id)
         .is_ok_and(|ctl| grants.may_publish(&ctl))
-        && grants.may_subscribe(&ops::backstop_inbox(id))
+        && grants.may_subscribe(&crate::binding::backstop_inbox(id))
 }
 
 /// Subscribes to the backstop inbox and starts the three tasks of durable delivery: the
@@ -44,7 +44,7 @@ pub(crate) async fn start(client: &Client) -> Result<(), ClientError> {
     let inner = &client.inner;
     let mut copies = inner
         .nats
-        .subscribe(ops::backstop_inbox(inner.id.as_str()))
+        .subscribe(crate::binding::backstop_inbox(inner.id.as_str()))
         .await
         .map_err(nats_err("subscribe to the backstop inbox"))?;
     let (acks, mut batch) = mpsc::unbounded_channel::<String>();

@@ -180,6 +180,87 @@ fn reconnect_delay(loopback: bool) -> impl Fn(usize) -> Duration + Send + Sync +
 
 /// Connects, binds the identity's durables, starts presence.
 pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
+    let (creds, claims, id) = check_credential(&opts)?;
+    let subjects = SpaceSubjects::new(opts.link.space())?;
+    let names = SpaceNames::new(subjects.space().as_str());
+    let (state_tx, state) = watch::channel(ConnectionState::Connected);
+    let (violations, _) = broadcast::channel::<Violation>(256);
+    let nats = dial_space(&opts, &creds, &claims, &id, state_tx, violations.clone()).await?;
+    let js = async_nats::jetstream::new(nats.clone());
+
+    let mut card = AgentCard::new(
+        &id,
+        opts.name.clone().unwrap_or(claims.name.clone()),
+        opts.kind,
+    );
+    card.role = opts.role.clone();
+    card.protocol_version = Some(WIRE_PROTOCOL_VERSION.to_owned());
+    let max_payload = nats.server_info().max_payload;
+    let (sink, deliveries) = deliver::channel(max_payload, id.as_str().to_owned());
+    let grants = &claims.permissions;
+    let barrier_refused = !grants.may_subscribe("_INBOX.cotal-barrier.probe");
+    // Observers and admins hold no presence write (Appendix B): they watch, never announce.
+    let announce = opts.presence
+        && opts.announce
+        && grants.may_publish(&SpaceNames::kv_subject(
+            &names.presence_bucket(),
+            id.as_str(),
+        ));
+    let may_read = |stream: &str, durable: &str| {
+        grants.may_publish(&format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"))
+    };
+    let bind_dm = opts.receive_dms && may_read(&names.dm_stream(), &dm_durable(id.as_str()));
+    if let Some(role) = &opts.role {
+        let svc = svc_durable(role);
+        if !may_read(&names.task_stream(), &svc) {
+            return Err(ClientError::RoleNotGranted {
+                role: role.clone(),
+                durable: svc,
+            });
+        }
+    }
+    let inner = Arc::new(Inner {
+        nats,
+        js,
+        id,
+        card: Mutex::new(card),
+        subjects,
+        names,
+        violations,
+        state,
+        out: sink,
+        joined: tokio::sync::Mutex::new(Default::default()),
+        history: tokio::sync::Mutex::new(()),
+        barrier_refused,
+        tasks: Mutex::new(Vec::new()),
+        roster: Roster::default(),
+        declared: Mutex::new(Default::default()),
+        request_timeout: opts.request_timeout,
+        pair_wait: opts.pair_wait,
+        announced: announce,
+    });
+    let client = Client { inner };
+    let backstop = opts.receive_backstop && super::backstop::granted(&client, grants);
+    if let Err(e) = start(&client, &opts, bind_dm, announce, backstop).await {
+        let tasks = client
+            .inner
+            .tasks
+            .lock()
+            .map(|mut t| std::mem::take(&mut *t));
+        for task in tasks.unwrap_or_default() {
+            task.abort();
+        }
+        let _ = client.inner.nats.drain().await;
+        return Err(e);
+    }
+    Ok(Connection { client, deliveries })
+}
+
+/// What a credential must be before it is dialled: whole, not spliced, of the expected
+/// identity, unexpired, for the link's space, with no secret in the link itself.
+fn check_credential(
+    opts: &ConnectOptions,
+) -> Result<(Creds, crate::binding::UserClaims, InstanceId), ClientError> {
     let creds = Creds::parse(&opts.creds)?;
     let public = creds.public_key()?;
     let claims = creds.claims()?;
@@ -216,19 +297,26 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
             link: opts.link.space().to_owned(),
         });
     }
-    let subjects = SpaceSubjects::new(opts.link.space())?;
-    let names = SpaceNames::new(subjects.space().as_str());
+    Ok((creds, claims, id))
+}
 
-    let (state_tx, state) = watch::channel(ConnectionState::Connected);
-    let (violations, _) = broadcast::channel::<Violation>(256);
-    let events_tx = violations.clone();
+/// Dials the link's server as the identity: its inbox prefix (Appendix B), reconnects paced
+/// for loopback or a remote server, connection states and permission violations reported.
+async fn dial_space(
+    opts: &ConnectOptions,
+    creds: &Creds,
+    claims: &crate::binding::UserClaims,
+    id: &InstanceId,
+    state_tx: watch::Sender<ConnectionState>,
+    events_tx: broadcast::Sender<Violation>,
+) -> Result<async_nats::Client, ClientError> {
     let server = opts.link.server_url();
     let connect_failed = |e: DialError| ClientError::Connect {
         server: server.clone(),
         source: e,
     };
     let options = nats_options(
-        &creds,
+        creds,
         format!("cotal:{}", opts.name.as_deref().unwrap_or(&claims.name)),
         opts.ca.as_deref(),
         opts.link.tls_required(),
@@ -237,30 +325,30 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
     .custom_inbox_prefix(id.inbox_prefix())
     .reconnect_delay_callback(reconnect_delay(opts.link.host().is_loopback()))
     .event_callback(move |event| {
-            let state_tx = state_tx.clone();
-            let events_tx = events_tx.clone();
-            async move {
-                match event {
-                    async_nats::Event::Connected => {
-                        let _ = state_tx.send(ConnectionState::Connected);
-                    }
-                    async_nats::Event::Disconnected => {
-                        let _ = state_tx.send(ConnectionState::Reconnecting);
-                    }
-                    async_nats::Event::Closed => {
-                        let _ = state_tx.send(ConnectionState::Disconnected);
-                    }
-                    async_nats::Event::ServerError(async_nats::ServerError::Other(text)) => {
-                        if let Some(v) = Violation::parse(&text) {
-                            tracing::debug!(verb = %v.verb, subject = %v.subject, "permission violation");
-                            let _ = events_tx.send(v);
-                        }
-                    }
-                    other => tracing::debug!(event = %other, "connection event"),
+        let state_tx = state_tx.clone();
+        let events_tx = events_tx.clone();
+        async move {
+            match event {
+                async_nats::Event::Connected => {
+                    let _ = state_tx.send(ConnectionState::Connected);
                 }
+                async_nats::Event::Disconnected => {
+                    let _ = state_tx.send(ConnectionState::Reconnecting);
+                }
+                async_nats::Event::Closed => {
+                    let _ = state_tx.send(ConnectionState::Disconnected);
+                }
+                async_nats::Event::ServerError(async_nats::ServerError::Other(text)) => {
+                    if let Some(v) = Violation::parse(&text) {
+                        tracing::debug!(verb = %v.verb, subject = %v.subject, "permission violation");
+                        let _ = events_tx.send(v);
+                    }
+                }
+                other => tracing::debug!(event = %other, "connection event"),
             }
-        });
-    let nats = options.connect(&server).await.map_err(|e| match e.kind() {
+        }
+    });
+    options.connect(&server).await.map_err(|e| match e.kind() {
         async_nats::ConnectErrorKind::AuthorizationViolation => ClientError::NotAuthorized {
             server: server.clone(),
         },
@@ -272,97 +360,34 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
             }
         }
         _ => connect_failed(e.into()),
-    })?;
-    let js = async_nats::jetstream::new(nats.clone());
+    })
+}
 
-    let mut card = AgentCard::new(
-        &id,
-        opts.name.clone().unwrap_or(claims.name.clone()),
-        opts.kind,
-    );
-    card.role = opts.role.clone();
-    card.protocol_version = Some(WIRE_PROTOCOL_VERSION.to_owned());
-    let max_payload = nats.server_info().max_payload;
-    let (sink, deliveries) = deliver::channel(max_payload, id.as_str().to_owned());
-    let grants = &claims.permissions;
-    let barrier_refused = !grants.may_subscribe("_INBOX.cotal-barrier.probe");
-    // Observers and admins hold no presence write (Appendix B): they watch, never announce.
-    let announce = opts.presence
-        && opts.announce
-        && grants.may_publish(&format!("$KV.{}.{}", names.presence_bucket(), id.as_str()));
-    let may_read = |stream: &str, durable: &str| {
-        grants.may_publish(&format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"))
-    };
-    let dm = dm_durable(id.as_str());
-    let bind_dm = opts.receive_dms && may_read(&names.dm_stream(), &dm);
+/// Every check is done: binds the durables this credential reads (Appendix B), starts
+/// presence, the backstop's copies and gap recovery.
+async fn start(
+    client: &Client,
+    opts: &ConnectOptions,
+    bind_dm: bool,
+    announce: bool,
+    backstop: bool,
+) -> Result<(), ClientError> {
+    let names = &client.inner.names;
+    if bind_dm {
+        let dm = dm_durable(client.inner.id.as_str());
+        deliver::bind(client, &names.dm_stream(), &dm).await?;
+    }
     if let Some(role) = &opts.role {
-        let svc = svc_durable(role);
-        if !may_read(&names.task_stream(), &svc) {
-            return Err(ClientError::RoleNotGranted {
-                role: role.clone(),
-                durable: svc,
-            });
-        }
+        deliver::bind(client, &names.task_stream(), &svc_durable(role)).await?;
     }
-    let inner = Arc::new(Inner {
-        nats,
-        js,
-        id,
-        card: Mutex::new(card),
-        subjects,
-        names,
-        violations,
-        state,
-        out: sink,
-        joined: tokio::sync::Mutex::new(Default::default()),
-        history: tokio::sync::Mutex::new(()),
-        barrier_refused,
-        tasks: Mutex::new(Vec::new()),
-        roster: Roster::default(),
-        declared: Mutex::new(Default::default()),
-        request_timeout: opts.request_timeout,
-        pair_wait: opts.pair_wait,
-        announced: announce,
-    });
-    let client = Client { inner };
-
-    // Every check is done: bind the durables this credential reads (Appendix B), start
-    // presence. A failure here stops whatever was started.
-    let started = async {
-        if bind_dm {
-            deliver::bind(&client, &client.inner.names.dm_stream(), &dm).await?;
-        }
-        if let Some(role) = &opts.role {
-            deliver::bind(
-                &client,
-                &client.inner.names.task_stream(),
-                &svc_durable(role),
-            )
-            .await?;
-        }
-        if opts.presence {
-            presence::start(&client, announce).await?;
-        }
-        if opts.receive_backstop && super::backstop::granted(&client, grants) {
-            super::backstop::start(&client).await?;
-        }
-        super::join::start_gap_recovery(&client);
-        Ok::<(), ClientError>(())
-    };
-    if let Err(e) = started.await {
-        for task in client
-            .inner
-            .tasks
-            .lock()
-            .map(|mut t| std::mem::take(&mut *t))
-            .unwrap_or_default()
-        {
-            task.abort();
-        }
-        let _ = client.inner.nats.drain().await;
-        return Err(e);
+    if opts.presence {
+        presence::start(client, announce).await?;
     }
-    Ok(Connection { client, deliveries })
+    if backstop {
+        super::backstop::start(client).await?;
+    }
+    super::join::start_gap_recovery(client);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -225,47 +225,9 @@ impl Client {
             source,
         })?;
         let key = pattern.as_str().to_owned();
-        {
-            let mut joined = self.inner.joined.lock().await;
-            if joined.contains_key(&key) {
-                return Err(JoinError::AlreadyJoined(key));
-            }
-            joined.insert(
-                key.clone(),
-                Joined {
-                    pump: None,
-                    watcher: None,
-                    durable: DurableState::NotApplicable,
-                    subject: String::new(),
-                    replay: false,
-                },
-            );
-        }
-        let mut reservation = Reservation {
-            inner: Some(self.inner.clone()),
-            key: key.clone(),
-        };
-
+        let mut reservation = self.reserve(&key).await?;
         let subject = self.inner.subjects.chat_subscription(&pattern);
-        // Subscribed before the SUB is sent: no verdict, early or late, is missed.
-        let mut violations = self.inner.violations.subscribe();
-        let mut sub = self
-            .inner
-            .nats
-            .subscribe(subject.clone())
-            .await
-            .map_err(nats_err("subscribe"))?;
-        match self.confirm(&subject, &mut violations).await {
-            Ok(true) => {}
-            Ok(false) => {
-                let _ = sub.unsubscribe().await;
-                return Err(JoinError::Refused { channel: key });
-            }
-            Err(e) => {
-                let _ = sub.unsubscribe().await;
-                return Err(e.into());
-            }
-        }
+        let (mut sub, violations) = self.subscribe_confirmed(&key, &subject).await?;
         let watermark = self.chat_frontier().await?;
         let inner = self.inner.clone();
         let pump = AbortOnDrop::new(tokio::spawn(async move {
@@ -327,6 +289,65 @@ impl Client {
             backfilled,
             durable,
         })
+    }
+
+    /// Holds `key`'s place among the joined channels while it is being joined; a second join
+    /// of it meanwhile is refused.
+    async fn reserve(&self, key: &str) -> Result<Reservation, JoinError> {
+        let mut joined = self.inner.joined.lock().await;
+        if joined.contains_key(key) {
+            return Err(JoinError::AlreadyJoined(key.to_owned()));
+        }
+        joined.insert(
+            key.to_owned(),
+            Joined {
+                pump: None,
+                watcher: None,
+                durable: DurableState::NotApplicable,
+                subject: String::new(),
+                replay: false,
+            },
+        );
+        Ok(Reservation {
+            inner: Some(self.inner.clone()),
+            key: key.to_owned(),
+        })
+    }
+
+    /// Subscribes to `subject` and waits for the broker's verdict on it; the violations feed,
+    /// subscribed before the SUB is sent so that no verdict, early or late, is missed, is
+    /// returned for the late-refusal watch.
+    async fn subscribe_confirmed(
+        &self,
+        key: &str,
+        subject: &str,
+    ) -> Result<
+        (
+            async_nats::Subscriber,
+            broadcast::Receiver<super::Violation>,
+        ),
+        JoinError,
+    > {
+        let mut violations = self.inner.violations.subscribe();
+        let mut sub = self
+            .inner
+            .nats
+            .subscribe(subject.to_owned())
+            .await
+            .map_err(nats_err("subscribe"))?;
+        match self.confirm(subject, &mut violations).await {
+            Ok(true) => Ok((sub, violations)),
+            Ok(false) => {
+                let _ = sub.unsubscribe().await;
+                Err(JoinError::Refused {
+                    channel: key.to_owned(),
+                })
+            }
+            Err(e) => {
+                let _ = sub.unsubscribe().await;
+                Err(e.into())
+            }
+        }
     }
 
     /// Leaves a channel: unsubscribes (no privileged step needed, §7), then on a durable channel
@@ -526,7 +547,7 @@ impl Client {
             .map_err(nats_err("open the channel registry"))?;
         // The keys from the stream's subjects (`STREAM.INFO`, which every profile holds): a
         // key watch would need an unnamed consumer, which no profile may create.
-        let prefix = format!("$KV.{bucket}.");
+        let prefix = crate::binding::SpaceNames::kv_subject(&bucket, "");
         let stream = self
             .inner
             .js

@@ -25,7 +25,8 @@ use std::sync::{Arc, Mutex};
 use futures_util::StreamExt;
 use tokio::sync::Notify;
 
-use super::{Client, ClientError, ConnectionState, nats_err};
+use super::{BoxError, Client, ClientError, ConnectionState, nats_err};
+use crate::binding::SpaceNames;
 use crate::protocol::{
     AgentCard, AgentSkill, AttentionMode, Channel, ChannelMode, EpochMillis, HEARTBEAT_INTERVAL,
     InstanceId, LIVENESS_WINDOW, Presence, PresenceStatus, accept_presence_record,
@@ -469,13 +470,12 @@ async fn watch(client: Client) {
             let updates = client
                 .inner
                 .nats
-                .subscribe(format!("$KV.{bucket}.>"))
-                .await
-                .map_err(|e| e.to_string())?;
+                .subscribe(SpaceNames::kv_subject(&bucket, ">"))
+                .await?;
             // The SUB is in effect at the broker before the snapshot is read.
-            client.inner.nats.flush().await.map_err(|e| e.to_string())?;
+            client.inner.nats.flush().await?;
             snapshot_roster(&client, &roster, &bucket).await?;
-            Ok::<_, String>(updates)
+            Ok::<_, BoxError>(updates)
         };
         match bound.await {
             Ok(mut updates) => {
@@ -525,20 +525,18 @@ async fn watch(client: Client) {
 
 /// Reads the last record of every presence key (`STREAM.INFO` lists the keys,
 /// `STREAM.MSG.GET` reads each).
-async fn snapshot_roster(client: &Client, roster: &Roster, bucket: &str) -> Result<(), String> {
+async fn snapshot_roster(client: &Client, roster: &Roster, bucket: &str) -> Result<(), BoxError> {
     let stream = client
         .inner
         .js
-        .get_stream(crate::binding::SpaceNames::kv_stream(bucket))
-        .await
-        .map_err(|e| e.to_string())?;
+        .get_stream(SpaceNames::kv_stream(bucket))
+        .await?;
     let mut keys = stream
-        .info_with_subjects(format!("$KV.{bucket}.>"))
-        .await
-        .map_err(|e| e.to_string())?;
+        .info_with_subjects(SpaceNames::kv_subject(bucket, ">"))
+        .await?;
     let mut subjects = Vec::new();
     while let Some(key) = keys.next().await {
-        subjects.push(key.map_err(|e| e.to_string())?.0);
+        subjects.push(key?.0);
     }
     for subject in subjects {
         match stream.get_last_raw_message_by_subject(&subject).await {
@@ -563,7 +561,7 @@ fn apply(
     headers: Option<&async_nats::HeaderMap>,
     payload: &[u8],
 ) {
-    let prefix = format!("$KV.{bucket}.");
+    let prefix = SpaceNames::kv_subject(bucket, "");
     let Some(key) = subject.strip_prefix(&prefix) else {
         return;
     };

@@ -84,6 +84,17 @@ impl Core {
             })
     }
 
+    /// A served space, by name; the map of spaces is not held past the lookup, so that no
+    /// operation holds it across a broker round trip.
+    async fn served(&self, space: &str) -> Result<Arc<Served>, DaemonError> {
+        self.spaces
+            .lock()
+            .await
+            .get(space)
+            .cloned()
+            .ok_or_else(|| DaemonError::UnknownSpace(space.to_owned()))
+    }
+
     /// `space-list`.
     async fn list_spaces(&self) -> Result<Vec<SpaceInfo>, DaemonError> {
         let spaces = self.spaces.lock().await;
@@ -93,10 +104,9 @@ impl Core {
     /// `mint`: sign, remember, pre-create the identity's durables; a re-mint's revocation of
     /// the replaced credential is pushed to the broker at once.
     async fn mint(&self, req: &MintRequest) -> Result<MintReply, DaemonError> {
-        let spaces = self.spaces.lock().await;
-        let served = spaces
-            .get(&req.space)
-            .ok_or_else(|| DaemonError::UnknownSpace(req.space.clone()))?;
+        let served = self.served(&req.space).await?;
+        let _changing = served.changing.lock().await;
+        let served = served.as_ref();
         let keys = self.keys.space(&req.space)?;
         let minted = identity::mint_identity(&keys, &served.identities, req)?;
         served.space.provision(&minted.record).await?;
@@ -130,10 +140,9 @@ impl Core {
     /// closed), its key forgotten, its durables, DM backlog, durable memberships and backstop
     /// backlog deleted.
     async fn revoke(&self, req: &Revoke) -> Result<IdentityRecord, DaemonError> {
-        let spaces = self.spaces.lock().await;
-        let served = spaces
-            .get(&req.space)
-            .ok_or_else(|| DaemonError::UnknownSpace(req.space.clone()))?;
+        let served = self.served(&req.space).await?;
+        let _changing = served.changing.lock().await;
+        let served = served.as_ref();
         let record = served.identities.find(&req.name).ok_or_else(|| {
             DaemonError::Invalid(format!(
                 "no identity `{}` in space `{}`",
@@ -170,10 +179,7 @@ impl Core {
             .space
             .clone()
             .ok_or_else(|| DaemonError::Invalid("channels-set needs a space".into()))?;
-        let spaces = self.spaces.lock().await;
-        let served = spaces
-            .get(&space)
-            .ok_or_else(|| DaemonError::UnknownSpace(space.clone()))?;
+        let served = self.served(&space).await?;
         json(served.space.set_channel(&req.channel, &req.config).await?)
     }
 }

@@ -156,7 +156,7 @@ impl Observer {
         };
         let mut entries = BTreeMap::new();
         for id in ids {
-            let subject = format!("$KV.{bucket}.{id}");
+            let subject = crate::binding::SpaceNames::kv_subject(&bucket, id);
             let Ok(msg) = stream.get_last_raw_message_by_subject(&subject).await else {
                 continue;
             };

@@ -27,7 +27,7 @@
 //! refused with `{ok: false, error}` naming the op.
 //!
 //! **Durable copies** (§8 trusted reader) reach a member on `_INBOX_<id>.backstop`
-//! ([`backstop_inbox`]) in batches ([`CopyBatch`]): each copy with the original chat subject,
+//! ([`crate::binding::backstop_inbox`]) in batches ([`CopyBatch`]): each copy with the original chat subject,
 //! the token to acknowledge and the original payload unchanged; the member acks each token
 //! with `backstop-ack` once it has handled the message.
 
@@ -459,11 +459,6 @@ pub struct Resumed {
 pub struct BackstopAck {
     /// The token of each handled copy ([`Copy::token`]).
     pub tokens: Vec<String>,
-}
-
-/// The subject durable copies reach a member on: `_INBOX_<id>.backstop`.
-pub fn backstop_inbox(id: &str) -> String {
-    format!("_INBOX_{id}.backstop")
 }
 
 /// Header of a stored `@mention` copy: the chat subject the message was published on (§3),

@@ -22,7 +22,7 @@
 //! ACL, the member's own message, or one of a revoked identity is acknowledged and never sent.
 //!
 //! **At-least-once handoff.** An authorized entry is sent to the member's own
-//! `_INBOX_<id>.backstop` ([`crate::ops::backstop_inbox`]) with the original payload, its chat
+//! `_INBOX_<id>.backstop` ([`crate::binding::backstop_inbox`]) with the original payload, its chat
 //! subject and a token, together with every other entry already received ([`CopyBatch`]: a
 //! catch-up costs the broker one message per batch on the way out, not one per entry); the
 //! stored entry is acknowledged only when the member acks that token
@@ -53,7 +53,8 @@ use tokio_util::task::TaskTracker;
 use super::members::{Interval, Members};
 use super::presence::PresenceView;
 use super::{Context, Health, Service, ServiceError};
-use crate::ops::{COPY_SUBJECT, CopyBatch, IdentityRecord, backstop_inbox};
+use crate::binding::backstop_inbox;
+use crate::ops::{COPY_SUBJECT, CopyBatch, IdentityRecord};
 use crate::protocol::{
     Channel, ChannelPattern, SubjectKind, accept_delivery, is_covered, parse_subject,
 };

@@ -260,7 +260,7 @@ fn created_on(payload: &[u8], buckets: &[String; 2]) -> Option<Created> {
     } else {
         config
             .deliver_subject
-            .filter(|to| !to.starts_with(&format!("_INBOX_{owner}.")))
+            .filter(|to| !to.starts_with(&crate::binding::inbox_of(&owner)))
             .map(Forbidden::Delivery)
     };
     Some(Created {

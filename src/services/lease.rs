@@ -127,13 +127,7 @@ impl LeaseKeeper {
     async fn stand_down(&self) {
         let set = self.leased.lock().ok().and_then(|mut l| l.take());
         if let Some(set) = set {
-            match Arc::try_unwrap(set) {
-                Ok(set) => set.shutdown(Duration::from_secs(5)).await,
-                Err(_) => tracing::error!(
-                    space = self.space.name(),
-                    "leased services still referenced; they stop with the space"
-                ),
-            }
+            set.shutdown(Duration::from_secs(5)).await;
         }
     }
 }

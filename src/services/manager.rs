@@ -86,7 +86,7 @@ impl Manager {
     /// elsewhere (confused deputy). Checked in arrival order, before anything is spawned.
     fn confine(&self, msg: &async_nats::Message) -> Option<(String, Option<String>)> {
         let sender = parse_subject(msg.subject.as_str()).ok()?.sender.to_owned();
-        let own_inbox = format!("_INBOX_{sender}.");
+        let own_inbox = crate::binding::inbox_of(&sender);
         match msg.reply.as_ref().map(|r| r.as_str()) {
             Some(r) if r.starts_with(&own_inbox) => Some((sender, Some(r.to_owned()))),
             Some(other) => {

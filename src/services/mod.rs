@@ -327,7 +327,7 @@ impl ServiceSet {
 
     /// Cancels every service and waits for them to return, at most `deadline`; a service still
     /// running after it is named in the log and abandoned.
-    pub async fn shutdown(self, deadline: Duration) {
+    pub async fn shutdown(&self, deadline: Duration) {
         self.token.cancel();
         self.tracker.close();
         if tokio::time::timeout(deadline, self.tracker.wait())

@@ -50,104 +50,16 @@ pub async fn bootstrap(
     retention: &Retention,
     registry: &[(String, serde_json::Value)],
 ) -> Result<BootstrapReport, BootstrapError> {
-    let err = |action, object: &str, reason: String| BootstrapError::JetStream {
-        space: names.space().to_owned(),
-        action,
-        object: object.to_owned(),
-        reason,
-    };
     let mut report = BootstrapReport::default();
     // One round trip per stream, all in flight at once (startup time).
     let checks = streams::all(names, retention)
         .into_iter()
-        .map(|expected| async move {
-            match js.get_stream(&expected.name).await {
-                Ok(mut existing) => {
-                    let info = existing
-                        .info()
-                        .await
-                        .map_err(|e| err("reading", &expected.name, e.to_string()))?;
-                    // What the stream is now, as this run leaves it.
-                    let mut current = info.config.clone();
-                    if current.num_replicas != expected.num_replicas {
-                        // A cluster's replicas changed: JetStream moves the stream in place.
-                        // Its byte limit changes with it: the account's quota counts every
-                        // replica, so each one's share is divided by their number.
-                        let mut scaled = current.clone();
-                        scaled.num_replicas = expected.num_replicas;
-                        scaled.max_bytes = expected.max_bytes;
-                        js.update_stream(scaled.clone())
-                            .await
-                            .map_err(|e| err("scaling", &expected.name, e.to_string()))?;
-                        tracing::info!(
-                            stream = expected.name,
-                            from = current.num_replicas,
-                            to = expected.num_replicas,
-                            "stream replicas changed"
-                        );
-                        current = scaled;
-                    }
-                    let mut drift = streams::drift(&expected, &current);
-                    // Streams made before a bound get it (the per-sender bounds of DM and
-                    // TASK, CHAT's largest message): they only narrow what is stored.
-                    if let Some((bounded, fields)) = streams::narrowed(&current, &expected) {
-                        js.update_stream(bounded)
-                            .await
-                            .map_err(|e| err("bounding", &expected.name, e.to_string()))?;
-                        tracing::info!(
-                            stream = expected.name,
-                            ?fields,
-                            "bounds applied to an existing stream"
-                        );
-                        drift.retain(|d| !fields.contains(&d.field));
-                    }
-                    Ok((None, drift))
-                }
-                Err(e) if is_not_found(&e) => {
-                    js.create_stream(expected.clone())
-                        .await
-                        .map_err(|e| err("creating", &expected.name, e.to_string()))?;
-                    Ok((Some(expected.name.clone()), Vec::new()))
-                }
-                Err(e) => Err(err("reading", &expected.name, e.to_string())),
-            }
-        });
+        .map(|expected| ensure_stream(js, names, expected));
     for (created, drift) in futures_util::future::try_join_all(checks).await? {
         report.created.extend(created);
         report.drift.extend(drift);
     }
-
-    let bucket = names.channels_bucket();
-    let kv = js
-        .get_key_value(&bucket)
-        .await
-        .map_err(|e| err("opening", &bucket, e.to_string()))?;
-    for (key, value) in registry {
-        let stored = kv
-            .get(key)
-            .await
-            .map_err(|e| err("reading", &format!("{bucket}/{key}"), e.to_string()))?;
-        match stored {
-            None => {
-                let bytes = serde_json::to_vec(value).unwrap_or_default();
-                match kv.create(key, bytes.into()).await {
-                    Ok(_) => report.registry_written.push(key.clone()),
-                    // The key appeared meanwhile: that value wins, as stored.
-                    Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {}
-                    Err(e) => {
-                        return Err(err("writing", &format!("{bucket}/{key}"), e.to_string()));
-                    }
-                }
-            }
-            Some(bytes) => {
-                let same = serde_json::from_slice::<serde_json::Value>(&bytes)
-                    .is_ok_and(|stored| &stored == value);
-                if !same {
-                    report.registry_drift.push(key.clone());
-                }
-            }
-        }
-    }
+    seed_registry(js, names, registry, &mut report).await?;
     for d in &report.drift {
         tracing::warn!(space = names.space(), drift = %d, "stream config drift (not changed)");
     }
@@ -171,6 +83,118 @@ pub async fn bootstrap(
         );
     }
     Ok(report)
+}
+
+/// A JetStream request of the bootstrap of `names`' space that failed.
+fn failed(
+    names: &SpaceNames,
+    action: &'static str,
+    object: &str,
+    e: impl ToString,
+) -> BootstrapError {
+    BootstrapError::JetStream {
+        space: names.space().to_owned(),
+        action,
+        object: object.to_owned(),
+        reason: e.to_string(),
+    }
+}
+
+/// Creates the stream when it is missing; else scales it to the cluster's replicas, applies
+/// the bounds it lacks, and reports how else it differs. Returns its name when created.
+async fn ensure_stream(
+    js: &jetstream::Context,
+    names: &SpaceNames,
+    expected: jetstream::stream::Config,
+) -> Result<(Option<String>, Vec<Drift>), BootstrapError> {
+    let err = |action, e: &dyn std::fmt::Display| failed(names, action, &expected.name, e);
+    let mut existing = match js.get_stream(&expected.name).await {
+        Ok(existing) => existing,
+        Err(e) if is_not_found(&e) => {
+            js.create_stream(expected.clone())
+                .await
+                .map_err(|e| err("creating", &e))?;
+            return Ok((Some(expected.name.clone()), Vec::new()));
+        }
+        Err(e) => return Err(err("reading", &e)),
+    };
+    let info = existing.info().await.map_err(|e| err("reading", &e))?;
+    // What the stream is now, as this run leaves it.
+    let mut current = info.config.clone();
+    if current.num_replicas != expected.num_replicas {
+        // A cluster's replicas changed: JetStream moves the stream in place. Its byte limit
+        // changes with it: the account's quota counts every replica, so each one's share is
+        // divided by their number.
+        let mut scaled = current.clone();
+        scaled.num_replicas = expected.num_replicas;
+        scaled.max_bytes = expected.max_bytes;
+        js.update_stream(scaled.clone())
+            .await
+            .map_err(|e| err("scaling", &e))?;
+        tracing::info!(
+            stream = expected.name,
+            from = current.num_replicas,
+            to = expected.num_replicas,
+            "stream replicas changed"
+        );
+        current = scaled;
+    }
+    let mut drift = streams::drift(&expected, &current);
+    // Streams made before a bound get it (the per-sender bounds of DM and TASK, CHAT's
+    // largest message): they only narrow what is stored.
+    if let Some((bounded, fields)) = streams::narrowed(&current, &expected) {
+        js.update_stream(bounded)
+            .await
+            .map_err(|e| err("bounding", &e))?;
+        tracing::info!(
+            stream = expected.name,
+            ?fields,
+            "bounds applied to an existing stream"
+        );
+        drift.retain(|d| !fields.contains(&d.field));
+    }
+    Ok((None, drift))
+}
+
+/// Writes the registry entries that are absent; one that differs from `registry` is kept as
+/// stored and reported.
+async fn seed_registry(
+    js: &jetstream::Context,
+    names: &SpaceNames,
+    registry: &[(String, serde_json::Value)],
+    report: &mut BootstrapReport,
+) -> Result<(), BootstrapError> {
+    let bucket = names.channels_bucket();
+    let kv = js
+        .get_key_value(&bucket)
+        .await
+        .map_err(|e| failed(names, "opening", &bucket, e))?;
+    for (key, value) in registry {
+        let object = format!("{bucket}/{key}");
+        let stored = kv
+            .get(key)
+            .await
+            .map_err(|e| failed(names, "reading", &object, e))?;
+        match stored {
+            None => {
+                let bytes = serde_json::to_vec(value).unwrap_or_default();
+                match kv.create(key, bytes.into()).await {
+                    Ok(_) => report.registry_written.push(key.clone()),
+                    // The key appeared meanwhile: that value wins, as stored.
+                    Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(failed(names, "writing", &object, e)),
+                }
+            }
+            Some(bytes) => {
+                let same = serde_json::from_slice::<serde_json::Value>(&bytes)
+                    .is_ok_and(|stored| &stored == value);
+                if !same {
+                    report.registry_drift.push(key.clone());
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn is_not_found(e: &GetStreamError) -> bool {

@@ -20,7 +20,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use crate::binding::{HELD, MANAGER_SERVICE};
+use crate::binding::{HELD, SpaceNames};
 use crate::profile::human_size;
 
 /// What a sender is held from sending: each has its share of its store.
@@ -34,10 +34,10 @@ pub enum Held {
 
 impl Held {
     /// The publish subjects of `sender` the hold maps away.
-    fn subjects(self, prefix: &str, sender: &str) -> String {
+    fn subjects(self, names: &SpaceNames, sender: &str) -> String {
         match self {
-            Held::Dms => format!("{prefix}.inst.*.{sender}"),
-            Held::Tasks => format!("{prefix}.svc.*.{sender}"),
+            Held::Dms => names.dms_from(sender),
+            Held::Tasks => names.tasks_from(sender),
         }
     }
 }
@@ -147,16 +147,11 @@ impl Holds {
 
     /// The account's subject mappings that carry the holds out, source → destination: a held
     /// sender's `<prefix>.inst.*.<id>` (or `svc.*.<id>`) onto `<prefix>.ctl.manager.<id>`.
-    pub fn mappings(&self, prefix: &str) -> BTreeMap<String, String> {
+    pub fn mappings(&self, names: &SpaceNames) -> BTreeMap<String, String> {
         self.lock()
             .iter()
             .filter(|(_, (_, mapped))| *mapped)
-            .map(|((held, id), _)| {
-                (
-                    held.subjects(prefix, id),
-                    format!("{prefix}.ctl.{MANAGER_SERVICE}.{id}"),
-                )
-            })
+            .map(|((held, id), _)| (held.subjects(names, id), names.manager_control(id)))
             .collect()
     }
 }
@@ -176,7 +171,7 @@ mod tests {
         assert!(holds.hold(Held::Dms, "UMAL", hold));
         assert!(!holds.hold(Held::Dms, "UMAL", hold));
         assert_eq!(
-            holds.mappings("cotal.main"),
+            holds.mappings(&SpaceNames::new("main")),
             BTreeMap::from([(
                 "cotal.main.inst.*.UMAL".to_owned(),
                 "cotal.main.ctl.manager.UMAL".to_owned()
@@ -184,13 +179,13 @@ mod tests {
         );
         assert!(holds.hold(Held::Tasks, "UMAL", hold));
         assert_eq!(
-            holds.mappings("cotal.main")["cotal.main.svc.*.UMAL"],
+            holds.mappings(&SpaceNames::new("main"))["cotal.main.svc.*.UMAL"],
             "cotal.main.ctl.manager.UMAL"
         );
         assert_eq!(holds.senders(Held::Tasks), ["UMAL"]);
         assert!(holds.release(Held::Dms, "UMAL"));
         assert!(holds.release(Held::Tasks, "UMAL"));
-        assert!(holds.mappings("cotal.main").is_empty());
+        assert!(holds.mappings(&SpaceNames::new("main")).is_empty());
         // Until the account without them is pushed, the manager still refuses.
         assert_eq!(holds.get(Held::Dms, "UMAL"), Some(hold));
         assert!(!holds.release(Held::Dms, "UMAL"));

@@ -97,17 +97,20 @@ pub fn validate_name(name: &str) -> Result<(), MintError> {
     )))
 }
 
-/// Validates `req` and signs its credential with `keys` (the space named in the request).
-/// `previous` is the identity of that name minted before, if any: its key is reused when the
-/// data dir holds it, so the identity keeps its id. A new key is stored before it signs.
-pub fn mint(
-    keys: &SpaceKeys,
-    req: &MintRequest,
-    previous: Option<&IdentityRecord>,
-) -> Result<Minted, MintError> {
+/// What a mint request grants, validated: the profile, the channels the identity joins and
+/// those it may read and post to.
+struct Grants {
+    profile: CredentialProfile,
+    subscribe: Vec<ChannelPattern>,
+    allow_subscribe: Vec<ChannelPattern>,
+    allow_publish: Vec<ChannelPattern>,
+}
+
+/// Validates what `req` asks for: the name, the role, the channel patterns (an agent joins by
+/// default what [`DEFAULT_SUBSCRIBE`] names, and only what it may read).
+fn grants(req: &MintRequest) -> Result<Grants, MintError> {
     let invalid = |m: String| Err(MintError::Invalid(m));
-    let name = req.name.as_str();
-    validate_name(name)?;
+    validate_name(&req.name)?;
     let profile = req.profile.unwrap_or(CredentialProfile::Agent);
     if profile != CredentialProfile::Agent
         && (req.role.is_some()
@@ -150,23 +153,47 @@ pub fn mint(
             ));
         }
     }
+    Ok(Grants {
+        profile,
+        subscribe,
+        allow_subscribe,
+        allow_publish,
+    })
+}
 
-    let expires_at = match &req.expires {
-        None => None,
-        Some(text) => {
-            let lifetime = ReplayWindow::parse(text)
-                .map_err(|_| {
-                    MintError::Invalid(format!(
-                        "--expires {text:?}: give a number and a unit, e.g. 90s, 30m, 12h or 30d"
-                    ))
-                })?
-                .duration();
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default();
-            Some((now + lifetime).as_secs() as i64)
-        }
+/// When a credential of lifetime `--expires TEXT` ends (seconds since the epoch).
+fn expiry(expires: Option<&str>) -> Result<Option<i64>, MintError> {
+    let Some(text) = expires else {
+        return Ok(None);
     };
+    let lifetime = ReplayWindow::parse(text)
+        .map_err(|_| {
+            MintError::Invalid(format!(
+                "--expires {text:?}: give a number and a unit, e.g. 90s, 30m, 12h or 30d"
+            ))
+        })?
+        .duration();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Ok(Some((now + lifetime).as_secs() as i64))
+}
+
+/// Validates `req` and signs its credential with `keys` (the space named in the request).
+/// `previous` is the identity of that name minted before, if any: its key is reused when the
+/// data dir holds it, so the identity keeps its id. A new key is stored before it signs.
+pub fn mint(
+    keys: &SpaceKeys,
+    req: &MintRequest,
+    previous: Option<&IdentityRecord>,
+) -> Result<Minted, MintError> {
+    let Grants {
+        profile,
+        subscribe,
+        allow_subscribe,
+        allow_publish,
+    } = grants(req)?;
+    let expires_at = expiry(req.expires.as_deref())?;
     let kept = match previous {
         Some(p) => keys.user_key(&p.id)?.map(|key| (key, p.issued_at)),
         None => None,
@@ -192,12 +219,12 @@ pub fn mint(
         CredentialProfile::Observer => acl::observer(&names, &id),
         CredentialProfile::Admin => acl::admin(&names, &id),
     };
-    let creds = keys.mint_at(name, &user, &permissions, issued_at, expires_at)?;
+    let creds = keys.mint_at(&req.name, &user, &permissions, issued_at, expires_at)?;
     let strings = |v: &[ChannelPattern]| v.iter().map(|c| c.as_str().to_owned()).collect();
     Ok(Minted {
         record: IdentityRecord {
             id: id.as_str().to_owned(),
-            name: name.to_owned(),
+            name: req.name.clone(),
             space: keys.name().to_owned(),
             profile,
             role: req.role.clone(),

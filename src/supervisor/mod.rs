@@ -332,6 +332,33 @@ fn rfc3339_now() -> String {
     )
 }
 
+/// Why a child exited before it was ready: a listener's address taken (named from the
+/// child's last words), or whatever it said last.
+fn exited_early(spec: &BrokerSpec, status: ExitStatus, tail: String) -> SupervisorError {
+    if let Some(line) = tail.lines().find(|l| l.contains("address already in use")) {
+        let monitor = spec
+            .conf
+            .monitor_port
+            .map(|p| SocketAddr::new(spec.conf.monitor_host, p));
+        let route = spec
+            .conf
+            .cluster
+            .as_ref()
+            .map(|c| SocketAddr::new(c.host, c.port));
+        let addr = match (monitor, route) {
+            (Some(m), _) if line.contains(&m.to_string()) => m,
+            (_, Some(r)) if line.contains(&r.to_string()) => r,
+            _ => SocketAddr::new(spec.conf.host, spec.conf.port.unwrap_or(0)),
+        };
+        return SupervisorError::PortInUse { addr };
+    }
+    SupervisorError::Exited {
+        status: describe(status),
+        log: spec.log_path.clone(),
+        tail,
+    }
+}
+
 /// One spawned child.
 struct Running {
     process: Child,
@@ -400,29 +427,7 @@ impl Running {
                 for pump in pumps {
                     let _ = tokio::time::timeout(Duration::from_secs(2), pump).await;
                 }
-                let tail = tail_text();
-                if let Some(line) = tail.lines().find(|l| l.contains("address already in use")) {
-                    let monitor = spec
-                        .conf
-                        .monitor_port
-                        .map(|p| SocketAddr::new(spec.conf.monitor_host, p));
-                    let route = spec
-                        .conf
-                        .cluster
-                        .as_ref()
-                        .map(|c| SocketAddr::new(c.host, c.port));
-                    let addr = match (monitor, route) {
-                        (Some(m), _) if line.contains(&m.to_string()) => m,
-                        (_, Some(r)) if line.contains(&r.to_string()) => r,
-                        _ => SocketAddr::new(spec.conf.host, spec.conf.port.unwrap_or(0)),
-                    };
-                    return Err(SupervisorError::PortInUse { addr });
-                }
-                return Err(SupervisorError::Exited {
-                    status: describe(status),
-                    log: spec.log_path.clone(),
-                    tail,
-                });
+                return Err(exited_early(spec, status, tail_text()));
             }
             if let Some(found) = read_ports_file(ports_dir, &spec.conf, pid) {
                 addrs = Some(found);

@@ -45,8 +45,8 @@ use async_nats::jetstream::consumer::DeliverPolicy;
 use async_nats::jetstream::stream;
 
 use super::{Context, Health, Service, ServiceError};
-use crate::binding::dm_durable;
 use crate::binding::streams::DM_MAX_MSGS_PER_PAIR;
+use crate::binding::{SpaceNames, dm_durable};
 use crate::ops::CredentialProfile;
 use crate::profile::human_size;
 use crate::space::{Held, Hold, Identities, Space};
@@ -214,9 +214,10 @@ enum Verdict {
     Keep,
 }
 
-fn judge(prefix: &str, subject: &str, addressable: &Addressable) -> Verdict {
+fn judge(names: &SpaceNames, subject: &str, addressable: &Addressable) -> Verdict {
+    let prefix = names.prefix();
     let Some(rest) = subject
-        .strip_prefix(prefix)
+        .strip_prefix(prefix.as_str())
         .and_then(|r| r.strip_prefix('.'))
     else {
         return Verdict::Keep;
@@ -227,14 +228,14 @@ fn judge(prefix: &str, subject: &str, addressable: &Addressable) -> Verdict {
             if addressable.agents.contains(*target) {
                 Verdict::Pair((*target).to_owned(), subject.to_owned())
             } else {
-                Verdict::Purge(format!("{prefix}.inst.{target}.*"))
+                Verdict::Purge(names.dms_to(target))
             }
         }
         ["svc", role, sender] if literal(role) && literal(sender) => {
             if addressable.roles.contains(*role) {
                 Verdict::Task(subject.to_owned())
             } else {
-                Verdict::Purge(format!("{prefix}.svc.{role}.*"))
+                Verdict::Purge(names.tasks_for(role))
             }
         }
         _ => Verdict::Keep,
@@ -380,7 +381,6 @@ impl Warden {
             self.read_floors(&mut shares.ledger, targets).await;
             return shares.estimate(sender);
         }
-        let prefix = self.space.names().prefix();
         let measured = async {
             let state = self
                 .stream_info(&self.space.names().task_stream())
@@ -394,7 +394,7 @@ impl Warden {
                 .await
                 .map_err(ServiceError::at("reading TASK"))?;
             let mut subjects = stream
-                .info_with_subjects(format!("{prefix}.svc.*.{sender}"))
+                .info_with_subjects(self.space.names().tasks_from(sender))
                 .await
                 .map_err(ServiceError::at("listing TASK's subjects"))?;
             let (mut bytes, mut listed) = (0, HashSet::new());
@@ -516,12 +516,11 @@ impl Warden {
     /// Returns the task pairs TASK holds.
     async fn sweep(&self, addressable: &mut Addressable) -> Result<HashSet<String>, ServiceError> {
         addressable.refresh(&self.identities);
-        let prefix = self.space.names().prefix();
         let mut purges = BTreeSet::new();
         let mut task_pairs = HashSet::new();
         for (stream, filter) in [
-            (self.space.names().dm_stream(), format!("{prefix}.inst.>")),
-            (self.space.names().task_stream(), format!("{prefix}.svc.>")),
+            (self.space.names().dm_stream(), self.space.names().dms()),
+            (self.space.names().task_stream(), self.space.names().tasks()),
         ] {
             let stream = self
                 .space
@@ -535,7 +534,7 @@ impl Warden {
                 .map_err(ServiceError::at("listing subjects"))?;
             while let Some(entry) = subjects.next().await {
                 let (subject, count) = entry.map_err(ServiceError::at("listing subjects"))?;
-                match judge(&prefix, &subject, addressable) {
+                match judge(self.space.names(), &subject, addressable) {
                     Verdict::Purge(filter) => {
                         purges.insert(filter);
                     }
@@ -556,36 +555,37 @@ impl Warden {
     }
 }
 
-impl Service for Warden {
-    fn name(&self) -> &'static str {
-        "warden"
-    }
+/// What the warden's loop keeps between two events.
+struct Watch {
+    names: SpaceNames,
+    addressable: Addressable,
+    dm_shares: Shares,
+    task_shares: Shares,
+    /// Until the feed has caught up with what DM held, holds kept from an earlier run of the
+    /// warden are not reviewed (they would look read).
+    replayed: bool,
+    /// Whether the broker has yet to be told of a change of the holds.
+    unpushed: bool,
+    /// When DM was last checked for being nearly full.
+    fullness_checked: Option<Instant>,
+    /// Per DM pair: how many it may hold (publishes seen since it was last counted), and when
+    /// it was last trimmed.
+    pairs: HashMap<String, (i64, Option<Instant>)>,
+    /// Purged within the current window, and waiting for its end.
+    recent: BTreeSet<String>,
+    purges: BTreeSet<String>,
+}
 
-    async fn run(&self, ctx: Context) -> Result<(), ServiceError> {
-        let nats = self.space.nats();
-        let prefix = self.space.names().prefix();
-        let mut dms = nats
-            .subscribe(format!("{prefix}.inst.*.*"))
-            .await
-            .map_err(ServiceError::at("subscribing to DMs"))?;
-        let mut tasks = nats
-            .subscribe(format!("{prefix}.svc.*.*"))
-            .await
-            .map_err(ServiceError::at("subscribing to tasks"))?;
-        nats.flush()
-            .await
-            .map_err(ServiceError::at("subscribing to DMs and tasks"))?;
-        let mut addressable = Addressable::default();
-        self.sweep(&mut addressable).await?;
-        // Every DM that DM stores, from the first it holds: sequence, pair and size, no payload.
-        let mut stored = self
-            .space
+impl Warden {
+    /// Every DM that DM stores, from the first it holds: sequence, pair and size, no payload.
+    async fn follow_dm(&self) -> Result<pull::Ordered, ServiceError> {
+        self.space
             .jetstream()
             .get_stream(self.space.names().dm_stream())
             .await
             .map_err(ServiceError::at("reading DM"))?
             .create_consumer(pull::OrderedConfig {
-                filter_subject: format!("{prefix}.inst.*.*"),
+                filter_subject: self.space.names().dms(),
                 headers_only: true,
                 deliver_policy: DeliverPolicy::All,
                 ..Default::default()
@@ -594,39 +594,185 @@ impl Service for Warden {
             .map_err(ServiceError::at("following DM"))?
             .messages()
             .await
-            .map_err(ServiceError::at("following DM"))?;
+            .map_err(ServiceError::at("following DM"))
+    }
+
+    /// The loop's state at start: what is addressable, the shares of DM and TASK, the read
+    /// floors first (the feed then counts only what is unread).
+    async fn watch(&self) -> Result<Watch, ServiceError> {
+        let mut addressable = Addressable::default();
+        self.sweep(&mut addressable).await?;
         let names = self.space.names();
         let dm = self.stream_info(&names.dm_stream()).await?;
         let mut dm_shares = Shares {
             store: byte_limit(&dm),
             ..Shares::default()
         };
-        // Until the feed has caught up with what DM held, holds kept from an earlier run of
-        // the warden are not reviewed (they would look read).
-        let mut replayed = dm.state.messages == 0;
-        // The floors first: the feed then counts only what is unread.
         let agents = addressable.agents.iter().cloned().collect();
         self.read_floors(&mut dm_shares.ledger, agents).await;
-        let mut task_shares = Shares {
+        let task_shares = Shares {
             store: byte_limit(&self.stream_info(&names.task_stream()).await?),
             ..Shares::default()
         };
-        // Whether the broker has yet to be told of a change of the holds.
-        let mut unpushed = !self.space.holds().is_empty();
-        let mut review = tokio::time::interval(TRIM_EVERY);
-        ctx.report(Health::Running);
+        Ok(Watch {
+            names: names.clone(),
+            addressable,
+            dm_shares,
+            task_shares,
+            replayed: dm.state.messages == 0,
+            unpushed: !self.space.holds().is_empty(),
+            fullness_checked: None,
+            pairs: HashMap::new(),
+            recent: BTreeSet::new(),
+            purges: BTreeSet::new(),
+        })
+    }
 
-        // When DM was last checked for being nearly full.
-        let mut fullness_checked: Option<Instant> = None;
-        // Per DM pair: how many it may hold (publishes seen since it was last counted), and
-        // when it was last trimmed.
-        let mut pairs: HashMap<String, (i64, Option<Instant>)> = HashMap::new();
-        // Purged within the current window, and waiting for its end.
-        let mut recent: BTreeSet<String> = BTreeSet::new();
-        let mut purges: BTreeSet<String> = BTreeSet::new();
+    /// A DM that DM stored: counted against its sender's share.
+    async fn on_stored(&self, w: &mut Watch, msg: &async_nats::jetstream::Message) {
+        w.addressable.refresh(&self.identities);
+        let Some((seq, size, pending)) = stored_entry(msg) else {
+            return;
+        };
+        w.replayed |= pending == 0;
+        let Verdict::Pair(target, _) = judge(&w.names, msg.subject.as_str(), &w.addressable) else {
+            return;
+        };
+        let sender = msg.subject.as_str().rsplit('.').next().unwrap_or_default();
+        w.dm_shares.stored(&target, sender, seq, size);
+        if self.judge_share(Held::Dms, &mut w.dm_shares, sender).await {
+            w.unpushed = !self.push_holds().await;
+        }
+    }
+
+    /// Every [`TRIM_EVERY`]: the holds reviewed, and pushed if they changed.
+    async fn on_review(&self, w: &mut Watch) {
+        w.dm_shares.in_flight.clear();
+        if w.replayed && self.review_holds(Held::Dms, &mut w.dm_shares).await {
+            w.unpushed = true;
+        }
+        if self.review_holds(Held::Tasks, &mut w.task_shares).await {
+            w.unpushed = true;
+        }
+        if w.unpushed {
+            w.unpushed = !self.push_holds().await;
+        }
+    }
+
+    /// Every [`SWEEP_INTERVAL`]: what is addressable and what the stores hold, read again.
+    async fn on_sweep(&self, w: &mut Watch) -> Result<(), ServiceError> {
+        // Caught up by now, or with nothing of the filter's to deliver.
+        w.replayed = true;
+        w.pairs.clear();
+        w.dm_shares.judged.clear();
+        w.task_shares.judged.clear();
+        let names = self.space.names();
+        let task_pairs = self.sweep(&mut w.addressable).await?;
+        w.task_shares.tasks.retain(|pair| task_pairs.contains(pair));
+        w.task_shares.store = byte_limit(&self.stream_info(&names.task_stream()).await?);
+        // What DM no longer holds, or holds for no agent, or was read.
+        let dm = self.stream_info(&names.dm_stream()).await?;
+        w.dm_shares.store = byte_limit(&dm);
+        w.dm_shares.ledger.below(dm.state.first_sequence);
+        for target in w.dm_shares.ledger.targets() {
+            if !w.addressable.agents.contains(&target) {
+                w.dm_shares.ledger.forget_target(&target);
+            }
+        }
+        let targets = w.dm_shares.ledger.targets();
+        self.read_floors(&mut w.dm_shares.ledger, targets).await;
+        // The holds again: another node of a cluster may have pushed the account without them.
+        if !self.space.holds().is_empty() {
+            w.unpushed = !self.push_holds().await;
+        }
+        Ok(())
+    }
+
+    /// A DM or a task as published.
+    async fn on_published(&self, w: &mut Watch, subject: &str, size: u64) {
+        w.addressable.refresh(&self.identities);
+        match judge(&w.names, subject, &w.addressable) {
+            Verdict::Purge(filter) if w.recent.contains(&filter) => {
+                w.purges.insert(filter);
+            }
+            Verdict::Purge(filter) => {
+                self.purge(&filter).await;
+                w.recent.insert(filter);
+            }
+            Verdict::Pair(target, subject) => self.on_dm(w, &target, subject, size).await,
+            Verdict::Task(subject) => {
+                let sender = subject.rsplit('.').next().unwrap_or_default();
+                w.task_shares.tasks.published(&subject, size);
+                w.task_shares.published(sender, size);
+                if self
+                    .judge_share(Held::Tasks, &mut w.task_shares, sender)
+                    .await
+                {
+                    w.unpushed = !self.push_holds().await;
+                }
+            }
+            Verdict::Keep => {}
+        }
+    }
+
+    /// A DM to an agent as published: its sender's share, DM's fullness, its pair's bound.
+    async fn on_dm(&self, w: &mut Watch, target: &str, subject: String, size: u64) {
+        let sender = subject.rsplit('.').next().unwrap_or_default();
+        w.dm_shares.published(sender, size);
+        if self.judge_share(Held::Dms, &mut w.dm_shares, sender).await {
+            w.unpushed = !self.push_holds().await;
+        }
+        if w.fullness_checked.is_none_or(|t| t.elapsed() >= TRIM_EVERY) {
+            w.fullness_checked = Some(Instant::now());
+            if self.dm_nearly_full().await {
+                for agent in &w.addressable.agents {
+                    self.trim(agent, &self.space.names().dms_to(agent)).await;
+                }
+            }
+        }
+        let (held, trimmed) = w.pairs.entry(subject.clone()).or_default();
+        *held += 1;
+        if *held >= TRIM_AT && trimmed.is_none_or(|t| t.elapsed() >= TRIM_EVERY) {
+            // A target that keeps reading is trimmed at every publish past the mark, so that a
+            // busy pair is not refused for what was read; one that read nothing since is
+            // looked at again only after TRIM_EVERY.
+            match self.trim(target, &subject).await {
+                Some((purged, now)) => {
+                    *held = now;
+                    *trimmed = (purged == 0).then(Instant::now);
+                }
+                None => *trimmed = Some(Instant::now()),
+            }
+        }
+    }
+}
+
+impl Service for Warden {
+    fn name(&self) -> &'static str {
+        "warden"
+    }
+
+    async fn run(&self, ctx: Context) -> Result<(), ServiceError> {
+        let nats = self.space.nats();
+        let names = self.space.names();
+        let mut dms = nats
+            .subscribe(names.dms())
+            .await
+            .map_err(ServiceError::at("subscribing to DMs"))?;
+        let mut tasks = nats
+            .subscribe(names.tasks())
+            .await
+            .map_err(ServiceError::at("subscribing to tasks"))?;
+        nats.flush()
+            .await
+            .map_err(ServiceError::at("subscribing to DMs and tasks"))?;
+        let mut stored = self.follow_dm().await?;
+        let mut w = self.watch().await?;
+        let mut review = tokio::time::interval(TRIM_EVERY);
         let mut batch = tokio::time::interval(PURGE_BATCH);
         let mut sweep = tokio::time::interval(SWEEP_INTERVAL);
         sweep.reset();
+        ctx.report(Health::Running);
         loop {
             let (subject, size) = tokio::select! {
                 () = ctx.cancelled() => return Ok(()),
@@ -634,33 +780,11 @@ impl Service for Warden {
                     let msg = entry
                         .ok_or_else(|| ServiceError::msg("following DM ended"))?
                         .map_err(ServiceError::at("following DM"))?;
-                    addressable.refresh(&self.identities);
-                    let Some((seq, size, pending)) = stored_entry(&msg) else {
-                        continue;
-                    };
-                    replayed |= pending == 0;
-                    let Verdict::Pair(target, _) = judge(&prefix, msg.subject.as_str(), &addressable)
-                    else {
-                        continue;
-                    };
-                    let sender = msg.subject.as_str().rsplit('.').next().unwrap_or_default();
-                    dm_shares.stored(&target, sender, seq, size);
-                    if self.judge_share(Held::Dms, &mut dm_shares, sender).await {
-                        unpushed = !self.push_holds().await;
-                    }
+                    self.on_stored(&mut w, &msg).await;
                     continue;
                 }
                 _ = review.tick() => {
-                    dm_shares.in_flight.clear();
-                    if replayed && self.review_holds(Held::Dms, &mut dm_shares).await {
-                        unpushed = true;
-                    }
-                    if self.review_holds(Held::Tasks, &mut task_shares).await {
-                        unpushed = true;
-                    }
-                    if unpushed {
-                        unpushed = !self.push_holds().await;
-                    }
+                    self.on_review(&mut w).await;
                     continue;
                 }
                 msg = dms.next() => {
@@ -672,91 +796,18 @@ impl Service for Warden {
                     (msg.subject, msg.payload.len() as u64)
                 }
                 _ = batch.tick() => {
-                    recent = std::mem::take(&mut purges);
-                    for filter in &recent {
+                    w.recent = std::mem::take(&mut w.purges);
+                    for filter in &w.recent {
                         self.purge(filter).await;
                     }
                     continue;
                 }
                 _ = sweep.tick() => {
-                    // Caught up by now, or with nothing of the filter's to deliver.
-                    replayed = true;
-                    pairs.clear();
-                    dm_shares.judged.clear();
-                    task_shares.judged.clear();
-                    let task_pairs = self.sweep(&mut addressable).await?;
-                    task_shares.tasks.retain(|pair| task_pairs.contains(pair));
-                    task_shares.store = byte_limit(&self.stream_info(&names.task_stream()).await?);
-                    // What DM no longer holds, or holds for no agent, or was read.
-                    let dm = self.stream_info(&names.dm_stream()).await?;
-                    dm_shares.store = byte_limit(&dm);
-                    dm_shares.ledger.below(dm.state.first_sequence);
-                    for target in dm_shares.ledger.targets() {
-                        if !addressable.agents.contains(&target) {
-                            dm_shares.ledger.forget_target(&target);
-                        }
-                    }
-                    let targets = dm_shares.ledger.targets();
-                    self.read_floors(&mut dm_shares.ledger, targets).await;
-                    // The holds again: another node of a cluster may have pushed the account
-                    // without them.
-                    if !self.space.holds().is_empty() {
-                        unpushed = !self.push_holds().await;
-                    }
+                    self.on_sweep(&mut w).await?;
                     continue;
                 }
             };
-            addressable.refresh(&self.identities);
-            match judge(&prefix, subject.as_str(), &addressable) {
-                Verdict::Purge(filter) if recent.contains(&filter) => {
-                    purges.insert(filter);
-                }
-                Verdict::Purge(filter) => {
-                    self.purge(&filter).await;
-                    recent.insert(filter);
-                }
-                Verdict::Pair(target, subject) => {
-                    let sender = subject.rsplit('.').next().unwrap_or_default();
-                    dm_shares.published(sender, size);
-                    if self.judge_share(Held::Dms, &mut dm_shares, sender).await {
-                        unpushed = !self.push_holds().await;
-                    }
-                    if fullness_checked.is_none_or(|t| t.elapsed() >= TRIM_EVERY) {
-                        fullness_checked = Some(Instant::now());
-                        if self.dm_nearly_full().await {
-                            for agent in &addressable.agents {
-                                self.trim(agent, &format!("{prefix}.inst.{agent}.*")).await;
-                            }
-                        }
-                    }
-                    let (held, trimmed) = pairs.entry(subject.clone()).or_default();
-                    *held += 1;
-                    if *held >= TRIM_AT && trimmed.is_none_or(|t| t.elapsed() >= TRIM_EVERY) {
-                        // A target that keeps reading is trimmed at every publish past the
-                        // mark, so that a busy pair is not refused for what was read; one that
-                        // read nothing since is looked at again only after TRIM_EVERY.
-                        match self.trim(&target, &subject).await {
-                            Some((purged, now)) => {
-                                *held = now;
-                                *trimmed = (purged == 0).then(Instant::now);
-                            }
-                            None => *trimmed = Some(Instant::now()),
-                        }
-                    }
-                }
-                Verdict::Task(subject) => {
-                    let sender = subject.rsplit('.').next().unwrap_or_default();
-                    task_shares.tasks.published(&subject, size);
-                    task_shares.published(sender, size);
-                    if self
-                        .judge_share(Held::Tasks, &mut task_shares, sender)
-                        .await
-                    {
-                        unpushed = !self.push_holds().await;
-                    }
-                }
-                Verdict::Keep => {}
-            }
+            self.on_published(&mut w, subject.as_str(), size).await;
         }
     }
 }
@@ -776,7 +827,7 @@ mod tests {
     #[test]
     fn dms_and_tasks_nobody_can_read_are_purged_by_target() {
         let a = addressable();
-        let p = "cotal.main";
+        let p = &SpaceNames::new("main");
         assert_eq!(
             judge(p, "cotal.main.inst.UBOB.UMAL", &a),
             Verdict::Pair("UBOB".into(), "cotal.main.inst.UBOB.UMAL".into())
@@ -805,7 +856,11 @@ mod tests {
             "cotal.main.inst.UX.UMAL.extra",
             "cotal.other.inst.UX.UMAL",
         ] {
-            assert_eq!(judge("cotal.main", subject, &a), Verdict::Keep, "{subject}");
+            assert_eq!(
+                judge(&SpaceNames::new("main"), subject, &a),
+                Verdict::Keep,
+                "{subject}"
+            );
         }
     }
 }

@@ -31,7 +31,7 @@ mod cluster;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -53,7 +53,7 @@ pub struct BenchArgs {
     /// Print one JSON document on stdout: `{"results": [{"name", "cotald", "baseline", "unit",
     /// "ratio", …}], "machine": {…}}` (the progress lines go to stderr).
     #[arg(long)]
-    json: bool,
+    pub json: bool,
     /// Repetitions of each case (after a warm-up that is not measured).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=50))]
     runs: u32,
@@ -194,13 +194,15 @@ struct Machine {
     runs: usize,
 }
 
+/// What one `cotald bench` run measured.
 #[derive(Debug, Serialize)]
-struct Report {
+pub struct Report {
     results: Vec<CaseResult>,
     machine: Machine,
 }
 
-pub(super) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+/// Runs the selected cases; progress goes to stdout, or to stderr with `--json`.
+pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
     let sizes = Sizes::new(args.quick, args.runs);
     let wanted = |name: &str| args.cases.is_empty() || args.cases.iter().any(|c| name.contains(c));
     // With --json, stdout is the document alone: progress goes to stderr.
@@ -295,13 +297,17 @@ pub(super) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             runs: sizes.runs,
         },
     };
-    if args.json {
-        let doc = serde_json::to_string_pretty(&report)?;
-        super::stdout(|out| writeln!(out, "{doc}"))?;
+    Ok(report)
+}
+
+/// Writes `report` as the table people read, or as one JSON document (`--json`).
+pub fn write(out: &mut dyn Write, report: &Report, json: bool) -> std::io::Result<()> {
+    if json {
+        let doc = serde_json::to_string_pretty(report).map_err(std::io::Error::other)?;
+        writeln!(out, "{doc}")
     } else {
-        super::stdout(|out| table(out, &report.results))?;
+        table(out, &report.results)
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 fn cores() -> usize {

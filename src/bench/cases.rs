@@ -455,27 +455,8 @@ pub(super) async fn live_latency(
         |warm| {
             let (pair, ch, out) = (&pair, &ch, &cotald_runs);
             async move {
-                let mut pair = pair.lock().await;
-                let LivePair {
-                    publisher,
-                    subscriber,
-                    ..
-                } = &mut *pair;
-                let mut lat = Vec::with_capacity(samples);
-                let text = text();
-                for _ in 0..if warm { samples / 10 } else { samples } {
-                    let start = Instant::now();
-                    let send = publisher.client.send_text(Routing::channel(ch), &text);
-                    let surfaced = async {
-                        let d = next(subscriber).await?;
-                        let took = start.elapsed();
-                        d.ack().await?;
-                        anyhow::Ok(took)
-                    };
-                    let (sent, surfaced) = tokio::join!(send, surfaced);
-                    sent?;
-                    lat.push(surfaced?);
-                }
+                let n = if warm { samples / 10 } else { samples };
+                let lat = cotald_latencies(&mut *pair.lock().await, ch, n).await?;
                 if !warm {
                     out.borrow_mut().push(percentiles(lat));
                 }
@@ -485,37 +466,8 @@ pub(super) async fn live_latency(
         |warm| {
             let (pair, out) = (&pair, &raw_runs);
             async move {
-                let mut pair = pair.lock().await;
-                let LivePair {
-                    raw_js,
-                    raw_subject,
-                    raw_payload,
-                    raw_sub,
-                    ..
-                } = &mut *pair;
-                let mut lat = Vec::with_capacity(samples);
-                for i in 0..if warm { samples / 10 } else { samples } {
-                    let start = Instant::now();
-                    let message = PublishMessage::build()
-                        .payload(raw_payload.clone())
-                        .message_id(format!("{}.{i}", crate::protocol::new_message_id()));
-                    let send = async {
-                        raw_js
-                            .send_publish(raw_subject.clone(), message)
-                            .await?
-                            .await?;
-                        anyhow::Ok(())
-                    };
-                    let surfaced = async {
-                        bounded("a raw message", raw_sub.next())
-                            .await?
-                            .context("raw subscription closed")?;
-                        anyhow::Ok(start.elapsed())
-                    };
-                    let (sent, surfaced) = tokio::join!(send, surfaced);
-                    sent?;
-                    lat.push(surfaced?);
-                }
+                let n = if warm { samples / 10 } else { samples };
+                let lat = raw_latencies(&mut *pair.lock().await, n).await?;
                 if !warm {
                     out.borrow_mut().push(percentiles(lat));
                 }
@@ -548,6 +500,70 @@ pub(super) async fn live_latency(
             flavor.goals[2],
         ),
     ])
+}
+
+/// `n` messages one at a time through cotald's client: publish to surfaced (and acked).
+async fn cotald_latencies(
+    pair: &mut LivePair,
+    ch: &Channel,
+    n: usize,
+) -> anyhow::Result<Vec<Duration>> {
+    let LivePair {
+        publisher,
+        subscriber,
+        ..
+    } = pair;
+    let mut lat = Vec::with_capacity(n);
+    let text = text();
+    for _ in 0..n {
+        let start = Instant::now();
+        let send = publisher.client.send_text(Routing::channel(ch), &text);
+        let surfaced = async {
+            let d = next(subscriber).await?;
+            let took = start.elapsed();
+            d.ack().await?;
+            anyhow::Ok(took)
+        };
+        let (sent, surfaced) = tokio::join!(send, surfaced);
+        sent?;
+        lat.push(surfaced?);
+    }
+    Ok(lat)
+}
+
+/// `n` messages one at a time, raw: JetStream publish with a message id to core delivery.
+async fn raw_latencies(pair: &mut LivePair, n: usize) -> anyhow::Result<Vec<Duration>> {
+    let LivePair {
+        raw_js,
+        raw_subject,
+        raw_payload,
+        raw_sub,
+        ..
+    } = pair;
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n {
+        let start = Instant::now();
+        let message = PublishMessage::build()
+            .payload(raw_payload.clone())
+            .message_id(format!("{}.{i}", crate::protocol::new_message_id()));
+        let send = async {
+            raw_js
+                .send_publish(raw_subject.clone(), message)
+                .await?
+                .await?;
+            anyhow::Ok(())
+        };
+        let surfaced = async {
+            bounded("a raw message", raw_sub.next())
+                .await?
+                .context("raw subscription closed")?;
+            anyhow::Ok(start.elapsed())
+        };
+        let (sent, surfaced) = tokio::join!(send, surfaced);
+        sent?;
+        lat.push(surfaced?);
+    }
+    Ok(lat)
 }
 
 /// p50 and p99 in µs.
@@ -800,43 +816,7 @@ async fn catch_up(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>
         },
         |_warm| async {
             away().await?;
-            let start = Instant::now();
-            let nats = bench.raw_as(&bench.operator).await?;
-            let js = jetstream::new(nats.clone());
-            let stream = js.get_stream(format!("CHAT_{SPACE}")).await?;
-            let name = format!("bench_catch_{}", first.get());
-            let raw = stream
-                .create_consumer(pull::Config {
-                    name: Some(name.clone()),
-                    filter_subject: format!("cotal.{SPACE}.chat.*.{CH_CATCH}"),
-                    deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
-                        start_sequence: first.get(),
-                    },
-                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                    inactive_threshold: Duration::from_secs(60),
-                    ..Default::default()
-                })
-                .await?;
-            let mut read = 0;
-            while read < backlog {
-                let mut batch = raw
-                    .fetch()
-                    .max_messages(RAW_BATCH.min(backlog - read))
-                    .expires(Duration::from_secs(2))
-                    .messages()
-                    .await?;
-                while let Some(msg) = batch.next().await {
-                    msg.map_err(|e| anyhow::anyhow!("{e}"))?
-                        .ack()
-                        .await
-                        .map_err(|e| anyhow::anyhow!("{e}"))?;
-                    read += 1;
-                }
-            }
-            nats.flush().await?;
-            let elapsed = start.elapsed();
-            let _ = stream.delete_consumer(&name).await;
-            let _ = tokio::time::timeout(Duration::from_secs(5), nats.drain()).await;
+            let elapsed = raw_catch_up(bench, first.get(), backlog).await?;
             Ok(rate(backlog, elapsed))
         },
     )
@@ -852,6 +832,49 @@ async fn catch_up(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>
         "a new connection + pull consumer of the same range, fetch 256 + ack",
         ">= 0.8",
     )])
+}
+
+/// The raw side of `catchup_10k`: a new connection and a pull consumer of the backlog from
+/// `first`, fetched in batches and acked one by one; the time from connect to the last ack.
+async fn raw_catch_up(bench: &Bench, first: u64, backlog: usize) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    let nats = bench.raw_as(&bench.operator).await?;
+    let js = jetstream::new(nats.clone());
+    let stream = js.get_stream(format!("CHAT_{SPACE}")).await?;
+    let name = format!("bench_catch_{}", first);
+    let raw = stream
+        .create_consumer(pull::Config {
+            name: Some(name.clone()),
+            filter_subject: format!("cotal.{SPACE}.chat.*.{CH_CATCH}"),
+            deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: first,
+            },
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            inactive_threshold: Duration::from_secs(60),
+            ..Default::default()
+        })
+        .await?;
+    let mut read = 0;
+    while read < backlog {
+        let mut batch = raw
+            .fetch()
+            .max_messages(RAW_BATCH.min(backlog - read))
+            .expires(Duration::from_secs(2))
+            .messages()
+            .await?;
+        while let Some(msg) = batch.next().await {
+            msg.map_err(|e| anyhow::anyhow!("{e}"))?
+                .ack()
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            read += 1;
+        }
+    }
+    nats.flush().await?;
+    let elapsed = start.elapsed();
+    let _ = stream.delete_consumer(&name).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), nats.drain()).await;
+    Ok(elapsed)
 }
 
 const CH_REPLAY: &str = "bench-replay";

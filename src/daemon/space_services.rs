@@ -1,0 +1,233 @@
+//! Phase 6's last step: the services of one served space, built in dependency order and
+//! started where they run. Every node runs the presence watch; the others (the backstop reader,
+//! the manager, the mention router, the warden, the consumer guard, the membership feed) run
+//! on the one node that holds the space's lease in a cluster ([`crate::services::lease`]),
+//! and at once on a single node.
+
+use std::sync::Arc;
+
+use super::{Core, DaemonError};
+use crate::backoff::Backoff;
+use crate::services::backstop::Backstop;
+use crate::services::consumers::ConsumerGuard;
+use crate::services::identity_sync::IdentitySync;
+use crate::services::lease::{LeaseKeeper, Starter};
+use crate::services::manager::Manager;
+use crate::services::members::Members;
+use crate::services::membership::{BrokerView, MembershipFeed};
+use crate::services::mentions::Mentions;
+use crate::services::presence::{PresenceView, PresenceWatch};
+use crate::services::warden::{PushAccount, Warden};
+use crate::services::{ServiceError, ServiceSet};
+use crate::space::{Identities, Space};
+
+/// How many times the members registry is read before the leased services give up starting.
+const MEMBERS_ATTEMPTS: u32 = 10;
+
+/// What a served space's services are made of; [`SpaceServices::start`] starts them.
+#[derive(Clone)]
+pub(super) struct SpaceServices {
+    space: Arc<Space>,
+    identities: Arc<Identities>,
+    presence: Arc<PresenceView>,
+    members: Arc<Members>,
+    backstop: Arc<Backstop>,
+    manager: Arc<Manager>,
+    view: BrokerView,
+    /// Pushes the space's account JWT again, for the warden's holds.
+    push_account: PushAccount,
+}
+
+/// A space's services once started: the manager the operator's requests reach, and in a
+/// cluster the lease that decides where the leased ones run.
+pub(super) struct Started {
+    pub(super) manager: Arc<Manager>,
+    pub(super) lease: Option<Arc<LeaseKeeper>>,
+}
+
+impl SpaceServices {
+    /// Opens what the services share (the members registry, the roster the presence watch
+    /// keeps) and makes them; the presence watch is started in `set` at once, since the reader
+    /// and the router need the roster.
+    pub(super) async fn build(
+        core: &Arc<Core>,
+        space: &Arc<Space>,
+        identities: &Arc<Identities>,
+        set: &ServiceSet,
+    ) -> Result<SpaceServices, DaemonError> {
+        let name = space.name();
+        let members = Arc::new(
+            Members::open(space.jetstream(), space.names())
+                .await
+                .map_err(|e| service_error(name, e))?,
+        );
+        let presence = Arc::new(PresenceView::default());
+        let backstop = Arc::new(Backstop::new(
+            space.clone(),
+            identities.clone(),
+            members.clone(),
+            presence.clone(),
+        ));
+        let manager = Arc::new(Manager::new(
+            space.clone(),
+            identities.clone(),
+            members.clone(),
+            backstop.clone(),
+        ));
+        let view = broker_view(core, space)?;
+        set.start(Arc::new(PresenceWatch::new(
+            space.clone(),
+            presence.clone(),
+        )))
+        .await
+        .map_err(|e| service_error(name, e))?;
+        Ok(SpaceServices {
+            space: space.clone(),
+            identities: identities.clone(),
+            presence,
+            members,
+            backstop,
+            manager,
+            view,
+            push_account: account_pusher(core, space, identities)?,
+        })
+    }
+
+    /// Starts them in `set`: at once on a single node; in a cluster, the identity sync and
+    /// the lease keeper, which starts the others while this node holds the lease. A clustered
+    /// start that fails is not fatal (the bucket may be created by another node this very
+    /// moment): the set retries it with backoff, and `status` shows it.
+    pub(super) async fn start(
+        self,
+        set: &ServiceSet,
+        cluster: Option<(&str, usize)>,
+    ) -> Result<Started, DaemonError> {
+        let manager = self.manager.clone();
+        let name = self.space.name().to_owned();
+        let Some((node, replicas)) = cluster else {
+            self.start_leased(set, false)
+                .await
+                .map_err(|e| service_error(&name, e))?;
+            return Ok(Started {
+                manager,
+                lease: None,
+            });
+        };
+        let sync = IdentitySync::new(self.space.clone(), self.identities.clone(), replicas);
+        if let Err(e) = set.start(Arc::new(sync)).await {
+            tracing::warn!(space = name, error = %crate::ops::error_text(&e),
+                "identity sync not running yet; retrying");
+        }
+        let space = self.space.clone();
+        let starter: Starter = Arc::new(move |leased: Arc<ServiceSet>| {
+            let parts = self.clone();
+            Box::pin(async move { parts.start_leased(&leased, true).await })
+        });
+        let keeper = Arc::new(LeaseKeeper::new(space, node.to_owned(), replicas, starter));
+        if let Err(e) = set.start(keeper.clone()).await {
+            tracing::warn!(space = name, error = %crate::ops::error_text(&e),
+                "lease keeper not running yet; retrying");
+        }
+        Ok(Started {
+            manager,
+            lease: Some(keeper),
+        })
+    }
+
+    /// Starts the leased services in `set`, in dependency order (the manager needs the
+    /// reader); on a takeover (`first_the_manager`) the reader and the manager come first,
+    /// since clients wait for the manager. Each is started even when one before it fails to
+    /// (it keeps being retried by the set): a warden waiting for a stream leader must not keep
+    /// the manager from serving. The first failure is returned.
+    async fn start_leased(
+        self,
+        set: &ServiceSet,
+        first_the_manager: bool,
+    ) -> Result<(), ServiceError> {
+        // Retried: a takeover often coincides with the registry's stream electing a leader.
+        let mut backoff = Backoff::default();
+        let mut attempts = 0;
+        while let Err(e) = self.members.reload().await {
+            attempts += 1;
+            if attempts >= MEMBERS_ATTEMPTS {
+                return Err(ServiceError::new("reading the members registry", e));
+            }
+            tokio::time::sleep(backoff.next_delay()).await;
+        }
+        let mut results = Vec::new();
+        if first_the_manager {
+            results.push(set.start(self.backstop.clone()).await);
+            results.push(set.start(self.manager.clone()).await);
+        }
+        let (space, identities) = (&self.space, &self.identities);
+        let mentions = Mentions::new(space.clone(), identities.clone(), self.presence.clone());
+        results.push(set.start(Arc::new(mentions)).await);
+        let warden = Warden::new(space.clone(), identities.clone(), self.push_account.clone());
+        results.push(set.start(Arc::new(warden)).await);
+        let guard = ConsumerGuard::new(space.clone(), identities.clone());
+        results.push(set.start(Arc::new(guard)).await);
+        if !first_the_manager {
+            results.push(set.start(self.backstop).await);
+            results.push(set.start(self.manager).await);
+        }
+        let feed = MembershipFeed::new(self.space, self.members, self.view);
+        results.push(set.start(Arc::new(feed)).await);
+        results.into_iter().collect()
+    }
+}
+
+/// The credentials and address the membership feed watches the broker with (§7: a member
+/// that disconnects is seen offline by the broker before the roster says so).
+fn broker_view(core: &Core, space: &Space) -> Result<BrokerView, DaemonError> {
+    let account = space.account().to_owned();
+    let creds = core
+        .keys
+        .system_daemon_creds(&format!("cotald-membership-{}", space.name()), |id| {
+            crate::binding::acl::membership_daemon(&account, id)
+        })?;
+    Ok(BrokerView {
+        creds,
+        ca: core.ca_cert.clone(),
+        addr: core.local,
+    })
+}
+
+/// How the warden pushes the space's account again for its holds. The keys are loaded
+/// once: a hold is pushed while its sender may be flooding.
+fn account_pusher(
+    core: &Arc<Core>,
+    space: &Arc<Space>,
+    identities: &Arc<Identities>,
+) -> Result<PushAccount, DaemonError> {
+    let keys = Arc::new(core.keys.space(space.name())?);
+    let core = Arc::downgrade(core);
+    let config = space.config().clone();
+    let (identities, space) = (identities.clone(), Arc::downgrade(space));
+    Ok(Arc::new(move || {
+        let (core, space) = (core.upgrade(), space.upgrade());
+        let (keys, config, identities) = (keys.clone(), config.clone(), identities.clone());
+        Box::pin(async move {
+            let (Some(core), Some(space)) = (core, space) else {
+                return Err("the space is no longer served".to_owned());
+            };
+            core.push_account(&keys, &config, &identities, Some(&space))
+                .await
+                .map_err(|e| crate::ops::error_text(&e))
+        })
+    }))
+}
+
+/// A service of `space` that could not start.
+pub(super) fn service_error(
+    space: &str,
+    e: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> DaemonError {
+    let source = e.into();
+    DaemonError::Service {
+        space: space.to_owned(),
+        source: match source.downcast::<ServiceError>() {
+            Ok(e) => *e,
+            Err(other) => ServiceError::new("starting the space's services", other),
+        },
+    }
+}
