@@ -26,7 +26,7 @@
 //! | [`dashboard`] | the live web dashboard `cotald up` serves: roster, channels, feed, health, read as an observer | §6, §7, App. B |
 //! | [`mcp`] | `cotald mcp`: an MCP server on stdio that makes an AI agent host one long-lived endpoint | §4–§8, §12 |
 //! | [`daemon`] | the appliance: startup phases, the storage budget, account push, the admin socket, readiness to a service manager, teardown; `cluster init`/`join` | §9 |
-//! | [`bench`] | `cotald bench`: the figures against raw NATS measured in the same run (cargo feature `bench`, on by default) | |
+//! | [`bench`](mod@bench) | `cotald bench`: the figures against raw NATS measured in the same run (cargo feature `bench`, on by default) | |
 //! | [`cli`] | the `cotald` subcommands; how an endpoint command finds its space (local data dir, context, environment) | |
 //!
 //! The `cotald` executable (`src/main.rs`) is the only artefact that embeds the bundled

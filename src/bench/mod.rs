@@ -9,7 +9,7 @@
 //! cotald/baseline as measured (lower is better). It asserts nothing about time: the figures
 //! are for reading (`docs/benchmarks.md` keeps the last ones with the machine described).
 //!
-//! Cases ([`cases`]): `live_throughput`, `live_latency_p50`/`_p99`, the same on the shipped
+//! Cases (`cases.rs`): `live_throughput`, `live_latency_p50`/`_p99`, the same on the shipped
 //! profile's durable channel with its member online (`default_profile_throughput`,
 //! `default_profile_latency_p50`/`_p99`), `dm_throughput`,
 //! `durable_publish_100_members` (100 absent durable members vs 1), `catchup_10k` (a returning
@@ -22,7 +22,7 @@
 //! again on an appliance whose profile syncs every write (`sync_interval = "always"`), named
 //! with a `_sync_always` suffix.
 //!
-//! `--cluster` runs instead what a cluster of appliances costs ([`cluster`]): the live cases on
+//! `--cluster` runs instead what a cluster of appliances costs (`cluster.rs`): the live cases on
 //! R1 and on R3, and the failover time.
 
 mod cases;
