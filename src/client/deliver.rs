@@ -413,16 +413,16 @@ impl Sink {
 /// Binds a pre-created pull durable (`CONSUMER.INFO` only, never create: Appendix B) and
 /// pumps it into the sink until the client closes, rebinding after failures.
 pub(crate) async fn bind(client: &Client, stream: &str, durable: &str) -> Result<(), ClientError> {
-    let consumer = client
-        .inner
-        .js
-        .get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(durable, stream)
-        .await
-        .map_err(|e| ClientError::Bind {
-            durable: durable.to_owned(),
-            stream: stream.to_owned(),
-            source: e.into(),
-        })?;
+    let js = &client.inner.js;
+    let consumer = super::transient::retried(durable, || {
+        js.get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(durable, stream)
+    })
+    .await
+    .map_err(|e| ClientError::Bind {
+        durable: durable.to_owned(),
+        stream: stream.to_owned(),
+        source: e.into(),
+    })?;
     let inner = client.inner.clone();
     let (stream, durable) = (stream.to_owned(), durable.to_owned());
     let task = tokio::spawn(async move {

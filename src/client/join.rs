@@ -486,6 +486,10 @@ impl Client {
 
     /// The CHAT frontier (last stream sequence).
     async fn chat_frontier(&self) -> Result<u64, ClientError> {
+        super::transient::retried("the CHAT frontier", || self.read_chat_frontier()).await
+    }
+
+    async fn read_chat_frontier(&self) -> Result<u64, ClientError> {
         let mut stream = self
             .inner
             .js
@@ -502,6 +506,16 @@ impl Client {
     /// The effective config of a channel (§7): registry value ?? `=defaults` ?? built-in. A
     /// wildcard pattern has no registry key of its own: the defaults apply.
     pub async fn effective_config(
+        &self,
+        pattern: &ChannelPattern,
+    ) -> Result<EffectiveChannelConfig, ClientError> {
+        super::transient::retried("the channel registry", || {
+            self.read_effective_config(pattern)
+        })
+        .await
+    }
+
+    async fn read_effective_config(
         &self,
         pattern: &ChannelPattern,
     ) -> Result<EffectiveChannelConfig, ClientError> {
@@ -538,6 +552,10 @@ impl Client {
     /// The channel registry as stored (§7): the space defaults and every concrete channel's
     /// config, with its description and instructions. An unreadable entry is an error.
     pub async fn channel_registry(&self) -> Result<ChannelRegistry, ClientError> {
+        super::transient::retried("the channel registry", || self.read_channel_registry()).await
+    }
+
+    async fn read_channel_registry(&self) -> Result<ChannelRegistry, ClientError> {
         let bucket = self.inner.names.channels_bucket();
         let kv = self
             .inner

@@ -23,6 +23,7 @@ mod connect;
 pub mod deliver;
 pub mod join;
 pub mod presence;
+mod transient;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

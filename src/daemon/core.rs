@@ -55,6 +55,8 @@ pub(super) struct Core {
     pub(super) budget: std::sync::Mutex<budget::Budget>,
     /// Held while an account JWT is signed and pushed.
     pub(super) pushing: tokio::sync::Mutex<()>,
+    /// What each space's account JWT last pushed said.
+    pub(super) pushed: std::sync::Mutex<BTreeMap<String, AccountState>>,
     pub(super) spaces: tokio::sync::Mutex<BTreeMap<String, Arc<Served>>>,
     pub(super) state: std::sync::Mutex<RuntimeState>,
     /// Cancels every service of the appliance.
@@ -110,6 +112,7 @@ impl Core {
             system,
             budget: std::sync::Mutex::new(budget::Budget::new(budget::grantable(store_limit))),
             pushing: tokio::sync::Mutex::new(()),
+            pushed: std::sync::Mutex::new(BTreeMap::new()),
             spaces: tokio::sync::Mutex::new(BTreeMap::new()),
             state: std::sync::Mutex::new(RuntimeState {
                 pid: std::process::id(),
@@ -180,23 +183,48 @@ impl Core {
         served: Option<&Space>,
     ) -> Result<(), DaemonError> {
         // One at a time, so that they reach the broker in the order they were signed: it
-        // ignores an account JWT issued before the one it has.
+        // ignores an account JWT issued before the one it has. The state is read once the
+        // turn comes, so a burst of requests costs one push of the latest state, and those
+        // after it find nothing changed.
         let _pushing = self.pushing.lock().await;
-        let mappings = served
-            .map(|s| s.holds().mappings(s.names()))
-            .unwrap_or_default();
-        let jwt = self.keys.space_account_jwt(
-            keys,
-            JetStreamLimits {
+        let wanted = AccountState {
+            limits: JetStreamLimits {
                 mem_storage: config.jetstream.max_memory_store,
                 disk_storage: config.jetstream.max_file_store,
                 streams: -1,
                 consumer: -1,
             },
-            &identities.revocations(),
-            &mappings,
+            revocations: identities.revocations(),
+            mappings: served
+                .map(|s| s.holds().mappings(s.names()))
+                .unwrap_or_default(),
+        };
+        let space = keys.name();
+        // A push rebuilds the account's JetStream API import in the broker: its agents' requests
+        // of that instant find no responder. So nothing is pushed that the broker has already;
+        // a node of a cluster always pushes (another node may have pushed another state).
+        let unchanged = self
+            .pushed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(space)
+            .is_some_and(|pushed| *pushed == wanted);
+        if unchanged && !self.clustered {
+            tracing::debug!(space, "account unchanged; not pushed");
+            return Ok(());
+        }
+        let jwt = self.keys.space_account_jwt(
+            keys,
+            wanted.limits,
+            &wanted.revocations,
+            &wanted.mappings,
         )?;
-        push_account(&self.system, keys.name(), jwt).await
+        push_account(&self.system, space, jwt).await?;
+        self.pushed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(space.to_owned(), wanted);
+        Ok(())
     }
 
     /// [`Core::push_account`] of a served space.
@@ -371,13 +399,10 @@ impl Core {
         })
     }
 
-    /// Stops every space's services, then closes its connection.
-    pub(super) async fn close_spaces(&self) {
+    /// Every served space, no longer served: for the teardown.
+    pub(super) async fn take_spaces(&self) -> Vec<Arc<Served>> {
         let spaces = std::mem::take(&mut *self.spaces.lock().await);
-        for served in spaces.into_values() {
-            served.services.shutdown(SERVICES_DEADLINE).await;
-            served.space.close().await;
-        }
+        spaces.into_values().collect()
     }
 
     /// Who holds each served space's lease (a cluster's node only).
@@ -460,6 +485,14 @@ impl Core {
         self.dir.write_state(&state)?;
         Ok(())
     }
+}
+
+/// What a space's account JWT says beyond its keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct AccountState {
+    limits: JetStreamLimits,
+    revocations: BTreeMap<String, i64>,
+    mappings: BTreeMap<String, String>,
 }
 
 /// The machine operator's own user in a space, as the manager knows it: unrestricted, like the

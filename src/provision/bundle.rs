@@ -182,10 +182,7 @@ impl JoinBundle {
                 .map(|k| k.public_key())
                 .unwrap_or_default();
             if ours != self.operator_public() {
-                return Err(ProvisionError::Sign(format!(
-                    "this data dir already has a trust chain of its own (operator {ours}); a \
-                     node joins a cluster with a fresh data dir"
-                )));
+                return Err(ProvisionError::OwnTrustChain { ours });
             }
         } else {
             private_dir(keys)?;
@@ -194,14 +191,14 @@ impl JoinBundle {
             write("system/account.nk", &self.system_account)?;
             let user = KeyPair::new_user()
                 .seed()
-                .map_err(|e| ProvisionError::Sign(e.to_string()))?;
+                .map_err(|e| ProvisionError::Sign(e.into()))?;
             write("system/cotald.nk", &user)?;
             write_atomic(&tls.join("ca.key"), self.ca_key.as_bytes(), 0o600)?;
             write_atomic(&tls.join("ca.pem"), self.ca_cert.as_bytes(), 0o644)?;
             imported.trust_chain = true;
         }
         for (name, s) in &self.spaces {
-            crate::profile::validate_space_name(name).map_err(ProvisionError::Sign)?;
+            crate::profile::validate_space_name(name).map_err(ProvisionError::BadSpaceName)?;
             if keys.join(format!("spaces/{name}/account.nk")).exists() {
                 continue;
             }

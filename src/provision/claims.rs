@@ -96,7 +96,7 @@ pub struct AccountLimits {
 }
 
 /// The JetStream part of [`AccountLimits`].
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct JetStreamLimits {
     pub mem_storage: i64,
     pub disk_storage: i64,
@@ -241,9 +241,9 @@ fn encode<N: Serialize>(
         exp,
         nats,
     };
-    let unhashed = serde_json::to_vec(&claims).map_err(|e| ProvisionError::Sign(e.to_string()))?;
+    let unhashed = serde_json::to_vec(&claims).map_err(|e| ProvisionError::Sign(e.into()))?;
     claims.jti = data_encoding::BASE32_NOPAD.encode(&Sha512_256::digest(&unhashed));
-    let payload = serde_json::to_vec(&claims).map_err(|e| ProvisionError::Sign(e.to_string()))?;
+    let payload = serde_json::to_vec(&claims).map_err(|e| ProvisionError::Sign(e.into()))?;
     let signing_input = format!(
         "{}.{}",
         URL_SAFE_NO_PAD.encode(HEADER),
@@ -251,7 +251,7 @@ fn encode<N: Serialize>(
     );
     let signature = issuer
         .sign(signing_input.as_bytes())
-        .map_err(|e| ProvisionError::Sign(e.to_string()))?;
+        .map_err(|e| ProvisionError::Sign(e.into()))?;
     Ok(format!(
         "{signing_input}.{}",
         URL_SAFE_NO_PAD.encode(signature)

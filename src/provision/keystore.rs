@@ -155,7 +155,7 @@ impl KeyStore {
     ) -> Result<Creds, ProvisionError> {
         let user = KeyPair::new_user();
         let id = InstanceId::from_user_nkey(&user.public_key())
-            .map_err(|e| ProvisionError::Sign(e.to_string()))?;
+            .map_err(|e| ProvisionError::Sign(e.into()))?;
         let jwt = claims::user_jwt(
             &self.system,
             &self.system.public_key(),
@@ -280,9 +280,7 @@ impl SpaceKeys {
         let user = KeyPair::new_user();
         let path = self.user_key_path(&user.public_key());
         private_dir(&self.dir.join("users"))?;
-        let seed = user
-            .seed()
-            .map_err(|e| ProvisionError::Sign(e.to_string()))?;
+        let seed = user.seed().map_err(|e| ProvisionError::Sign(e.into()))?;
         write_atomic(&path, format!("{seed}\n").as_bytes(), 0o600)?;
         Ok(user)
     }
@@ -332,9 +330,7 @@ impl SpaceKeys {
 }
 
 fn seed_creds(jwt: String, user: &KeyPair) -> Result<Creds, ProvisionError> {
-    let seed = user
-        .seed()
-        .map_err(|e| ProvisionError::Sign(e.to_string()))?;
+    let seed = user.seed().map_err(|e| ProvisionError::Sign(e.into()))?;
     Ok(Creds { jwt, seed })
 }
 
@@ -366,7 +362,7 @@ fn load_group<const N: usize>(
             let seed = kind
                 .generate()
                 .seed()
-                .map_err(|e| ProvisionError::Sign(e.to_string()))?;
+                .map_err(|e| ProvisionError::Sign(e.into()))?;
             write_atomic(path, format!("{seed}\n").as_bytes(), 0o600)?;
             tracing::info!(path = %path.display(), kind = kind.label(), "generated key");
         }

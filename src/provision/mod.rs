@@ -57,9 +57,18 @@ pub enum ProvisionError {
     /// A space was asked for that has no keys.
     #[error("space `{0}` has no account keys in this data dir")]
     UnknownSpace(String),
+    /// A cluster bundle is imported into a data dir that has a trust chain of its own.
+    #[error(
+        "this data dir already has a trust chain of its own (operator {ours}); a node joins a \
+         cluster with a fresh data dir"
+    )]
+    OwnTrustChain { ours: String },
+    /// A cluster bundle names a space that is not a valid name.
+    #[error("the bundle names an invalid space: {0}")]
+    BadSpaceName(String),
     /// Signing a JWT failed.
-    #[error("signing failed: {0}")]
-    Sign(String),
+    #[error("signing failed")]
+    Sign(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A name for the server certificate is neither a DNS name nor an IP address.
     #[error(
         "hostname {0:?} is not a DNS name or an IP address: use dot-separated labels of 1 to 63 \

@@ -274,7 +274,7 @@ impl Members {
                     .delete_expect_revision(&key, Some(rev))
                     .await
                     .map(|()| 0)
-                    .map_err(|e| (e.to_string().contains("wrong last sequence"), e.into())),
+                    .map_err(|e| (e.kind() == kv::UpdateErrorKind::WrongLastRevision, e.into())),
                 (None, None) => Ok(0),
             };
             match written {

@@ -9,6 +9,7 @@ use async_nats::jetstream::{self, ErrorCode};
 
 use crate::binding::SpaceNames;
 use crate::binding::streams::{self, Drift, Retention};
+use crate::client::BoxError;
 
 /// What one bootstrap run did and found.
 #[derive(Debug, Default, Clone)]
@@ -27,12 +28,13 @@ pub struct BootstrapReport {
 #[derive(Debug, thiserror::Error)]
 pub enum BootstrapError {
     /// A JetStream request failed.
-    #[error("space `{space}`: {action} {object}: {reason}")]
+    #[error("space `{space}`: {action} {object}")]
     JetStream {
         space: String,
         action: &'static str,
         object: String,
-        reason: String,
+        #[source]
+        source: BoxError,
     },
     /// An existing stream differs in a way that breaks confidentiality; refused, not served.
     #[error(
@@ -90,13 +92,13 @@ fn failed(
     names: &SpaceNames,
     action: &'static str,
     object: &str,
-    e: impl ToString,
+    e: impl Into<BoxError>,
 ) -> BootstrapError {
     BootstrapError::JetStream {
         space: names.space().to_owned(),
         action,
         object: object.to_owned(),
-        reason: e.to_string(),
+        source: e.into(),
     }
 }
 
@@ -107,18 +109,21 @@ async fn ensure_stream(
     names: &SpaceNames,
     expected: jetstream::stream::Config,
 ) -> Result<(Option<String>, Vec<Drift>), BootstrapError> {
-    let err = |action, e: &dyn std::fmt::Display| failed(names, action, &expected.name, e);
+    let err = |action, e: BoxError| failed(names, action, &expected.name, e);
     let mut existing = match js.get_stream(&expected.name).await {
         Ok(existing) => existing,
         Err(e) if is_not_found(&e) => {
             js.create_stream(expected.clone())
                 .await
-                .map_err(|e| err("creating", &e))?;
+                .map_err(|e| err("creating", e.into()))?;
             return Ok((Some(expected.name.clone()), Vec::new()));
         }
-        Err(e) => return Err(err("reading", &e)),
+        Err(e) => return Err(err("reading", e.into())),
     };
-    let info = existing.info().await.map_err(|e| err("reading", &e))?;
+    let info = existing
+        .info()
+        .await
+        .map_err(|e| err("reading", e.into()))?;
     // What the stream is now, as this run leaves it.
     let mut current = info.config.clone();
     if current.num_replicas != expected.num_replicas {
@@ -130,7 +135,7 @@ async fn ensure_stream(
         scaled.max_bytes = expected.max_bytes;
         js.update_stream(scaled.clone())
             .await
-            .map_err(|e| err("scaling", &e))?;
+            .map_err(|e| err("scaling", e.into()))?;
         tracing::info!(
             stream = expected.name,
             from = current.num_replicas,
@@ -145,7 +150,7 @@ async fn ensure_stream(
     if let Some((bounded, fields)) = streams::narrowed(&current, &expected) {
         js.update_stream(bounded)
             .await
-            .map_err(|e| err("bounding", &e))?;
+            .map_err(|e| err("bounding", e.into()))?;
         tracing::info!(
             stream = expected.name,
             ?fields,

@@ -15,9 +15,10 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use async_nats::jetstream;
+use async_nats::jetstream::{self, ErrorCode, stream::ConsumerErrorKind};
 
 use crate::binding::{SpaceNames, streams};
+use crate::client::BoxError;
 use crate::profile::SpaceConfig;
 use crate::provision::SpaceKeys;
 
@@ -53,25 +54,28 @@ pub enum SpaceError {
     #[error("{0}")]
     Invalid(String),
     /// Something of the space could not be read.
-    #[error("space `{space}`: cannot read {what}: {reason}")]
+    #[error("space `{space}`: cannot read {what}")]
     Read {
         space: String,
         what: &'static str,
-        reason: String,
+        #[source]
+        source: BoxError,
     },
     /// The channel registry could not be written.
-    #[error("space `{space}`: cannot write {key} in the channel registry: {reason}")]
+    #[error("space `{space}`: cannot write {key} in the channel registry")]
     Registry {
         space: String,
         key: String,
-        reason: String,
+        #[source]
+        source: BoxError,
     },
-    /// A durable could not be created.
-    #[error("space `{space}`: cannot create durable {durable}: {reason}")]
+    /// A durable could not be created or deleted.
+    #[error("space `{space}`: cannot provision durable {durable}")]
     Durable {
         space: String,
         durable: String,
-        reason: String,
+        #[source]
+        source: BoxError,
     },
 }
 
@@ -196,39 +200,39 @@ impl Space {
         config: jetstream::consumer::pull::Config,
     ) -> Result<(), SpaceError> {
         let durable = config.durable_name.clone().unwrap_or_default();
-        let fail = |reason: String| SpaceError::Durable {
+        let fail = |e: BoxError| SpaceError::Durable {
             space: self.name().to_owned(),
             durable: durable.clone(),
-            reason,
+            source: e,
         };
         let stream = self
             .js
             .get_stream(&stream)
             .await
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| fail(e.into()))?;
         let mut consumer = stream
             .get_or_create_consumer(&durable, config.clone())
             .await
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| fail(e.into()))?;
         // An existing durable is bound by agents as it is: it must be the §8 one.
         let actual = consumer
             .info()
             .await
-            .map_err(|e| fail(e.to_string()))?
+            .map_err(|e| fail(e.into()))?
             .config
             .clone();
         if actual.filter_subject != config.filter_subject
             || actual.deliver_subject.is_some()
             || actual.ack_policy != config.ack_policy
         {
-            return Err(fail(format!(
+            return Err(fail(BoxError::from(format!(
                 "it exists with filter {:?}, deliver subject {:?}, ack policy {:?}; expected \
                  filter {:?}, pull, explicit ack",
                 actual.filter_subject,
                 actual.deliver_subject,
                 actual.ack_policy,
                 config.filter_subject
-            )));
+            ))));
         }
         Ok(())
     }
@@ -237,26 +241,27 @@ impl Space {
     /// still addressed to it are deleted (a role's `svc_<role>` is shared, and stays).
     pub async fn deprovision(&self, record: &IdentityRecord) -> Result<(), SpaceError> {
         let durable = crate::binding::dm_durable(&record.id);
-        let fail = |reason: String| SpaceError::Durable {
+        let fail = |e: BoxError| SpaceError::Durable {
             space: self.name().to_owned(),
             durable: durable.clone(),
-            reason,
+            source: e,
         };
         let stream = self
             .js
             .get_stream(self.names.dm_stream())
             .await
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| fail(e.into()))?;
         if let Err(e) = stream.delete_consumer(&durable).await
-            && !e.to_string().contains("not found")
+            && !matches!(e.kind(), ConsumerErrorKind::JetStream(js)
+                if js.error_code() == ErrorCode::CONSUMER_NOT_FOUND)
         {
-            return Err(fail(e.to_string()));
+            return Err(fail(e.into()));
         }
         stream
             .purge()
-            .filter(format!("{}.inst.{}.*", self.names.prefix(), record.id))
+            .filter(self.names.dms_to(&record.id))
             .await
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| fail(e.into()))?;
         Ok(())
     }
 
@@ -276,20 +281,20 @@ impl Space {
                 ))
             })?;
         let bucket = self.names.channels_bucket();
-        let fail = |reason: String| SpaceError::Registry {
+        let fail = |e: BoxError| SpaceError::Registry {
             space: self.name().to_owned(),
             key: pattern.as_str().to_owned(),
-            reason,
+            source: e,
         };
         let kv = self
             .js
             .get_key_value(&bucket)
             .await
-            .map_err(|e| fail(e.to_string()))?;
-        let bytes = serde_json::to_vec(config).map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| fail(e.into()))?;
+        let bytes = serde_json::to_vec(config).map_err(|e| fail(e.into()))?;
         kv.put(pattern.as_str(), bytes.into())
             .await
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| fail(e.into()))?;
         tracing::info!(
             space = self.name(),
             channel = pattern.as_str(),
@@ -300,17 +305,17 @@ impl Space {
 
     /// The CHAT frontier: the stream's last sequence (§7 cursors).
     pub async fn chat_frontier(&self) -> Result<u64, SpaceError> {
-        let fail = |e: String| SpaceError::Read {
+        let fail = |e: BoxError| SpaceError::Read {
             space: self.name().to_owned(),
             what: "the CHAT frontier",
-            reason: e,
+            source: e,
         };
         let mut stream = self
             .js
             .get_stream(self.names.chat_stream())
             .await
-            .map_err(|e| fail(e.to_string()))?;
-        let info = stream.info().await.map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| fail(e.into()))?;
+        let info = stream.info().await.map_err(|e| fail(e.into()))?;
         Ok(info.state.last_sequence)
     }
 
@@ -320,26 +325,26 @@ impl Space {
         &self,
         channel: &str,
     ) -> Result<EffectiveChannelConfig, SpaceError> {
-        let fail = |e: String| SpaceError::Read {
+        let fail = |e: BoxError| SpaceError::Read {
             space: self.name().to_owned(),
             what: "the channel registry",
-            reason: e,
+            source: e,
         };
         let kv = self
             .js
             .get_key_value(self.names.channels_bucket())
             .await
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| fail(e.into()))?;
         let defaults = match kv
             .get(CHANNEL_DEFAULTS_KEY)
             .await
-            .map_err(|e| fail(e.to_string()))?
+            .map_err(|e| fail(e.into()))?
         {
-            Some(b) => Some(ChannelDefaults::from_json(&b).map_err(|e| fail(e.to_string()))?),
+            Some(b) => Some(ChannelDefaults::from_json(&b).map_err(|e| fail(e.into()))?),
             None => None,
         };
-        let config = match kv.get(channel).await.map_err(|e| fail(e.to_string()))? {
-            Some(b) => Some(ChannelConfig::from_json(&b).map_err(|e| fail(e.to_string()))?),
+        let config = match kv.get(channel).await.map_err(|e| fail(e.into()))? {
+            Some(b) => Some(ChannelConfig::from_json(&b).map_err(|e| fail(e.into()))?),
             None => None,
         };
         Ok(resolve(config.as_ref(), defaults.as_ref()))
@@ -347,6 +352,6 @@ impl Space {
 
     /// Closes the provisioner connection (after the space's services stopped).
     pub async fn close(&self) {
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.client.drain()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.client.drain()).await;
     }
 }

@@ -7,8 +7,8 @@ use futures_util::StreamExt;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::helper::{
-    Cotald, Probe, TIMEOUT, alive, cotald_bin, cotald_in, gone, into_a_closed_pipe, mint,
-    mint_user, wait_event,
+    Cotald, Probe, TIMEOUT, alive, cotald_bin, cotald_in, eventually, gone, into_a_closed_pipe,
+    mint, mint_user, wait_event,
 };
 
 async fn round_trip(client: &async_nats::Client, subject: &str) {
@@ -228,18 +228,11 @@ async fn wait_state(
     what: &str,
     pred: impl Fn(&cotald::datadir::RuntimeState) -> bool,
 ) -> cotald::datadir::RuntimeState {
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        let state = c.state();
-        if pred(&state) {
-            return state;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "state.json never showed {what}: {state:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let pred = &pred;
+    eventually(&format!("state.json showing {what}"), || async move {
+        Some(c.state()).filter(|state| pred(state))
+    })
+    .await
 }
 
 /// A process stopped with SIGSTOP; if it is still there, stopped, when this is dropped (the
@@ -848,17 +841,12 @@ async fn a_panicking_service_is_restarted_and_status_json_says_why() {
                 .cloned()
         })
     };
-    let service = tokio::time::timeout(TIMEOUT, async {
-        loop {
-            let (_, report) = status_json(tmp.path()).await;
-            if let Some(service) = restarted(&report) {
-                return service;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        }
-    })
-    .await
-    .expect("the panicked service restarted and running within the timeout");
+    let (dir, restarted) = (tmp.path(), &restarted);
+    let service = eventually(
+        "the panicked service restarted and running",
+        || async move { restarted(&status_json(dir).await.1) },
+    )
+    .await;
     let reason = service["last_failure"].as_str().unwrap_or_default();
     assert!(
         reason.starts_with("panicked: fault injected"),
@@ -871,4 +859,32 @@ async fn a_panicking_service_is_restarted_and_status_json_says_why() {
         "{text}"
     );
     c.stop().await;
+}
+
+/// A stop is bounded whatever the broker does: with the broker hung (SIGSTOP: its ports open,
+/// nothing answered), `cotald down` returns within 10 s, and the broker is gone.
+#[tokio::test]
+async fn down_returns_within_ten_seconds_with_the_broker_hung() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Cotald::up(tmp.path()).await;
+    let broker = c.state().broker_pid;
+    let stopped = Stopped::stop(broker);
+    let asked = std::time::Instant::now();
+    let down = cotald_in(tmp.path(), &["down"]).await;
+    let took = asked.elapsed();
+    let exit = c.wait_exit().await;
+    let log = c.drain_stderr().await;
+    eprintln!("`cotald down` with the broker hung returned after {took:?}");
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    assert!(exit.success(), "exit {exit:?}\n{log}");
+    assert!(gone(broker), "the hung broker was killed\n{log}");
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "`cotald down` took {took:?} with the broker hung\n{log}"
+    );
+    drop(stopped);
 }

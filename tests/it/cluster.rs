@@ -13,7 +13,8 @@ use cotald::client::{DurableState, Replay};
 use cotald::protocol::{Channel, Routing};
 
 use crate::helper::{
-    Cotald, Probe, TIMEOUT, cotald_in, endpoint, mint, operator_endpoint, set_channel,
+    Cotald, Probe, TIMEOUT, cotald_in, endpoint, eventually, eventually_within, mint,
+    operator_endpoint, set_channel,
 };
 use crate::leaf::free_port;
 
@@ -102,23 +103,17 @@ async fn start_with(dirs: &[PathBuf], args: &[&str]) -> Vec<Cotald> {
 
 /// Waits until node `n` sees a leader other than `dead` for every stream of the space.
 async fn led(n: &Cotald, dead: &str) {
-    tokio::time::timeout(FORMING, async {
-        loop {
-            let cluster = n.state().cluster.unwrap_or_default();
-            if cluster.nodes.len() == 3
-                && cluster.streams.len() >= 8
-                && cluster
-                    .streams
-                    .iter()
-                    .all(|s| !s.leader.is_empty() && s.leader != dead)
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+    eventually_within(FORMING, "every stream with a leader", || async move {
+        let cluster = n.state().cluster.unwrap_or_default();
+        (cluster.nodes.len() == 3
+            && cluster.streams.len() >= 8
+            && cluster
+                .streams
+                .iter()
+                .all(|s| !s.leader.is_empty() && s.leader != dead))
+        .then_some(())
     })
-    .await
-    .expect("every stream has a leader");
+    .await;
 }
 
 /// The lease holder of space `main` as node `n` records it, once one is known.
@@ -128,22 +123,14 @@ async fn holder(n: &Cotald) -> String {
 
 /// The lease holder of space `main` as node `n` records it, once it is known and not `old`.
 async fn holder_other_than(n: &Cotald, old: &str) -> String {
-    tokio::time::timeout(TIMEOUT, async {
-        loop {
-            if let Some(h) = n
-                .state()
-                .leases
-                .get("main")
-                .and_then(|l| l.holder.clone())
-                .filter(|h| h != old)
-            {
-                return h;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+    eventually("a lease holder", || async move {
+        n.state()
+            .leases
+            .get("main")
+            .and_then(|l| l.holder.clone())
+            .filter(|h| h != old)
     })
     .await
-    .expect("a lease holder within the timeout")
 }
 
 /// The next message surfaced to `conn`; when none comes in time, the nodes still running are
@@ -590,5 +577,41 @@ async fn kill_9_of_the_lease_holder_during_traffic_loses_nothing() {
     drop(dead);
     for n in nodes {
         n.stop().await;
+    }
+}
+
+/// Nodes whose peer died (`kill -9`, no goodbye to the cluster) still stop within 10 s of
+/// `cotald down`, cleanly: the peer killed is the one holding the space's lease, and the first
+/// survivor is stopped at once, mid-takeover; the last one stops alone, without a JetStream
+/// quorum. A dead peer must not hold a teardown hostage.
+#[tokio::test]
+async fn nodes_stop_within_ten_seconds_when_a_peer_is_dead() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut dirs = prepare(tmp.path()).await;
+    let mut nodes = start(&dirs).await;
+    let names = server_names(&dirs);
+    let held = holder(&nodes[0]).await;
+    let h = names.iter().position(|n| *n == held).unwrap();
+    let mut dead = nodes.remove(h);
+    dirs.remove(h);
+    dead.signal(libc::SIGKILL);
+    dead.wait_exit().await;
+    for (i, node) in nodes.iter_mut().enumerate() {
+        let asked = std::time::Instant::now();
+        let down = cotald_in(&dirs[i], &["down"]).await;
+        let took = asked.elapsed();
+        let exit = node.wait_exit().await;
+        let log = node.drain_stderr().await;
+        eprintln!("`cotald down` of node {i} with a dead peer returned after {took:?}");
+        assert!(
+            down.status.success(),
+            "{}",
+            String::from_utf8_lossy(&down.stderr)
+        );
+        assert!(exit.success(), "exit {exit:?}\n{log}");
+        assert!(
+            took < Duration::from_secs(10),
+            "`cotald down` of node {i} took {took:?} with a dead peer\n{log}"
+        );
     }
 }

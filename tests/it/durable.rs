@@ -10,7 +10,7 @@ use cotald::protocol::{Channel, Routing};
 use cotald::services::backstop::interval_consumer;
 use serde_json::json;
 
-use crate::helper::{Cotald, Minted, Probe, TIMEOUT, delivery, endpoint, mint};
+use crate::helper::{Cotald, Minted, Probe, TIMEOUT, delivery, endpoint, eventually, mint};
 
 fn channel(name: &str) -> Routing {
     Routing::channel(&Channel::new(name).unwrap())
@@ -82,18 +82,14 @@ async fn drained(js: &async_nats::jetstream::Context, consumer: &str) {
 
 /// Waits until `consumer` of `stream` has nothing pending and nothing unacknowledged.
 async fn drained_on(js: &async_nats::jetstream::Context, stream: &str, consumer: &str) {
-    let stream = js.get_stream(stream).await.unwrap();
-    tokio::time::timeout(TIMEOUT, async {
-        loop {
-            match stream.consumer_info(consumer).await {
-                Ok(info) if info.num_pending == 0 && info.num_ack_pending == 0 => return,
-                Err(_) => return, // deleted: its interval is fully delivered
-                Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
+    let stream = &js.get_stream(stream).await.unwrap();
+    eventually(&format!("{consumer} drained"), || async move {
+        match stream.consumer_info(consumer).await {
+            Ok(info) => (info.num_pending == 0 && info.num_ack_pending == 0).then_some(()),
+            Err(_) => Some(()), // deleted: its interval is fully delivered
         }
     })
-    .await
-    .unwrap_or_else(|_| panic!("{consumer} drained within {TIMEOUT:?}"));
+    .await;
 }
 
 #[tokio::test]
@@ -147,27 +143,21 @@ async fn a_member_resumes_where_it_left_off() {
     // Bob handles 300, his acks land, he goes away: his position is saved, his consumer gone.
     let mut b = endpoint(&bob, |_| {}).await;
     assert_eq!(receive(&mut b, 300).await, stored[..300]);
-    let mut last = 0;
-    tokio::time::timeout(TIMEOUT, async {
-        loop {
-            let info = chat.consumer_info(&consumer).await.unwrap();
-            last = info.ack_floor.stream_sequence;
-            if info.ack_floor.consumer_sequence >= 300 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    let (chat_ref, consumer_ref) = (&chat, &consumer);
+    let last = eventually("bob's 300 acks landing", || async move {
+        let info = chat_ref.consumer_info(consumer_ref).await.unwrap();
+        (info.ack_floor.consumer_sequence >= 300).then_some(info.ack_floor.stream_sequence)
     })
-    .await
-    .expect("bob's 300 acks land");
+    .await;
     b.client.close().await;
-    tokio::time::timeout(TIMEOUT, async {
-        while chat.consumer_info(&consumer).await.is_ok() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    eventually("the session ending with bob's presence", || async move {
+        chat_ref
+            .consumer_info(consumer_ref)
+            .await
+            .is_err()
+            .then_some(())
     })
-    .await
-    .expect("the session ends with bob's presence");
+    .await;
     let members = js.get_key_value("cotal_members_main").await.unwrap();
     let record: serde_json::Value = serde_json::from_slice(
         &members
@@ -467,13 +457,11 @@ async fn a_revoked_identity_cannot_connect_and_its_backlog_is_gone() {
     let consumer = interval_consumer(&bob.id, "general", 1);
     // Bob is connected (his reader consumer exists) when he is revoked.
     let _b = endpoint(&bob, |_| {}).await;
-    tokio::time::timeout(TIMEOUT, async {
-        while chat.consumer_info(&consumer).await.is_err() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    let (chat_ref, consumer_ref) = (&chat, &consumer);
+    eventually("bob's session reading his backlog", || async move {
+        chat_ref.consumer_info(consumer_ref).await.ok().map(|_| ())
     })
-    .await
-    .expect("bob's session reads his backlog");
+    .await;
 
     let out = tokio::process::Command::new(crate::helper::cotald_bin())
         .args(["revoke", "bob", "--space", "main", "--data-dir"])
@@ -615,20 +603,15 @@ async fn a_mention_on_a_live_channel_reaches_an_offline_authorized_target_once()
     // Everything the router read is settled.
     let js = operator(&c, tmp.path()).await;
     let chat = js.get_stream("CHAT_main").await.unwrap();
-    tokio::time::timeout(TIMEOUT, async {
-        loop {
-            let info = chat
-                .consumer_info(cotald::services::mentions::CONSUMER)
-                .await
-                .unwrap();
-            if info.num_pending == 0 && info.num_ack_pending == 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    let chat_ref = &chat;
+    eventually("the router settling", || async move {
+        let info = chat_ref
+            .consumer_info(cotald::services::mentions::CONSUMER)
+            .await
+            .unwrap();
+        (info.num_pending == 0 && info.num_ack_pending == 0).then_some(())
     })
-    .await
-    .expect("the router settles");
+    .await;
     let inbox = js.get_stream("INBOX_main").await.unwrap();
     let stored: BTreeMap<String, usize> = {
         use futures_util::StreamExt;

@@ -86,7 +86,7 @@ fn report_rss(c: &Cotald, label: &str) -> (u64, u64) {
 }
 
 /// Polls `cond` every 20 ms until it holds; false once `bound` has passed.
-async fn eventually(bound: Duration, mut cond: impl FnMut() -> bool) -> bool {
+async fn holds_within(bound: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + bound;
     while !cond() {
         if Instant::now() >= deadline {
@@ -195,7 +195,10 @@ async fn kill_9_of_the_broker_under_sustained_traffic_loses_nothing_acknowledged
         ),
     ];
     let flowing = |since: Option<Instant>| kinds.iter().all(|(_, s)| acked_since(s, since) >= 150);
-    assert!(eventually(TIMEOUT, || flowing(None)).await, "traffic flows");
+    assert!(
+        holds_within(TIMEOUT, || flowing(None)).await,
+        "traffic flows"
+    );
 
     let broker = c.state().broker_pid;
     let killed_at = Instant::now();
@@ -208,7 +211,7 @@ async fn kill_9_of_the_broker_under_sustained_traffic_loses_nothing_acknowledged
         restarted_at - killed_at
     );
     assert!(
-        eventually(2 * TIMEOUT, || flowing(Some(restarted_at))).await,
+        holds_within(2 * TIMEOUT, || flowing(Some(restarted_at))).await,
         "traffic flows again after the restart"
     );
     stop.store(true, Ordering::Relaxed);
@@ -232,7 +235,7 @@ async fn kill_9_of_the_broker_under_sustained_traffic_loses_nothing_acknowledged
         .flat_map(|(_, s)| s.lock().unwrap().acked.clone())
         .map(|(t, _)| t)
         .collect();
-    eventually(2 * TIMEOUT, || {
+    holds_within(2 * TIMEOUT, || {
         let seen = surfaced.lock().unwrap();
         all_acked.iter().all(|t| seen.contains_key(t))
     })
@@ -348,7 +351,7 @@ async fn kill_9_of_cotald_during_joins_and_leaves_keeps_every_acknowledged_membe
         }));
     }
     assert!(
-        eventually(TIMEOUT, || ops.load(Ordering::Relaxed) >= 60).await,
+        holds_within(TIMEOUT, || ops.load(Ordering::Relaxed) >= 60).await,
         "joins and leaves are answered"
     );
     let state = c.state();
@@ -356,14 +359,14 @@ async fn kill_9_of_cotald_during_joins_and_leaves_keeps_every_acknowledged_membe
     c.wait_exit().await;
     let answered_before_kill = ops.load(Ordering::Relaxed);
     assert!(
-        eventually(TIMEOUT, || crate::helper::gone(state.broker_pid)).await,
+        holds_within(TIMEOUT, || crate::helper::gone(state.broker_pid)).await,
         "the orphaned broker exits"
     );
     let listen = state.listen.to_string();
     c = Cotald::spawn(tmp.path(), &["--listen", &listen]);
     c.wait_stdout("cotald is ready").await;
     assert!(
-        eventually(2 * TIMEOUT, || ops.load(Ordering::Relaxed)
+        holds_within(2 * TIMEOUT, || ops.load(Ordering::Relaxed)
             >= answered_before_kill + 60)
         .await,
         "joins and leaves are answered again after the restart"
@@ -466,13 +469,13 @@ async fn a_stopped_broker_makes_the_roster_stale_not_every_peer_offline() {
     let roster = b.client.roster().clone();
     let online = |r: &cotald::client::Roster| r.status(&alice.id) == Some(PresenceStatus::Idle);
     assert!(
-        eventually(TIMEOUT, || online(&roster)).await,
+        holds_within(TIMEOUT, || online(&roster)).await,
         "alice appears"
     );
     // Two heartbeats later the view is still current: bob's own heartbeats come back.
     let updates = roster.updates();
     assert!(
-        eventually(TIMEOUT, || roster.updates() >= updates + 4).await,
+        holds_within(TIMEOUT, || roster.updates() >= updates + 4).await,
         "heartbeats flow"
     );
     assert!(!roster.is_stale(), "a current view while the broker runs");
@@ -514,7 +517,7 @@ async fn a_stopped_broker_makes_the_roster_stale_not_every_peer_offline() {
     assert!(restarted.contains("unresponsive"), "{restarted}");
     let recovered_at = Instant::now();
     assert!(
-        eventually(2 * TIMEOUT, || !roster.is_stale() && online(&roster)).await,
+        holds_within(2 * TIMEOUT, || !roster.is_stale() && online(&roster)).await,
         "the roster recovers"
     );
     sampling.store(false, Ordering::Relaxed);
@@ -1201,7 +1204,7 @@ async fn soak_of_ten_minutes_keeps_memory_and_consumers_flat() {
         .flat_map(|s| s.lock().unwrap().acked.clone())
         .map(|(t, _)| t)
         .collect();
-    eventually(2 * TIMEOUT, || {
+    holds_within(2 * TIMEOUT, || {
         let seen = surfaced.lock().unwrap();
         acked.iter().all(|t| seen.contains_key(t))
     })

@@ -14,6 +14,34 @@ use tokio::sync::mpsc;
 /// The bound on every wait in these tests.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Polls `probe` every 20 ms until it yields `Some`, for at most [`TIMEOUT`]; panics naming
+/// `what` if it never does. The one way these tests wait for a state nothing announces (a
+/// consumer's counters, the runtime state file, a roster seen by another process).
+pub async fn eventually<T, F>(what: &str, probe: impl FnMut() -> F) -> T
+where
+    F: std::future::Future<Output = Option<T>>,
+{
+    eventually_within(TIMEOUT, what, probe).await
+}
+
+/// [`eventually`] with another bound (a cluster forming takes longer than [`TIMEOUT`]).
+pub async fn eventually_within<T, F>(bound: Duration, what: &str, mut probe: impl FnMut() -> F) -> T
+where
+    F: std::future::Future<Output = Option<T>>,
+{
+    let polled = async {
+        loop {
+            if let Some(found) = probe().await {
+                return found;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(bound, polled)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not seen within {bound:?}"))
+}
+
 pub fn cotald_bin() -> &'static str {
     env!("CARGO_BIN_EXE_cotald")
 }

@@ -15,7 +15,8 @@ use tokio::sync::mpsc;
 use cotald::protocol::PresenceStatus;
 
 use crate::helper::{
-    Cotald, Minted, Probe, TIMEOUT, cotald_bin, endpoint, mint, operator_endpoint, set_channel,
+    Cotald, Minted, Probe, TIMEOUT, cotald_bin, endpoint, eventually, mint, operator_endpoint,
+    set_channel,
 };
 
 type Agent = Peer<RoleClient>;
@@ -342,19 +343,19 @@ async fn two_agents_exchange_a_channel_message_a_dm_by_name_and_an_anycast_task(
     )
     .await;
     assert_eq!(status["status"], "working");
-    tokio::time::timeout(TIMEOUT, async {
-        loop {
-            let roster = call(&a, "cotal_roster", json!({})).await;
-            if roster["peers"].as_array().unwrap().iter().any(|p| {
+    let watching = &a;
+    eventually("alice's roster showing bob working", || async move {
+        let roster = call(watching, "cotal_roster", json!({})).await;
+        roster["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| {
                 p["name"] == "bob" && p["status"] == "working" && p["activity"] == "reviewing PR 7"
-            }) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+            })
+            .then_some(())
     })
-    .await
-    .expect("alice's roster shows bob working");
+    .await;
     // Done: idle clears what he was doing.
     let status = call(&b, "cotal_status", json!({"status": "idle"})).await;
     assert_eq!(status["status"], "idle");
@@ -612,18 +613,12 @@ async fn channels_carry_their_instructions_and_the_agent_manages_memberships_and
 async fn drained(c: &Cotald, dir: &Path, consumer: &str) {
     let probe = Probe::connect(c, &dir.join("spaces/main/local-operator.creds")).await;
     let js = async_nats::jetstream::new(probe.client);
-    let stream = js.get_stream("DM_main").await.unwrap();
-    tokio::time::timeout(TIMEOUT, async {
-        loop {
-            let info = stream.consumer_info(consumer).await.unwrap();
-            if info.num_pending == 0 && info.num_ack_pending == 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    let stream = &js.get_stream("DM_main").await.unwrap();
+    eventually("every DM acknowledged", || async move {
+        let info = stream.consumer_info(consumer).await.unwrap();
+        (info.num_pending == 0 && info.num_ack_pending == 0).then_some(())
     })
-    .await
-    .expect("every DM acknowledged");
+    .await;
 }
 
 #[tokio::test]

@@ -11,7 +11,9 @@ use cotald::binding::SpaceNames;
 use cotald::binding::streams::{self, Retention};
 use serde_json::json;
 
-use crate::helper::{Cotald, Probe, cotald_bin, mint, mint_raw};
+use cotald::protocol::Routing;
+
+use crate::helper::{Cotald, Probe, cotald_bin, cotald_in, mint, mint_raw};
 
 fn own(c: &Cotald, space: &str) -> std::path::PathBuf {
     c.data_dir
@@ -437,5 +439,94 @@ async fn a_space_that_cannot_be_served_fails_alone() {
     let alice = mint(tmp.path(), "alice", "main", &[]).await;
     let mut a = Probe::connect(&c, &alice.creds).await;
     a.barrier().await;
+    c.stop().await;
+}
+
+/// Agents connect, join and receive while the operator mints, re-issues and revokes other
+/// identities: every one of them succeeds. Each re-issue and revoke pushes the space's account
+/// JWT, and while the broker applies it the account's import of the JetStream API is rebuilt:
+/// a request of that instant finds no responder (async-nats says "requested JetStream resource
+/// does not exist"), which a client retries rather than fail its start.
+#[tokio::test]
+async fn agents_connect_while_identities_are_minted_reissued_and_revoked() {
+    const AGENTS: usize = 30;
+    const ROUNDS: usize = 3;
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let mut agents = Vec::new();
+    for i in 0..AGENTS {
+        agents.push(mint(tmp.path(), &format!("agent{i}"), "main", &[]).await);
+    }
+    let sender = crate::helper::operator_endpoint(tmp.path(), &agents[0], false).await;
+    // The operator's churn: one identity re-issued again and again, another minted and
+    // revoked, each change pushing the account.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let (dir, stop) = (tmp.path().to_owned(), stop.clone());
+        tokio::spawn(async move {
+            let mut changes = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                mint(&dir, "churned", "main", &["--replace"]).await;
+                mint(&dir, "revoked", "main", &["--replace"]).await;
+                let out = cotald_in(&dir, &["revoke", "revoked", "--space", "main"]).await;
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                changes += 3;
+            }
+            changes
+        })
+    };
+    let general = cotald::protocol::Channel::new("general").unwrap();
+    let mut failures = Vec::new();
+    let mut delivered = 0;
+    for round in 0..ROUNDS {
+        for i in 0..AGENTS {
+            // Its own credential re-issued right before it starts, as a host restarting an
+            // agent with fresh credentials does.
+            let agent = &mint(tmp.path(), &format!("agent{i}"), "main", &["--replace"]).await;
+            let link = cotald::protocol::JoinLink::parse(&agent.link).unwrap();
+            let mut opts = cotald::client::ConnectOptions::new(
+                link,
+                std::fs::read_to_string(&agent.creds).unwrap(),
+            );
+            opts.ca = Some(agent.ca.clone());
+            let attempt = async {
+                let mut conn = cotald::client::Client::connect(opts).await?;
+                conn.client
+                    .join("general", cotald::client::Replay::Off)
+                    .await?;
+                let text = format!("round {round} agent {i}");
+                sender
+                    .client
+                    .send_text(Routing::channel(&general), &text)
+                    .await?;
+                loop {
+                    let d = crate::helper::delivery(&mut conn.deliveries).await;
+                    let mine = d.message.parts[0] == cotald::protocol::Part::text(&text);
+                    d.ack().await?;
+                    if mine {
+                        break;
+                    }
+                }
+                conn.client.close().await;
+                anyhow::Ok(())
+            };
+            match tokio::time::timeout(crate::helper::TIMEOUT, attempt).await {
+                Ok(Ok(())) => delivered += 1,
+                Ok(Err(e)) => failures.push(format!("round {round} agent{i}: {e:#}")),
+                Err(_) => failures.push(format!("round {round} agent{i}: timed out")),
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let changes = churn.await.unwrap();
+    eprintln!(
+        "{delivered} of {} connects delivered while the operator made {changes} changes",
+        AGENTS * ROUNDS
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
     c.stop().await;
 }

@@ -1,0 +1,112 @@
+//! The one transient failure a client retries on its own: a JetStream API request answered
+//! with "no responders". While the broker applies an update of the space's account JWT (a
+//! mint that replaces a credential, a revoke, a sender held or released), the account's import
+//! of the JetStream API is rebuilt, and a request in that instant finds nobody to answer it,
+//! though every stream and bucket of the space exists. Such a read is tried again, a few
+//! times with a short backoff (a debug line each time); any other failure is returned at once.
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_nats::jetstream::context::RequestErrorKind;
+
+/// How many times a request is tried in all.
+const ATTEMPTS: u32 = 6;
+/// The first pause; it doubles (50, 100, 200, 400, 800 ms: 1.55 s in all).
+const FIRST_PAUSE: Duration = Duration::from_millis(50);
+
+/// Whether `e`, or one of its causes, is a request that found no responders.
+pub(crate) fn no_responders(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(e) = cause {
+        let jetstream = e
+            .downcast_ref::<async_nats::jetstream::context::RequestError>()
+            .is_some_and(|r| r.kind() == RequestErrorKind::NoResponders);
+        let core = e
+            .downcast_ref::<async_nats::RequestError>()
+            .is_some_and(|r| r.kind() == async_nats::RequestErrorKind::NoResponders);
+        if jetstream || core {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
+/// Runs the read `op` (it must be safe to repeat), again while it fails for no responders.
+pub(crate) async fn retried<T, E, F, Fut>(what: &str, mut op: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    E: std::error::Error + 'static,
+{
+    let mut pause = FIRST_PAUSE;
+    let mut attempt = 1;
+    loop {
+        match op().await {
+            Err(e) if attempt < ATTEMPTS && no_responders(&e) => {
+                tracing::debug!(
+                    what,
+                    attempt,
+                    ?pause,
+                    "no responders (an account update?); retrying"
+                );
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+                attempt += 1;
+            }
+            done => return done,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_responders_is_found_among_the_causes_and_nothing_else_is_retried() {
+        let refused = async_nats::RequestError::new(async_nats::RequestErrorKind::NoResponders);
+        let jetstream: async_nats::jetstream::context::RequestError = refused.into();
+        let read = async_nats::jetstream::context::GetStreamError::with_source(
+            async_nats::jetstream::context::GetStreamErrorKind::Request,
+            jetstream,
+        );
+        let wrapped = super::super::ClientError::Nats {
+            action: "read the CHAT frontier".into(),
+            source: Box::new(read),
+        };
+        assert!(no_responders(&wrapped));
+        let late = async_nats::RequestError::new(async_nats::RequestErrorKind::TimedOut);
+        assert!(!no_responders(&late));
+    }
+
+    #[tokio::test]
+    async fn a_read_is_tried_again_while_nobody_responds_then_given_up() {
+        let mut calls = 0;
+        let answered = retried("a test read", || {
+            calls += 1;
+            let outcome = match calls {
+                1 | 2 => Err(async_nats::RequestError::new(
+                    async_nats::RequestErrorKind::NoResponders,
+                )),
+                _ => Ok(calls),
+            };
+            async move { outcome }
+        })
+        .await;
+        assert_eq!(answered.unwrap(), 3);
+        let mut calls = 0;
+        let refused: Result<(), _> = retried("a test read", || {
+            calls += 1;
+            async {
+                Err(async_nats::RequestError::new(
+                    async_nats::RequestErrorKind::NoResponders,
+                ))
+            }
+        })
+        .await;
+        assert!(refused.is_err());
+        assert_eq!(calls, ATTEMPTS);
+    }
+}
