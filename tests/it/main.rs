@@ -17,3 +17,4 @@ mod leaf;
 mod mcp;
 mod packaging;
 mod space;
+mod upgrade;
