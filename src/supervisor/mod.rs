@@ -45,22 +45,21 @@
 //! `/proc`, SIGTERM, then SIGKILL after 5 s; a process that is not ours is never touched (see
 //! `leftover.rs`).
 //!
-//! The broker writes and rotates its own log file (see [`LOG_SIZE_LIMIT`]): a rotation renames
-//! the file under any other writer, so cotald never appends to it. What the broker still
-//! writes to stdout or stderr (what precedes its logger, a Go runtime panic) is logged as a
-//! warning of cotald's own; a failed start reports the tail of both.
+//! The broker logs to its stderr; the supervisor keeps its log ([`BrokerLog`]): every line is
+//! shaped (long quoted texts cut, one user's refusals counted past the first of each minute),
+//! written to `log/nats-server.log` (rotated, bounded) and to cotald's own log at the
+//! broker's level. A failed start reports the broker's last lines.
 
 mod binary;
 mod conf;
 mod leftover;
+mod log;
 pub mod monitor;
 mod parent_death;
 
 pub use binary::{BUNDLED_SHA256, BUNDLED_VERSION, BrokerBinary};
-pub use conf::{
-    ClusterConf, LEAF_DENIED, LOG_MAX_FILES, LOG_MAX_LINE, LOG_SIZE_LIMIT, LeafRemote,
-    MAX_CONTROL_LINE, ServerConf,
-};
+pub use conf::{ClusterConf, LEAF_DENIED, LeafRemote, MAX_CONTROL_LINE, ServerConf};
+pub use log::{BrokerLog, LOG_MAX_FILES, LOG_SIZE_LIMIT, MAX_LINE, MAX_QUOTED, REFUSALS_SHOWN};
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -191,12 +190,13 @@ const KILL_WAIT: Duration = Duration::from_secs(10);
 impl Supervisor {
     /// Starts the broker and returns once it is ready. The caller has run [`claim`] first.
     pub async fn start(mut spec: BrokerSpec) -> Result<Self, SupervisorError> {
-        let child = Running::spawn(&spec).await?;
+        let log = Arc::new(Mutex::new(BrokerLog::open(&spec.log_path)));
+        let child = Running::spawn(&spec, &log).await?;
         spec.conf.port = Some(child.client.port());
         spec.conf.monitor_port = Some(child.monitor.port());
         let (tx, status) = watch::channel(child.status(0, None));
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(supervise(spec, child, tx, cancel.clone()));
+        let task = tokio::spawn(supervise(spec, log, child, tx, cancel.clone()));
         Ok(Supervisor {
             status,
             cancel,
@@ -226,6 +226,7 @@ impl Drop for Supervisor {
 
 async fn supervise(
     spec: BrokerSpec,
+    log: Arc<Mutex<BrokerLog>>,
     mut child: Running,
     status: watch::Sender<BrokerStatus>,
     cancel: CancellationToken,
@@ -267,7 +268,7 @@ async fn supervise(
             }
             let attempt = tokio::select! {
                 () = cancel.cancelled() => return,
-                attempt = Running::spawn(&spec) => attempt,
+                attempt = Running::spawn(&spec, &log) => attempt,
             };
             match attempt {
                 Ok(next) => break next,
@@ -368,15 +369,11 @@ struct Running {
 }
 
 impl Running {
-    async fn spawn(spec: &BrokerSpec) -> Result<Self, SupervisorError> {
-        crate::files::write_atomic(
-            &spec.conf_path,
-            spec.conf.render(&spec.log_path).as_bytes(),
-            0o600,
-        )?;
-        // This child's log lines are those past the current end (the whole file after a
-        // rotation).
-        let log_start = std::fs::metadata(&spec.log_path).map_or(0, |m| m.len());
+    async fn spawn(
+        spec: &BrokerSpec,
+        log: &Arc<Mutex<BrokerLog>>,
+    ) -> Result<Self, SupervisorError> {
+        crate::files::write_atomic(&spec.conf_path, spec.conf.render().as_bytes(), 0o600)?;
         // A crashed child leaves its ports file behind, and pids repeat (containers): only the
         // file this child writes may count.
         remove_ports_files(&spec.conf.ports_file_dir);
@@ -402,16 +399,16 @@ impl Running {
         let tail = Arc::new(Mutex::new(VecDeque::with_capacity(TAIL_LINES)));
         let mut pumps = Vec::with_capacity(2);
         if let Some(out) = process.stdout.take() {
-            pumps.push(tokio::spawn(pump(out, tail.clone())));
+            pumps.push(tokio::spawn(pump(out, tail.clone(), log.clone())));
         }
         if let Some(err) = process.stderr.take() {
-            pumps.push(tokio::spawn(pump(err, tail.clone())));
+            pumps.push(tokio::spawn(pump(err, tail.clone(), log.clone())));
         }
         let tail_text = || {
-            let mut lines = log_tail(&spec.log_path, log_start);
-            if let Ok(t) = tail.lock() {
-                lines.extend(t.iter().cloned());
-            }
+            let lines: Vec<String> = tail
+                .lock()
+                .map(|t| t.iter().cloned().collect())
+                .unwrap_or_default();
             lines.join("\n")
         };
 
@@ -535,42 +532,53 @@ fn remove_ports_files(dir: &Path) {
     }
 }
 
-/// The last [`TAIL_LINES`] lines the broker logged from byte `start` of `path` on (from its
-/// beginning if it was rotated meanwhile), reading at most the last 64 KiB.
-fn log_tail(path: &Path, start: u64) -> Vec<String> {
-    use std::io::{Read, Seek, SeekFrom};
-    const MAX_READ: u64 = 64 * 1024;
-    let Ok(mut file) = std::fs::File::open(path) else {
-        return Vec::new();
-    };
-    let len = file.metadata().map_or(0, |m| m.len());
-    let start = if len < start { 0 } else { start };
-    let from = start.max(len.saturating_sub(MAX_READ));
-    let mut bytes = Vec::new();
-    if file.seek(SeekFrom::Start(from)).is_err()
-        || file.take(MAX_READ).read_to_end(&mut bytes).is_err()
-    {
-        return Vec::new();
+/// Reads the broker's lines from `stream` into its log ([`BrokerLog`]) and cotald's own, and
+/// keeps the last [`TAIL_LINES`] for a failed start's report. Every [`SUMMARY_EVERY`], the
+/// counts of refusals left out of windows that ended are written.
+async fn pump(
+    stream: impl AsyncRead + Unpin,
+    tail: Arc<Mutex<VecDeque<String>>>,
+    log: Arc<Mutex<BrokerLog>>,
+) {
+    let mut lines = BufReader::new(stream).lines();
+    let mut summaries = tokio::time::interval(SUMMARY_EVERY);
+    loop {
+        let said = tokio::select! {
+            line = lines.next_line() => match line {
+                Ok(Some(line)) => log
+                    .lock()
+                    .map(|mut l| l.line(&line, Instant::now()).into_iter().collect())
+                    .unwrap_or_default(),
+                _ => return,
+            },
+            _ = summaries.tick() => log
+                .lock()
+                .map(|mut l| l.summarize(Instant::now()))
+                .unwrap_or_default(),
+        };
+        for line in said {
+            emit(&line);
+            if let Ok(mut t) = tail.lock() {
+                if t.len() == TAIL_LINES {
+                    t.pop_front();
+                }
+                t.push_back(line);
+            }
+        }
     }
-    let text = String::from_utf8_lossy(&bytes);
-    // A read that starts mid-file starts mid-line: drop that fragment.
-    let lines: Vec<&str> = text.lines().skip(usize::from(from > start)).collect();
-    lines[lines.len().saturating_sub(TAIL_LINES)..]
-        .iter()
-        .map(|l| l.trim_end_matches('\r').to_owned())
-        .collect()
 }
 
-async fn pump(stream: impl AsyncRead + Unpin, tail: Arc<Mutex<VecDeque<String>>>) {
-    let mut lines = BufReader::new(stream).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        tracing::warn!(target: "nats_server", "{line}");
-        if let Ok(mut t) = tail.lock() {
-            if t.len() == TAIL_LINES {
-                t.pop_front();
-            }
-            t.push_back(line);
-        }
+/// How often the counts of refusals left out are looked at.
+const SUMMARY_EVERY: Duration = Duration::from_secs(10);
+
+/// One broker line in cotald's own log, at the broker's level.
+fn emit(line: &str) {
+    match log::level(line) {
+        (tracing::Level::ERROR, text) => tracing::error!(target: "nats_server", "{text}"),
+        (tracing::Level::WARN, text) => tracing::warn!(target: "nats_server", "{text}"),
+        (tracing::Level::INFO, text) => tracing::info!(target: "nats_server", "{text}"),
+        (tracing::Level::DEBUG, text) => tracing::debug!(target: "nats_server", "{text}"),
+        (_, text) => tracing::trace!(target: "nats_server", "{text}"),
     }
 }
 
@@ -580,34 +588,5 @@ fn describe(status: ExitStatus) -> String {
         (Some(code), _) => format!("exit code {code}"),
         (None, Some(sig)) => format!("killed by signal {sig}"),
         _ => status.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_log_tail_is_this_childs_last_lines() {
-        let tmp = tempfile::tempdir().unwrap();
-        let log = tmp.path().join("nats-server.log");
-        assert!(log_tail(&log, 0).is_empty(), "no log yet");
-        std::fs::write(&log, "earlier run\r\n").unwrap();
-        let start = std::fs::metadata(&log).unwrap().len();
-        let lines: String = (0..40).map(|i| format!("line {i}\r\n")).collect();
-        std::fs::write(&log, format!("earlier run\r\n{lines}")).unwrap();
-        let tail = log_tail(&log, start);
-        assert_eq!(tail.len(), TAIL_LINES);
-        assert_eq!(tail.last().unwrap(), "line 39");
-        assert_eq!(tail[0], format!("line {}", 40 - TAIL_LINES));
-
-        // Rotated since: the new file is read from its start.
-        std::fs::write(&log, "after rotation\n").unwrap();
-        assert_eq!(log_tail(&log, start + 1000), ["after rotation"]);
-
-        // A long file is read from its last 64 KiB, without the cut line.
-        let long = format!("{}\nlast\n", "x".repeat(100_000));
-        std::fs::write(&log, long).unwrap();
-        assert_eq!(log_tail(&log, 0), ["last"]);
     }
 }
