@@ -55,6 +55,11 @@ impl SpaceNames {
         format!("cotal.{}.backstop.>", self.space)
     }
 
+    /// Every post on `channel`, from anyone: `<P>.chat.*.<channel>` (§3).
+    pub fn posts_on(&self, channel: &str) -> String {
+        format!("cotal.{}.chat.*.{channel}", self.space)
+    }
+
     /// Every DM subject, `<P>.inst.*.*` (target, then sender: §3).
     pub fn dms(&self) -> String {
         format!("cotal.{}.inst.*.*", self.space)

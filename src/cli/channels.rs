@@ -1,7 +1,9 @@
-//! `cotald channels`: the channels of a space with their effective config (§7), and `cotald
-//! channels set`, which writes one channel's registry value through the manager (`channels-set`,
-//! which the manager grants admin identities; of those, only the machine operator may publish
-//! the request: minted admins publish nothing, Appendix B).
+//! `cotald channels`: the channels of a space with their effective config (§7); `cotald
+//! channels set`, which writes one channel's registry value through the manager
+//! (`channels-set`), and `cotald channels rm`, which removes it and, with `--purge`, the
+//! channel's history (`channels-rm`). The manager grants both to admin identities; of those,
+//! only the machine operator may publish the request (minted admins publish nothing,
+//! Appendix B).
 
 use std::process::ExitCode;
 
@@ -10,7 +12,7 @@ use clap::{Args, Subcommand, ValueEnum};
 
 use super::endpoint::EndpointArgs;
 use crate::client::{ChannelInfo, Client, ClientError};
-use crate::ops::{ChannelsSet, Request};
+use crate::ops::{ChannelRemoved, ChannelsRm, ChannelsSet, Request};
 use crate::protocol::{
     ChannelConfig, ChannelDescription, ChannelInstructions, ChannelPattern, DeliveryClass,
     ReplayWindow,
@@ -34,6 +36,18 @@ enum ChannelsCommand {
     /// Write a channel's config (admin only): the flags given change the stored value, the
     /// others keep theirs.
     Set(SetArgs),
+    /// Remove a channel's config (admin only); with --purge, delete every message posted on it
+    /// too, so that it no longer shows anywhere. Durable memberships of it stay.
+    Rm(RmArgs),
+}
+
+#[derive(Debug, Args)]
+struct RmArgs {
+    /// The concrete channel.
+    channel: String,
+    /// Delete its history too: every message stored on it, for every member. Cannot be undone.
+    #[arg(long)]
+    purge: bool,
 }
 
 /// The delivery class of a channel (§4, §7).
@@ -79,6 +93,7 @@ pub(super) async fn run(args: ChannelsArgs) -> anyhow::Result<ExitCode> {
     let result = match &args.command {
         None => list(&client, args.json).await,
         Some(ChannelsCommand::Set(set)) => write(&client, set).await,
+        Some(ChannelsCommand::Rm(rm)) => remove(&client, rm).await,
     };
     client.close().await;
     result.map(|()| ExitCode::SUCCESS)
@@ -213,5 +228,43 @@ async fn write(client: &Client, set: &SetArgs) -> anyhow::Result<()> {
             "channel {channel} configured: {}",
             serde_json::to_string(&stored).unwrap_or_default()
         )
+    })
+}
+
+async fn remove(client: &Client, rm: &RmArgs) -> anyhow::Result<()> {
+    let channel = ChannelPattern::from_policy(&rm.channel)
+        .and_then(|p| p.to_channel())
+        .with_context(|| format!("invalid channel {:?}", rm.channel))?;
+    super::endpoint::unknown_channel_refused(client, &channel, "nothing to remove").await?;
+    let removed: ChannelRemoved = client
+        .manager(&Request::ChannelsRm(ChannelsRm {
+            space: None,
+            channel: channel.as_str().to_owned(),
+            purge: rm.purge,
+        }))
+        .await
+        .map_err(|e| match e {
+            ClientError::Refused { .. } | ClientError::PublishRefused { .. } => {
+                anyhow::Error::new(e).context(format!(
+                    "cannot remove channel {channel}: only the machine operator may (run it on \
+                     the appliance's machine, with no --as, --creds or context)"
+                ))
+            }
+            other => anyhow::Error::new(other).context(format!("cannot remove channel {channel}")),
+        })?;
+    let config = match removed.config_removed {
+        true => "its config removed",
+        false => "it had no config",
+    };
+    super::stdout(|out| match rm.purge {
+        true => writeln!(
+            out,
+            "channel {channel}: {config}, {} stored messages deleted",
+            removed.purged
+        ),
+        false => writeln!(
+            out,
+            "channel {channel}: {config}; its messages are kept (--purge deletes them)"
+        ),
     })
 }

@@ -459,7 +459,7 @@ pub(super) async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
             && args.channel.is_some()
             && !args.new
         {
-            unknown_channel_refused(&conn.client, c).await?;
+            unknown_channel_refused(&conn.client, c, "pass --new to create it by posting").await?;
         }
         let routing = match &route {
             Route::Channel(c) => Routing::channel(c),
@@ -505,10 +505,14 @@ pub(super) async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Refuses a post to `channel` when the space knows nothing of it (no config, no message): a
-/// typo would otherwise create a channel that shows everywhere. A failed look-up refuses
-/// nothing.
-async fn unknown_channel_refused(client: &Client, channel: &Channel) -> anyhow::Result<()> {
+/// Refuses `channel` when the space knows nothing of it (no config, no message), naming the
+/// closest it knows: a post would otherwise create it by a typo (`what` says what the refusal
+/// spares the caller). A failed look-up refuses nothing.
+pub(super) async fn unknown_channel_refused(
+    client: &Client,
+    channel: &Channel,
+    what: &str,
+) -> anyhow::Result<()> {
     let Ok(known) = client.channels().await else {
         return Ok(());
     };
@@ -530,8 +534,8 @@ async fn unknown_channel_refused(client: &Client, channel: &Channel) -> anyhow::
         None => String::new(),
     };
     bail!(
-        "channel `{channel}` has no config and no messages yet: {hint}pass --new to create it by \
-         posting (`cotald channels` lists the channels)",
+        "channel `{channel}` has no config and no messages yet: {hint}{what} (`cotald channels` \
+         lists the channels)",
         channel = channel.as_str()
     )
 }

@@ -37,6 +37,14 @@ impl Core {
             Request::Mint(req) => json(self.mint(&req).await?),
             Request::Revoke(req) => json(self.revoke(&req).await?),
             Request::ChannelsSet(req) => json(self.channels_set(req).await?),
+            Request::ChannelsRm(req) => {
+                let space = req
+                    .space
+                    .clone()
+                    .ok_or_else(|| DaemonError::Invalid("channels-rm needs a space".into()))?;
+                let served = self.served(&space).await?;
+                json(served.space.remove_channel(&req.channel, req.purge).await?)
+            }
             other => Err(OpError::WrongTransport {
                 op: other.op(),
                 transport: "the admin socket",

@@ -17,6 +17,7 @@
 //! | `mint` | [`MintRequest`] | ✓ (also with no appliance running) | | [`MintReply`] |
 //! | `revoke` | [`Revoke`] | ✓ | | [`IdentityRecord`] |
 //! | `channels-set` | [`ChannelsSet`] | ✓ | admin identities | the stored [`ChannelConfig`] |
+//! | `channels-rm` | [`ChannelsRm`] | ✓ | admin identities | [`ChannelRemoved`] |
 //! | `durable-join` | [`DurableJoin`] | | agents | [`Membership`] |
 //! | `durable-leave` | [`DurableLeave`] | | agents | [`Membership`] |
 //! | `memberships` | — | | agents | `[Membership]` |
@@ -69,6 +70,8 @@ pub enum Request {
     Revoke(Revoke),
     /// Write a channel's config in the registry (§7).
     ChannelsSet(ChannelsSet),
+    /// Remove a channel's config from the registry and, with `purge`, its history.
+    ChannelsRm(ChannelsRm),
     /// Establish durable membership of a concrete channel from the caller's join cursor (§7).
     DurableJoin(DurableJoin),
     /// Close a durable membership at the current frontier (the leave cursor, §7).
@@ -90,6 +93,7 @@ impl Request {
         "mint",
         "revoke",
         "channels-set",
+        "channels-rm",
         "durable-join",
         "durable-leave",
         "memberships",
@@ -106,6 +110,7 @@ impl Request {
             Request::Mint(_) => "mint",
             Request::Revoke(_) => "revoke",
             Request::ChannelsSet(_) => "channels-set",
+            Request::ChannelsRm(_) => "channels-rm",
             Request::DurableJoin(_) => "durable-join",
             Request::DurableLeave(_) => "durable-leave",
             Request::Memberships => "memberships",
@@ -122,7 +127,7 @@ impl Request {
             | Request::Shutdown
             | Request::Mint(_)
             | Request::Revoke(_) => transport == Transport::AdminSocket,
-            Request::ChannelsSet(_) => true,
+            Request::ChannelsSet(_) | Request::ChannelsRm(_) => true,
             Request::DurableJoin(_)
             | Request::DurableLeave(_)
             | Request::Memberships
@@ -397,6 +402,31 @@ pub struct ChannelsSet {
     pub channel: String,
     /// Its config.
     pub config: ChannelConfig,
+}
+
+/// `channels-rm`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChannelsRm {
+    /// The space: required on the admin socket; on `ctl` it is the subject's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub space: Option<String>,
+    /// The concrete channel.
+    pub channel: String,
+    /// Delete its history too (every post stored on it, from CHAT).
+    #[serde(default)]
+    pub purge: bool,
+}
+
+/// What `channels-rm` removed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChannelRemoved {
+    /// The channel.
+    pub channel: String,
+    /// Whether it had a config, now removed.
+    pub config_removed: bool,
+    /// How many stored posts were deleted (0 without `purge`).
+    pub purged: u64,
 }
 
 /// `durable-join`.

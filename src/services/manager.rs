@@ -28,8 +28,8 @@ use super::members::{Interval, MemberRecord, Members, MembersError};
 use super::{Context, Health, Service, ServiceError};
 use crate::binding::MANAGER_SERVICE;
 use crate::ops::{
-    self, ChannelsSet, CredentialProfile, DurableJoin, DurableLeave, IdentityRecord, Membership,
-    OpError, Request, Resumed, Transport,
+    self, ChannelRemoved, ChannelsRm, ChannelsSet, CredentialProfile, DurableJoin, DurableLeave,
+    IdentityRecord, Membership, OpError, Request, Resumed, Transport,
 };
 use crate::protocol::{
     ChannelPattern, ControlReply, DeliveryClass, accept_control_request, parse_subject,
@@ -177,6 +177,7 @@ impl Manager {
                 serde_json::Value::Null
             }
             Request::ChannelsSet(req) => json(&self.channels_set(&caller, req).await?),
+            Request::ChannelsRm(req) => json(&self.channels_rm(&caller, req).await?),
             other => {
                 return Err(OpError::WrongTransport {
                     op: other.op(),
@@ -344,6 +345,25 @@ impl Manager {
             )));
         }
         Ok(self.space.set_channel(&req.channel, &req.config).await?)
+    }
+
+    async fn channels_rm(
+        &self,
+        caller: &IdentityRecord,
+        req: ChannelsRm,
+    ) -> Result<ChannelRemoved, ManagerError> {
+        if caller.profile != CredentialProfile::Admin {
+            return Err(ManagerError::Refused(
+                "channels are removed by admin identities".into(),
+            ));
+        }
+        if req.space.as_deref().is_some_and(|s| s != self.space.name()) {
+            return Err(ManagerError::Refused(format!(
+                "this manager serves space `{}`",
+                self.space.name()
+            )));
+        }
+        Ok(self.space.remove_channel(&req.channel, req.purge).await?)
     }
 
     /// Ends every membership of a revoked identity and deletes its backlog.

@@ -303,6 +303,66 @@ impl Space {
         Ok(config.clone())
     }
 
+    /// Removes a concrete channel's config from the registry and, with `purge`, every post
+    /// CHAT stores on it. Durable members' backlogs of it empty with the purge; their
+    /// memberships stay (the channel may be posted to again).
+    pub async fn remove_channel(
+        &self,
+        channel: &str,
+        purge: bool,
+    ) -> Result<crate::ops::ChannelRemoved, SpaceError> {
+        let pattern = ChannelPattern::from_policy(channel)
+            .ok()
+            .filter(ChannelPattern::is_concrete)
+            .ok_or_else(|| {
+                SpaceError::Invalid(format!(
+                    "channel {channel:?}: name one concrete channel, segments from [A-Za-z0-9_-]"
+                ))
+            })?;
+        let key = pattern.as_str();
+        let fail = |e: BoxError| SpaceError::Registry {
+            space: self.name().to_owned(),
+            key: key.to_owned(),
+            source: e,
+        };
+        let kv = self
+            .js
+            .get_key_value(self.names.channels_bucket())
+            .await
+            .map_err(|e| fail(e.into()))?;
+        let config_removed = kv.get(key).await.map_err(|e| fail(e.into()))?.is_some();
+        if config_removed {
+            kv.purge(key).await.map_err(|e| fail(e.into()))?;
+        }
+        let purged = match purge {
+            true => {
+                let chat = self
+                    .js
+                    .get_stream(self.names.chat_stream())
+                    .await
+                    .map_err(|e| fail(e.into()))?;
+                chat.purge()
+                    .filter(self.names.posts_on(key))
+                    .await
+                    .map_err(|e| fail(e.into()))?
+                    .purged
+            }
+            false => 0,
+        };
+        tracing::info!(
+            space = self.name(),
+            channel = key,
+            config_removed,
+            purged,
+            "channel removed"
+        );
+        Ok(crate::ops::ChannelRemoved {
+            channel: key.to_owned(),
+            config_removed,
+            purged,
+        })
+    }
+
     /// The CHAT frontier: the stream's last sequence (§7 cursors).
     pub async fn chat_frontier(&self) -> Result<u64, SpaceError> {
         let fail = |e: BoxError| SpaceError::Read {

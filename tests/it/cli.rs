@@ -490,6 +490,58 @@ async fn channel_configs_are_written_by_admins() {
     c.stop().await;
 }
 
+/// A channel made by mistake can be undone: `channels rm` removes its config (its messages
+/// stay and it still shows), `--purge` its history too (it shows nowhere); a name the space
+/// does not know is refused with the closest it knows; a member may not remove.
+#[tokio::test]
+async fn a_channel_is_removed_and_with_purge_forgotten() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let cli = Cli::new(tmp.path());
+    let listed = |all: &Value, name: &str| {
+        all.as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["channel"] == name)
+            .cloned()
+    };
+    cli.ok(&["channels", "set", "generl", "--description", "a typo"])
+        .await;
+    cli.ok(&["send", "--channel", "generl", "one"]).await;
+    cli.ok(&["send", "--channel", "generl", "two"]).await;
+    cli.refused(
+        &["channels", "rm", "genrl"],
+        &["channel `genrl` has no config", "did you mean `generl`?", "nothing to remove"],
+    )
+    .await;
+    mint(tmp.path(), "alice", "main", &[]).await;
+    cli.refused(
+        &["channels", "rm", "generl", "--as", "alice"],
+        &["cannot remove channel generl", "only the machine operator may"],
+    )
+    .await;
+
+    let said = cli.ok(&["channels", "rm", "generl"]).await;
+    assert!(said.contains("its config removed; its messages are kept"), "{said}");
+    let kept = listed(&cli.json(&["channels"]).await, "generl").expect("still posted to");
+    assert_eq!(kept["configured"], false);
+    assert_eq!(kept["messages"], 2);
+
+    let said = cli.ok(&["channels", "rm", "generl", "--purge"]).await;
+    assert!(said.contains("it had no config, 2 stored messages deleted"), "{said}");
+    assert_eq!(listed(&cli.json(&["channels"]).await, "generl"), None);
+    assert!(
+        listed(&cli.json(&["channels"]).await, "general").is_some(),
+        "the other channels stay"
+    );
+    cli.refused(
+        &["send", "--channel", "generl", "three"],
+        &["channel `generl` has no config and no messages yet"],
+    )
+    .await;
+    c.stop().await;
+}
+
 #[tokio::test]
 async fn refusals_say_what_was_refused_and_the_fix() {
     let tmp = tempfile::tempdir().unwrap();
