@@ -511,24 +511,37 @@ async fn a_channel_is_removed_and_with_purge_forgotten() {
     cli.ok(&["send", "--channel", "generl", "two"]).await;
     cli.refused(
         &["channels", "rm", "genrl"],
-        &["channel `genrl` has no config", "did you mean `generl`?", "nothing to remove"],
+        &[
+            "channel `genrl` has no config",
+            "did you mean `generl`?",
+            "nothing to remove",
+        ],
     )
     .await;
     mint(tmp.path(), "alice", "main", &[]).await;
     cli.refused(
         &["channels", "rm", "generl", "--as", "alice"],
-        &["cannot remove channel generl", "only the machine operator may"],
+        &[
+            "cannot remove channel generl",
+            "only the machine operator may",
+        ],
     )
     .await;
 
     let said = cli.ok(&["channels", "rm", "generl"]).await;
-    assert!(said.contains("its config removed; its messages are kept"), "{said}");
+    assert!(
+        said.contains("its config removed; its messages are kept"),
+        "{said}"
+    );
     let kept = listed(&cli.json(&["channels"]).await, "generl").expect("still posted to");
     assert_eq!(kept["configured"], false);
     assert_eq!(kept["messages"], 2);
 
     let said = cli.ok(&["channels", "rm", "generl", "--purge"]).await;
-    assert!(said.contains("it had no config, 2 stored messages deleted"), "{said}");
+    assert!(
+        said.contains("it had no config, 2 stored messages deleted"),
+        "{said}"
+    );
     assert_eq!(listed(&cli.json(&["channels"]).await, "generl"), None);
     assert!(
         listed(&cli.json(&["channels"]).await, "general").is_some(),
@@ -839,17 +852,27 @@ async fn tail_reports_a_broker_restart_and_loses_nothing_on_a_durable_channel() 
 /// The README's quickstart block, one command per line, comments dropped, each command split
 /// into its words as a shell would (double quotes group).
 fn quickstart() -> Vec<Vec<String>> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
+    readme_commands("quickstart")
+}
+
+/// The README.
+pub(crate) fn readme() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md")
+}
+
+/// The commands of the README's fenced block ```` ```sh TAG ````, split into words (comments
+/// and comment lines dropped).
+pub(crate) fn readme_commands(tag: &str) -> Vec<Vec<String>> {
+    let readme = readme();
     let block = readme
-        .split_once("```sh quickstart\n")
+        .split_once(&format!("```sh {tag}\n"))
         .and_then(|(_, rest)| rest.split_once("\n```"))
         .map(|(block, _)| block)
-        .expect("a fenced `sh quickstart` block in README.md");
+        .unwrap_or_else(|| panic!("a fenced `sh {tag}` block in README.md"));
     block
         .lines()
         .map(|line| line.split_once("  #").map_or(line, |(cmd, _)| cmd).trim())
-        .filter(|line| !line.is_empty())
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
         .map(|line| {
             let mut words = Vec::new();
             let mut word = String::new();

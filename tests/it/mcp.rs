@@ -694,3 +694,182 @@ async fn print_config_names_absolute_paths() {
         ])
     );
 }
+
+/// A tool call of the README's MCP section, as written there (`` `TOOL {ARGS}` ``); `<the
+/// task's id>` stands for `task_id`.
+fn as_written(readme: &str, tool: &str, args: &str, task_id: &str) -> Value {
+    let written = format!("`{tool} {args}`");
+    assert!(
+        readme.contains(&written),
+        "the README's MCP section calls {written}"
+    );
+    serde_json::from_str(&args.replace("<the task's id>", task_id)).expect("JSON arguments")
+}
+
+/// An agent started the way `cotald mcp --print-config claude` tells a host to.
+async fn agent_from_config(config: &Value) -> RunningService<RoleClient, ()> {
+    let server = &config["mcpServers"]["cotal"];
+    let mut cmd = tokio::process::Command::new(server["command"].as_str().unwrap());
+    for arg in server["args"].as_array().unwrap() {
+        cmd.arg(arg.as_str().unwrap());
+    }
+    let (transport, _) = TokioChildProcess::builder(cmd)
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn the configured cotald mcp");
+    tokio::time::timeout(TIMEOUT, ().serve(transport))
+        .await
+        .expect("initialize in time")
+        .expect("initialize")
+}
+
+/// The README's "AI agents over MCP" section, run as written: its shell block, then alice's
+/// and bob's tool calls in the order it gives them, each with the outcome it promises.
+#[tokio::test]
+async fn the_readme_mcp_section_runs_as_written() {
+    let readme = crate::cli::readme();
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let mut configs = Vec::new();
+    for words in crate::cli::readme_commands("mcp") {
+        assert_eq!(words[0], "cotald", "{words:?}");
+        let out = crate::helper::cotald_in(
+            tmp.path(),
+            &words[1..].iter().map(String::as_str).collect::<Vec<_>>(),
+        )
+        .await;
+        assert!(
+            out.status.success(),
+            "{words:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if words[1] == "mcp" {
+            configs.push(serde_json::from_slice::<Value>(&out.stdout).expect("a .mcp.json"));
+        }
+    }
+    // "for each agent": the README prints alice's; bob's is the same with his name.
+    let alice_config = configs.pop().expect("the block prints a config");
+    let bob_config: Value =
+        serde_json::from_str(&alice_config.to_string().replace("\"alice\"", "\"bob\"")).unwrap();
+    let b = agent_from_config(&bob_config).await;
+    notice_until(&b, "joined durable general").await;
+    let a = agent_from_config(&alice_config).await;
+    notice_until(&a, "joined durable general").await;
+
+    // Alice.
+    let me = call(
+        &a,
+        "cotal_orientation",
+        as_written(&readme, "cotal_orientation", "{}", ""),
+    )
+    .await;
+    assert_eq!(
+        (me["you"]["name"].as_str(), me["you"]["space"].as_str()),
+        (Some("alice"), Some("main"))
+    );
+    assert_eq!(me["may_post"], json!(["general"]));
+    assert_eq!(me["joined"], json!(["general"]));
+    assert!(
+        me["present"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "bob" && p["role"] == "reviewer"),
+        "{me}"
+    );
+    let post = r#"{"channel": "general", "text": "PR 7 is ready", "mentions": ["bob"]}"#;
+    call(
+        &a,
+        "cotal_send",
+        as_written(&readme, "cotal_send", post, ""),
+    )
+    .await;
+    let task = r#"{"role": "reviewer", "text": "please review PR 7"}"#;
+    let sent_task = call(
+        &a,
+        "cotal_anycast",
+        as_written(&readme, "cotal_anycast", task, ""),
+    )
+    .await;
+    let task_id = sent_task["id"].as_str().expect("the task's id").to_owned();
+    let wait = as_written(&readme, "cotal_inbox", r#"{"wait": 60}"#, "");
+    let waiting = {
+        let (a, wait) = (a.peer().clone(), wait.clone());
+        tokio::spawn(async move { call(&a, "cotal_inbox", wait).await })
+    };
+
+    // Bob.
+    call(&b, "cotal_orientation", json!({})).await;
+    let wait_bob = as_written(&readme, "cotal_inbox", r#"{"wait": 60}"#, "");
+    let mut read: Vec<Value> = Vec::new();
+    let seen = |read: &[Value], t: &str| read.iter().find(|m| text(m) == t).cloned();
+    let (post_seen, task_seen) = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let got = call(&b, "cotal_inbox", wait_bob.clone()).await;
+            read.extend(got["messages"].as_array().unwrap().iter().cloned());
+            if let (Some(post), Some(task)) = (
+                seen(&read, "PR 7 is ready"),
+                seen(&read, "please review PR 7"),
+            ) {
+                return (post, task);
+            }
+        }
+    })
+    .await
+    .expect("bob's inbox holds the post and the task");
+    assert_eq!(post_seen["mentions_you"], true);
+    assert_eq!(
+        (task_seen["kind"].as_str(), task_seen["role"].as_str()),
+        (Some("anycast"), Some("reviewer"))
+    );
+    assert_eq!(task_seen["id"], task_id.as_str());
+    let working = r#"{"status": "working", "activity": "reviewing PR 7"}"#;
+    call(
+        &b,
+        "cotal_status",
+        as_written(&readme, "cotal_status", working, ""),
+    )
+    .await;
+    let watching = &a;
+    eventually("alice's roster showing bob reviewing PR 7", || async move {
+        let roster = call(watching, "cotal_roster", json!({})).await;
+        roster["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| {
+                p["name"] == "bob" && p["status"] == "working" && p["activity"] == "reviewing PR 7"
+            })
+            .then_some(())
+    })
+    .await;
+    let answer = r#"{"to": "alice", "text": "LGTM", "reply_to": "<the task's id>"}"#;
+    call(
+        &b,
+        "cotal_dm",
+        as_written(&readme, "cotal_dm", answer, &task_id),
+    )
+    .await;
+    call(
+        &b,
+        "cotal_status",
+        as_written(&readme, "cotal_status", r#"{"status": "idle"}"#, ""),
+    )
+    .await;
+
+    // Alice's wait returned with the answer.
+    let answered = tokio::time::timeout(TIMEOUT, waiting)
+        .await
+        .expect("the wait returns")
+        .unwrap();
+    let dm = answered["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| text(m) == "LGTM")
+        .unwrap_or_else(|| panic!("the wait returned bob's answer: {answered}"))
+        .clone();
+    assert_eq!(dm["kind"], "dm");
+    assert_eq!(dm["reply_to"], task_id.as_str());
+    c.stop().await;
+}
