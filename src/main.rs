@@ -3,7 +3,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use cotald::cli::{Cli, run};
 use cotald::supervisor::{BUNDLED_SHA256, BUNDLED_VERSION, BrokerBinary};
 
@@ -15,5 +14,5 @@ fn main() -> ExitCode {
         sha256: BUNDLED_SHA256,
         version: BUNDLED_VERSION,
     };
-    run(Cli::parse(), embedded)
+    run(Cli::parse_args(), embedded)
 }

@@ -24,7 +24,7 @@ pub struct ChannelsArgs {
     #[command(subcommand)]
     command: Option<ChannelsCommand>,
     #[command(flatten)]
-    endpoint: EndpointArgs,
+    pub(super) endpoint: EndpointArgs,
     /// One JSON array of {"channel","class","replay","replayWindow","description",
     /// "instructions","configured","messages","lastActivity"}.
     #[arg(long)]

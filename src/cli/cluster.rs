@@ -17,7 +17,7 @@ pub struct ClusterArgs {
     #[command(subcommand)]
     command: ClusterCommand,
     #[command(flatten)]
-    data_dir: DataDirArg,
+    pub(super) data_dir: DataDirArg,
 }
 
 /// Where this node's routes listen and which nodes it dials.

@@ -18,7 +18,7 @@ const STOP_WAIT: Duration = Duration::from_secs(30);
 #[derive(Debug, Args)]
 pub struct DownArgs {
     #[command(flatten)]
-    data_dir: DataDirArg,
+    pub(super) data_dir: DataDirArg,
 }
 
 pub(super) async fn run(args: DownArgs) -> anyhow::Result<ExitCode> {

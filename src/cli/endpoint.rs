@@ -30,9 +30,6 @@ use crate::datadir::DataDir;
 use crate::ops::IdentityRecord;
 use crate::protocol::{Channel, ChannelPattern, InstanceId, JoinLink, Routing};
 
-/// The space every appliance serves, used when nothing names another.
-const DEFAULT_SPACE: &str = "main";
-
 /// The channel the machine operator's local link names: the one every agent joins by default.
 const OPERATOR_CHANNEL: &str = crate::space::identity::DEFAULT_SUBSCRIBE;
 
@@ -66,6 +63,20 @@ pub struct EndpointArgs {
     as_name: Option<String>,
     #[command(flatten)]
     data_dir: DataDirArg,
+}
+
+impl EndpointArgs {
+    /// Takes the connection options given before the command for those not given after it.
+    pub(super) fn inherit(&mut self, before: &super::Before<'_>) {
+        let leading = before.leading;
+        before.fill(&mut self.link, "link", &leading.link);
+        before.fill(&mut self.creds, "creds", &leading.creds);
+        before.fill(&mut self.ca, "ca", &leading.ca);
+        before.fill(&mut self.context, "context", &leading.context);
+        before.fill(&mut self.space, "space", &leading.space);
+        before.fill(&mut self.as_name, "as_name", &leading.as_name);
+        self.data_dir.inherit(before);
+    }
 }
 
 /// What [`EndpointArgs`] resolved to.
@@ -156,7 +167,7 @@ impl EndpointArgs {
             .space
             .clone()
             .or_else(|| link.as_ref().map(|l| l.space().to_owned()))
-            .unwrap_or_else(|| DEFAULT_SPACE.to_owned());
+            .unwrap_or_else(|| super::DEFAULT_SPACE.to_owned());
         // The local appliance fills in what flags, environment and context left open.
         let identity = match (&self.as_name, &creds_path) {
             (Some(name), None) => Some(local_identity(&dir, &space, name)?),
@@ -385,7 +396,7 @@ async fn role_held(client: &Client, role: &str) -> bool {
 #[derive(Debug, Args)]
 pub struct SendArgs {
     #[command(flatten)]
-    endpoint: EndpointArgs,
+    pub(super) endpoint: EndpointArgs,
     /// Multicast on this channel (concrete, within the credential's allowPublish) [default:
     /// the link's first channel]
     #[arg(long, group = "route")]
@@ -560,7 +571,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
 #[derive(Debug, Args)]
 pub struct TailArgs {
     #[command(flatten)]
-    endpoint: EndpointArgs,
+    pub(super) endpoint: EndpointArgs,
     /// Join this channel or pattern (repeatable) [default: the link's channels]
     #[arg(long = "channel", value_name = "CH")]
     channels: Vec<String>,

@@ -11,27 +11,28 @@ use crate::ops::IdentityRecord;
 /// Options of `cotald identities`.
 #[derive(Debug, Args)]
 pub struct IdentitiesArgs {
-    /// The space.
-    #[arg(long, default_value = "main")]
-    space: String,
+    /// The space [default: main].
+    #[arg(long, value_name = "SPACE")]
+    pub(super) space: Option<String>,
     /// One JSON array of {"name","id","profile","role","subscribe","allowSubscribe",
     /// "allowPublish","expiresAt","issuedAt","creds"}.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
-    data_dir: DataDirArg,
+    pub(super) data_dir: DataDirArg,
 }
 
 pub(super) async fn run(args: IdentitiesArgs) -> anyhow::Result<ExitCode> {
+    let space = args.space.as_deref().unwrap_or(super::DEFAULT_SPACE);
     let dir = args.data_dir.resolve()?;
-    if !dir.space(&args.space).is_dir() {
+    if !dir.space(space).is_dir() {
         anyhow::bail!(
             "space `{}` does not exist on data dir {}",
-            args.space,
+            space,
             dir.root().display()
         );
     }
-    let mut records: Vec<IdentityRecord> = crate::space::store::identities(&dir, &args.space)
+    let mut records: Vec<IdentityRecord> = crate::space::store::identities(&dir, space)
         .into_iter()
         .filter(|r| r.revoked_at.is_none())
         .collect();
@@ -64,7 +65,7 @@ pub(super) async fn run(args: IdentitiesArgs) -> anyhow::Result<ExitCode> {
             return writeln!(
                 out,
                 "no identities minted in space {}; mint one with `cotald mint NAME --space {}`",
-                args.space, args.space
+                space, space
             );
         }
         let name_width = records

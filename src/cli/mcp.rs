@@ -12,7 +12,7 @@ use super::endpoint::EndpointArgs;
 #[derive(Debug, Args)]
 pub struct McpArgs {
     #[command(flatten)]
-    endpoint: EndpointArgs,
+    pub(super) endpoint: EndpointArgs,
     /// Print the JSON a host needs to launch this server with these options (absolute paths),
     /// then exit: `claude` for Claude Code's `.mcp.json`, `json` for the common `mcpServers`
     /// block (Claude Desktop, Cursor, ...).

@@ -20,7 +20,7 @@ use crate::mcp::Grants;
 #[derive(Debug, Args)]
 pub struct JoinArgs {
     #[command(flatten)]
-    endpoint: EndpointArgs,
+    pub(super) endpoint: EndpointArgs,
     /// The concrete channel (within the credential's read ACL).
     channel: String,
 }
@@ -29,7 +29,7 @@ pub struct JoinArgs {
 #[derive(Debug, Args)]
 pub struct LeaveArgs {
     #[command(flatten)]
-    endpoint: EndpointArgs,
+    pub(super) endpoint: EndpointArgs,
     /// The channel.
     channel: String,
 }

@@ -16,9 +16,9 @@ use crate::ops::{CredentialProfile, MintReply, MintRequest, Request};
 pub struct MintArgs {
     /// Display name of the identity (the credential's name).
     name: String,
-    /// The space it belongs to.
-    #[arg(long, default_value = "main")]
-    space: String,
+    /// The space it belongs to [default: main].
+    #[arg(long, value_name = "SPACE")]
+    pub(super) space: Option<String>,
     /// agent: reads within --allow-subscribe, posts within --allow-publish, DMs and anycast;
     /// observer: reads chat, history, presence; admin: observer plus DM history and the whole
     /// space's live traffic. Observers and admins publish nothing.
@@ -53,7 +53,7 @@ pub struct MintArgs {
     #[arg(long)]
     json: bool,
     #[command(flatten)]
-    data_dir: DataDirArg,
+    pub(super) data_dir: DataDirArg,
 }
 
 pub(super) async fn run(args: MintArgs) -> anyhow::Result<ExitCode> {
@@ -72,7 +72,10 @@ pub(super) async fn run(args: MintArgs) -> anyhow::Result<ExitCode> {
     }
     let req = Request::Mint(MintRequest {
         name: args.name.clone(),
-        space: args.space.clone(),
+        space: args
+            .space
+            .clone()
+            .unwrap_or_else(|| super::DEFAULT_SPACE.to_owned()),
         profile: Some(args.profile),
         subscribe: args.subscribe.clone(),
         allow_subscribe: args.allow_subscribe.clone(),
@@ -112,8 +115,20 @@ pub(super) async fn run(args: MintArgs) -> anyhow::Result<ExitCode> {
     } else {
         crate::files::write_new(&out, reply.creds.as_bytes(), 0o600)?;
     }
+    print_minted(&reply, &out, &dir, args.json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `mint` says of the identity it minted: its credential, link and CA (one JSON object
+/// with `--json`).
+fn print_minted(
+    reply: &MintReply,
+    out: &std::path::Path,
+    dir: &crate::datadir::DataDir,
+    json: bool,
+) -> anyhow::Result<()> {
     let ca = dir.ca_cert();
-    if args.json {
+    if json {
         let doc = serde_json::json!({
             "id": reply.record.id,
             "name": reply.record.name,
@@ -159,7 +174,7 @@ pub(super) async fn run(args: MintArgs) -> anyhow::Result<ExitCode> {
             Ok(())
         })?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// Refuses an `--out` whose directory cannot take the file before anything is minted: an

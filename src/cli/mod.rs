@@ -51,8 +51,155 @@ pub struct Cli {
     /// set) or `json` (one object per line, for log collectors).
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
+    #[command(flatten)]
+    pub leading: Leading,
     #[command(subcommand)]
     pub command: Command,
+    /// The options given on the command line after the command (by argument id): those win
+    /// over the same given before it; a value from the environment does not.
+    #[arg(skip)]
+    pub given_after: Vec<String>,
+}
+
+impl Cli {
+    /// Parses the process's command line (`--help` and errors exit, as clap does).
+    pub fn parse_args() -> Cli {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Cli::command().get_matches();
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        if let Some((_, after)) = matches.subcommand() {
+            cli.given_after = after
+                .ids()
+                .filter(|id| {
+                    after.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine)
+                })
+                .map(|id| id.as_str().to_owned())
+                .collect();
+        }
+        cli
+    }
+}
+
+/// The space an endpoint command, `mint`, `revoke` and `identities` act in when none is named.
+const DEFAULT_SPACE: &str = "main";
+
+/// Where and as whom to act, given before the command (`cotald --context prod send hi`) as
+/// well as after it; after it wins. Each applies to the commands that take it after them.
+#[derive(Debug, Default, clap::Args)]
+#[command(next_help_heading = "Options for the command (also accepted after it)")]
+pub struct Leading {
+    /// The data dir [default: $COTALD_DATA_DIR, else $XDG_DATA_HOME/cotald or
+    /// ~/.local/share/cotald]
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<std::path::PathBuf>,
+    /// Use this saved context (`cotald context ls`).
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+    /// The join link.
+    #[arg(long, value_name = "LINK")]
+    pub link: Option<String>,
+    /// The `.creds` file.
+    #[arg(long, value_name = "FILE")]
+    pub creds: Option<std::path::PathBuf>,
+    /// The CA certificate to trust.
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<std::path::PathBuf>,
+    /// The space to act in.
+    #[arg(long, value_name = "SPACE")]
+    pub space: Option<String>,
+    /// Act as this identity minted on the local appliance.
+    #[arg(long = "as", value_name = "NAME")]
+    pub as_name: Option<String>,
+}
+
+impl Leading {
+    /// The options given, by flag, for a refusal.
+    fn given(&self) -> Vec<&'static str> {
+        [
+            ("--data-dir", self.data_dir.is_some()),
+            ("--context", self.context.is_some()),
+            ("--link", self.link.is_some()),
+            ("--creds", self.creds.is_some()),
+            ("--ca", self.ca.is_some()),
+            ("--space", self.space.is_some()),
+            ("--as", self.as_name.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect()
+    }
+}
+
+/// The options given before the command, and which were given after it too.
+pub(crate) struct Before<'a> {
+    pub(crate) leading: &'a Leading,
+    pub(crate) given_after: &'a [String],
+}
+
+impl Before<'_> {
+    /// `slot` as given after the command, else as given before it, else as it was (its
+    /// environment variable, if any).
+    pub(crate) fn fill<T: Clone>(&self, slot: &mut Option<T>, id: &str, before: &Option<T>) {
+        if before.is_some() && !self.given_after.iter().any(|given| given == id) {
+            slot.clone_from(before);
+        }
+    }
+}
+
+impl Command {
+    /// Hands the options given before the command to it; one it does not take is refused, as
+    /// it would be after it.
+    fn inherit(&mut self, before: &Before<'_>) -> anyhow::Result<()> {
+        let leading = before.leading;
+        let endpoint = match self {
+            Command::Send(a) => Some(&mut a.endpoint),
+            Command::Tail(a) => Some(&mut a.endpoint),
+            Command::Join(a) => Some(&mut a.endpoint),
+            Command::Leave(a) => Some(&mut a.endpoint),
+            Command::Roster(a) => Some(&mut a.endpoint),
+            Command::Channels(a) => Some(&mut a.endpoint),
+            Command::Mcp(a) => Some(&mut a.endpoint),
+            _ => None,
+        };
+        if let Some(endpoint) = endpoint {
+            endpoint.inherit(before);
+            return Ok(());
+        }
+        let (data_dir, space) = match self {
+            Command::Up(a) => (Some(&mut a.data_dir), None),
+            Command::Status(a) => (Some(&mut a.data_dir), None),
+            Command::Down(a) => (Some(&mut a.data_dir), None),
+            Command::Space(a) => (Some(&mut a.data_dir), None),
+            Command::Cluster(a) => (Some(&mut a.data_dir), None),
+            Command::Mint(a) => (Some(&mut a.data_dir), Some(&mut a.space)),
+            Command::Revoke(a) => (Some(&mut a.data_dir), Some(&mut a.space)),
+            Command::Identities(a) => (Some(&mut a.data_dir), Some(&mut a.space)),
+            _ => (None, None),
+        };
+        let taken: &[&str] = match (&data_dir, &space) {
+            (Some(_), Some(_)) => &["--data-dir", "--space"],
+            (Some(_), None) => &["--data-dir"],
+            _ => &[],
+        };
+        let refused: Vec<&str> = leading
+            .given()
+            .into_iter()
+            .filter(|flag| !taken.contains(flag))
+            .collect();
+        if !refused.is_empty() {
+            anyhow::bail!(
+                "{} does not apply to this command (see its --help)",
+                refused.join(", ")
+            );
+        }
+        if let Some(d) = data_dir {
+            d.inherit(before);
+        }
+        if let Some(s) = space {
+            before.fill(s, "space", &leading.space);
+        }
+        Ok(())
+    }
 }
 
 /// What `cotald --version` prints: the build, the broker it bundles and the spec it speaks.
@@ -167,6 +314,11 @@ pub struct DataDirArg {
 }
 
 impl DataDirArg {
+    /// Takes `--data-dir` given before the command when it is not given after it.
+    fn inherit(&mut self, before: &Before<'_>) {
+        before.fill(&mut self.data_dir, "data_dir", &before.leading.data_dir);
+    }
+
     fn resolve(&self) -> anyhow::Result<DataDir> {
         Ok(DataDir::new(match &self.data_dir {
             Some(dir) => dir.clone(),
@@ -192,8 +344,18 @@ pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let Cli {
+        leading,
+        mut command,
+        given_after,
+        ..
+    } = cli;
     let result = runtime.block_on(async {
-        match cli.command {
+        command.inherit(&Before {
+            leading: &leading,
+            given_after: &given_after,
+        })?;
+        match command {
             Command::Up(args) => up::run(args, embedded).await,
             Command::Status(args) => status::run(args).await,
             Command::Mint(args) => mint::run(args).await,

@@ -13,17 +13,20 @@ use crate::ops::{IdentityRecord, Request, Revoke};
 pub struct RevokeArgs {
     /// The identity's name (or its id).
     name: String,
-    /// The space it belongs to.
-    #[arg(long, default_value = "main")]
-    space: String,
+    /// The space it belongs to [default: main].
+    #[arg(long, value_name = "SPACE")]
+    pub(super) space: Option<String>,
     #[command(flatten)]
-    data_dir: DataDirArg,
+    pub(super) data_dir: DataDirArg,
 }
 
 pub(super) async fn run(args: RevokeArgs) -> anyhow::Result<ExitCode> {
     let dir = args.data_dir.resolve()?;
     let req = Request::Revoke(Revoke {
-        space: args.space.clone(),
+        space: args
+            .space
+            .clone()
+            .unwrap_or_else(|| super::DEFAULT_SPACE.to_owned()),
         name: args.name.clone(),
     });
     let Some(data) = super::admin_call(&dir, &req).await? else {

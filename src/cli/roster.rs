@@ -17,7 +17,7 @@ const LOAD_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Args)]
 pub struct RosterArgs {
     #[command(flatten)]
-    endpoint: EndpointArgs,
+    pub(super) endpoint: EndpointArgs,
     /// Keep printing the roster whenever it changes (Ctrl-C ends).
     #[arg(long)]
     watch: bool,

@@ -16,7 +16,7 @@ pub struct SpaceArgs {
     #[command(subcommand)]
     command: SpaceCommand,
     #[command(flatten)]
-    data_dir: DataDirArg,
+    pub(super) data_dir: DataDirArg,
 }
 
 #[derive(Debug, Subcommand)]

@@ -15,7 +15,7 @@ use crate::supervisor::monitor;
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
-    data_dir: DataDirArg,
+    pub(super) data_dir: DataDirArg,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,

@@ -20,7 +20,7 @@ use crate::supervisor::BrokerBinary;
 #[derive(Debug, Args)]
 pub struct UpArgs {
     #[command(flatten)]
-    data_dir: DataDirArg,
+    pub(super) data_dir: DataDirArg,
     /// Profile to serve (TOML; see config/local.toml) [default: the embedded local profile:
     /// space `main`, channels durable by default]
     #[arg(long, value_name = "FILE")]

@@ -27,6 +27,10 @@ const PULL_BATCH: usize = 64;
 /// How many message ids the dedup window remembers.
 const SEEN_CAPACITY: usize = 65_536;
 
+/// How long receiving stops later, at most, for the durable copies of what was surfaced live
+/// on a durable channel: acknowledged as duplicates, they are not handed to the next session.
+pub(crate) const SETTLE: Duration = Duration::from_secs(2);
+
 /// One surfaced message.
 pub struct Delivery {
     /// The message.
@@ -233,6 +237,12 @@ pub(crate) struct Sink {
     seen: Mutex<Seen>,
     max_payload: usize,
     own_id: String,
+    /// The channels this member holds a durable membership of.
+    durable_channels: Mutex<HashSet<String>>,
+    /// Messages surfaced live on those channels whose durable copy has not come yet.
+    awaiting: Mutex<HashSet<String>>,
+    /// Told when `awaiting` shrinks.
+    settled: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -268,6 +278,9 @@ pub(crate) fn channel(max_payload: usize, own_id: String) -> (Sink, Deliveries) 
             seen: Mutex::new(Seen::default()),
             max_payload,
             own_id,
+            durable_channels: Mutex::default(),
+            awaiting: Mutex::default(),
+            settled: tokio::sync::Notify::new(),
         },
         Deliveries {
             messages: rx,
@@ -279,6 +292,32 @@ pub(crate) fn channel(max_payload: usize, own_id: String) -> (Sink, Deliveries) 
 impl Sink {
     pub(crate) fn notice(&self, notice: Notice) {
         let _ = self.notices.send(notice);
+    }
+
+    /// Records that this member holds (or no longer holds) a durable membership of `channel`.
+    pub(crate) fn durable_member(&self, channel: &str, member: bool) {
+        if let Ok(mut channels) = self.durable_channels.lock() {
+            match member {
+                true => channels.insert(channel.to_owned()),
+                false => channels.remove(channel),
+            };
+        }
+    }
+
+    /// Waits, at most `bound`, until every message surfaced live on a durable channel has had
+    /// its durable copy acknowledged as a duplicate; returns how many had not.
+    pub(crate) async fn settle(&self, bound: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            let settled = self.settled.notified();
+            let left = self.awaiting.lock().map(|a| a.len()).unwrap_or(0);
+            if left == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(deadline, settled).await.is_err() {
+                return left;
+            }
+        }
     }
 
     fn reject(&self, subject: &str, reason: RejectReason, detail: String) {
@@ -358,11 +397,24 @@ impl Sink {
         }
         let key = format!("{} {}", accepted.sender, accepted.message.id);
         let first = self.seen.lock().map(|mut s| s.first(&key)).unwrap_or(true);
+        let durable = matches!(ack, Ack::Backstop(_));
         if !first {
+            if durable && self.awaiting.lock().is_ok_and(|mut a| a.remove(&key)) {
+                self.settled.notify_waiters();
+            }
             settle(ack);
             return false;
         }
-        let durable = matches!(ack, Ack::Backstop(_));
+        if !durable
+            && !historical
+            && self
+                .durable_channels
+                .lock()
+                .is_ok_and(|c| c.contains(accepted.route.as_str()))
+            && let Ok(mut awaiting) = self.awaiting.lock()
+        {
+            awaiting.insert(key);
+        }
         self.messages
             .send(Delivery {
                 message: accepted.message,

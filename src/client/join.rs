@@ -391,6 +391,7 @@ impl Client {
     /// Ends the durable membership of `channel` (§7), whether or not this client joined it
     /// live: the leave cursor is the CHAT frontier now; nothing later is kept for this member.
     pub async fn durable_leave(&self, channel: &str) -> Result<ops::Membership, ClientError> {
+        self.inner.out.durable_member(channel, false);
         self.manager(&ops::Request::DurableLeave(ops::DurableLeave {
             channel: channel.to_owned(),
         }))
@@ -900,7 +901,10 @@ impl Client {
             cursor,
         });
         match self.manager::<ops::Membership>(&request).await {
-            Ok(_) => DurableState::Established,
+            Ok(_) => {
+                self.inner.out.durable_member(channel, true);
+                DurableState::Established
+            }
             Err(ClientError::Refused { error, .. }) => DurableState::Unavailable(error),
             Err(e) => DurableState::Unavailable(crate::ops::error_text(&e)),
         }

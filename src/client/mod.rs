@@ -669,6 +669,15 @@ impl Client {
     /// back now ([`Delivery::nak`]) goes to the next connection, not to a pull of this one.
     /// Only [`Client::close`] should follow.
     pub async fn stop_receiving(&self) {
+        // What was surfaced live on a durable channel has a durable copy on its way: acked as a
+        // duplicate here, it is not handed to the next session of this identity.
+        let unsettled = self.inner.out.settle(deliver::SETTLE).await;
+        if unsettled > 0 {
+            tracing::debug!(
+                unsettled,
+                "durable copies of surfaced messages not seen before stopping"
+            );
+        }
         let tasks = self
             .inner
             .tasks

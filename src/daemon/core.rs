@@ -227,6 +227,24 @@ impl Core {
         Ok(())
     }
 
+    /// [`Core::push_account`] even when nothing changed since the last push: the warden
+    /// pushes its holds again until the broker has them (another node of a cluster, or a push
+    /// the broker ignored, may have left it without).
+    pub(super) async fn push_account_again(
+        &self,
+        keys: &SpaceKeys,
+        config: &SpaceConfig,
+        identities: &Identities,
+        space: &Space,
+    ) -> Result<(), DaemonError> {
+        self.pushed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(keys.name());
+        self.push_account(keys, config, identities, Some(space))
+            .await
+    }
+
     /// [`Core::push_account`] of a served space.
     pub(super) async fn push_served(
         &self,

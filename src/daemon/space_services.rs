@@ -13,12 +13,12 @@ use crate::services::consumers::ConsumerGuard;
 use crate::services::identity_sync::IdentitySync;
 use crate::services::lease::{LeaseKeeper, Starter};
 use crate::services::manager::Manager;
-use crate::services::members::Members;
 use crate::services::membership::{BrokerView, MembershipFeed};
 use crate::services::mentions::Mentions;
 use crate::services::presence::{PresenceView, PresenceWatch};
 use crate::services::warden::{PushAccount, Warden};
 use crate::services::{ServiceError, ServiceSet};
+use crate::space::members::Members;
 use crate::space::{Identities, Space};
 
 /// How many times the members registry is read before the leased services give up starting.
@@ -210,7 +210,7 @@ fn account_pusher(
             let (Some(core), Some(space)) = (core, space) else {
                 return Err("the space is no longer served".to_owned());
             };
-            core.push_account(&keys, &config, &identities, Some(&space))
+            core.push_account_again(&keys, &config, &identities, &space)
                 .await
                 .map_err(|e| crate::ops::error_text(&e))
         })

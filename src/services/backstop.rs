@@ -50,7 +50,6 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::members::{Interval, Members};
 use super::presence::PresenceView;
 use super::{Context, Health, Service, ServiceError};
 use crate::binding::backstop_inbox;
@@ -58,6 +57,7 @@ use crate::ops::{COPY_SUBJECT, CopyBatch, IdentityRecord};
 use crate::protocol::{
     Channel, ChannelPattern, SubjectKind, accept_delivery, is_covered, parse_subject,
 };
+use crate::space::members::{Interval, Members};
 use crate::space::{Identities, Space};
 
 /// How long a handed-over copy may stay unacknowledged before JetStream redelivers it (the

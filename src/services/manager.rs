@@ -24,7 +24,6 @@ use futures_util::StreamExt;
 use tokio_util::task::TaskTracker;
 
 use super::backstop::{Backstop, BackstopError};
-use super::members::{Interval, MemberRecord, Members, MembersError};
 use super::{Context, Health, Service, ServiceError};
 use crate::binding::MANAGER_SERVICE;
 use crate::ops::{
@@ -34,6 +33,7 @@ use crate::ops::{
 use crate::protocol::{
     ChannelPattern, ControlReply, DeliveryClass, accept_control_request, parse_subject,
 };
+use crate::space::members::{Interval, MemberRecord, Members, MembersError};
 use crate::space::{Held, Hold, Holds, Identities, Space, SpaceError};
 
 /// Why an op was refused or failed.

@@ -27,12 +27,12 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 
-use super::members::Members;
 use super::{Context, Health, Service, ServiceError};
 use crate::binding::Creds;
 use crate::client::nats_options;
 use crate::protocol::{EpochMillis, InstanceId};
 use crate::space::Space;
+use crate::space::members::Members;
 
 /// How often the feed is refreshed without an event.
 pub const POLL: Duration = Duration::from_secs(10);

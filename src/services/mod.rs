@@ -30,7 +30,6 @@ pub mod consumers;
 pub mod identity_sync;
 pub mod lease;
 pub mod manager;
-pub mod members;
 pub mod membership;
 pub mod mentions;
 pub mod presence;

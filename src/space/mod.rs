@@ -9,6 +9,7 @@ pub mod bootstrap;
 pub mod holds;
 pub mod identities;
 pub mod identity;
+pub mod members;
 pub mod store;
 
 use std::net::SocketAddr;
@@ -272,14 +273,7 @@ impl Space {
         channel: &str,
         config: &ChannelConfig,
     ) -> Result<ChannelConfig, SpaceError> {
-        let pattern = ChannelPattern::from_policy(channel)
-            .ok()
-            .filter(ChannelPattern::is_concrete)
-            .ok_or_else(|| {
-                SpaceError::Invalid(format!(
-                    "channel {channel:?}: name one concrete channel, segments from [A-Za-z0-9_-]"
-                ))
-            })?;
+        let pattern = concrete(channel)?;
         let bucket = self.names.channels_bucket();
         let fail = |e: BoxError| SpaceError::Registry {
             space: self.name().to_owned(),
@@ -311,14 +305,7 @@ impl Space {
         channel: &str,
         purge: bool,
     ) -> Result<crate::ops::ChannelRemoved, SpaceError> {
-        let pattern = ChannelPattern::from_policy(channel)
-            .ok()
-            .filter(ChannelPattern::is_concrete)
-            .ok_or_else(|| {
-                SpaceError::Invalid(format!(
-                    "channel {channel:?}: name one concrete channel, segments from [A-Za-z0-9_-]"
-                ))
-            })?;
+        let pattern = concrete(channel)?;
         let key = pattern.as_str();
         let fail = |e: BoxError| SpaceError::Registry {
             space: self.name().to_owned(),
@@ -414,4 +401,16 @@ impl Space {
     pub async fn close(&self) {
         let _ = tokio::time::timeout(Duration::from_secs(1), self.client.drain()).await;
     }
+}
+
+/// `channel` as one concrete channel (the registry's key), or why it is not one.
+fn concrete(channel: &str) -> Result<ChannelPattern, SpaceError> {
+    ChannelPattern::from_policy(channel)
+        .ok()
+        .filter(ChannelPattern::is_concrete)
+        .ok_or_else(|| {
+            SpaceError::Invalid(format!(
+                "channel {channel:?}: name one concrete channel, segments from [A-Za-z0-9_-]"
+            ))
+        })
 }

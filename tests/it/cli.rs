@@ -555,6 +555,72 @@ async fn a_channel_is_removed_and_with_purge_forgotten() {
     c.stop().await;
 }
 
+/// Where and as whom to act may be said before the command as well as after it; after it
+/// wins, before it wins over the environment, and an option a command does not take is
+/// refused there too.
+#[tokio::test]
+async fn connection_options_are_accepted_before_the_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let elsewhere = tempfile::tempdir().unwrap();
+    // The environment names another data dir: the one given before the command wins.
+    let cli = Cli::new(elsewhere.path());
+    let dir = path(tmp.path());
+    let status = cli.ok(&["--data-dir", dir, "status", "--json"]).await;
+    assert!(
+        status.contains("\"running\": true") || status.contains("\"running\":true"),
+        "{status}"
+    );
+    cli.ok(&[
+        "--data-dir",
+        dir,
+        "mint",
+        "alice",
+        "--allow-publish",
+        "general",
+    ])
+    .await;
+    let sent = cli
+        .ok(&[
+            "--data-dir",
+            dir,
+            "--as",
+            "alice",
+            "send",
+            "from before the command",
+        ])
+        .await;
+    assert!(sent.starts_with("sent "), "{sent}");
+    // After the command wins over before it.
+    let listed = cli
+        .json(&[
+            "--space",
+            "nowhere",
+            "--data-dir",
+            dir,
+            "identities",
+            "--space",
+            "main",
+        ])
+        .await;
+    assert!(
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["name"] == "alice"),
+        "{listed}"
+    );
+    cli.refused(
+        &["--data-dir", dir, "--as", "alice", "up"],
+        &["--as does not apply to this command"],
+    )
+    .await;
+    cli.refused(&["--context", "nowhere", "send", "hi"], &["nowhere"])
+        .await;
+    c.stop().await;
+}
+
 #[tokio::test]
 async fn refusals_say_what_was_refused_and_the_fix() {
     let tmp = tempfile::tempdir().unwrap();

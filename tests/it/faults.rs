@@ -389,7 +389,7 @@ async fn kill_9_of_cotald_during_joins_and_leaves_keeps_every_acknowledged_membe
     let mut unknown = 0;
     for ((id, ch), (last, unanswered_after)) in &book {
         let record = registry.get(format!("{id}.{ch}")).await.unwrap();
-        let record: Option<cotald::services::members::MemberRecord> =
+        let record: Option<cotald::space::members::MemberRecord> =
             record.map(|r| serde_json::from_slice(&r).expect("a well-formed record"));
         if let Some(r) = &record {
             let open = r

@@ -139,6 +139,22 @@ async fn notice_until(agent: &Agent, needle: &str) {
     );
 }
 
+/// Waits until `agent`'s roster shows bob working on PR 7.
+async fn roster_shows_bob_reviewing(agent: &Agent) {
+    eventually("the roster showing bob reviewing PR 7", || async move {
+        let roster = call(agent, "cotal_roster", json!({})).await;
+        roster["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| {
+                p["name"] == "bob" && p["status"] == "working" && p["activity"] == "reviewing PR 7"
+            })
+            .then_some(())
+    })
+    .await;
+}
+
 fn text(m: &Value) -> &str {
     m["text"].as_str().unwrap()
 }
@@ -343,19 +359,7 @@ async fn two_agents_exchange_a_channel_message_a_dm_by_name_and_an_anycast_task(
     )
     .await;
     assert_eq!(status["status"], "working");
-    let watching = &a;
-    eventually("alice's roster showing bob working", || async move {
-        let roster = call(watching, "cotal_roster", json!({})).await;
-        roster["peers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|p| {
-                p["name"] == "bob" && p["status"] == "working" && p["activity"] == "reviewing PR 7"
-            })
-            .then_some(())
-    })
-    .await;
+    roster_shows_bob_reviewing(&a).await;
     // Done: idle clears what he was doing.
     let status = call(&b, "cotal_status", json!({"status": "idle"})).await;
     assert_eq!(status["status"], "idle");
@@ -830,19 +834,7 @@ async fn the_readme_mcp_section_runs_as_written() {
         as_written(&readme, "cotal_status", working, ""),
     )
     .await;
-    let watching = &a;
-    eventually("alice's roster showing bob reviewing PR 7", || async move {
-        let roster = call(watching, "cotal_roster", json!({})).await;
-        roster["peers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|p| {
-                p["name"] == "bob" && p["status"] == "working" && p["activity"] == "reviewing PR 7"
-            })
-            .then_some(())
-    })
-    .await;
+    roster_shows_bob_reviewing(&a).await;
     let answer = r#"{"to": "alice", "text": "LGTM", "reply_to": "<the task's id>"}"#;
     call(
         &b,
@@ -871,5 +863,87 @@ async fn the_readme_mcp_section_runs_as_written() {
         .clone();
     assert_eq!(dm["kind"], "dm");
     assert_eq!(dm["reply_to"], task_id.as_str());
+    c.stop().await;
+}
+
+/// An agent restarted by its host resumes: on a durable channel (the `local` profile's default)
+/// a second session of the same identity surfaces nothing the first acknowledged, says nothing
+/// waits, and a `wait` returns only with what is new.
+#[tokio::test]
+async fn a_second_session_surfaces_nothing_the_first_acknowledged_and_waits_for_the_new() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+    let sender = endpoint(&alice, |o| o.presence = false).await;
+    let general =
+        cotald::protocol::Routing::channel(&cotald::protocol::Channel::new("general").unwrap());
+
+    let b = agent(&bob).await;
+    notice_until(&b, "joined durable general").await;
+    for t in ["old-1", "old-2"] {
+        sender.client.send_text(general.clone(), t).await.unwrap();
+    }
+    inbox_until(&b, |m| text(m) == "old-2").await;
+    b.cancel().await.unwrap();
+
+    // The host starts the agent again.
+    let b = agent(&bob).await;
+    // Until its boot join is reported, the inbox holds nothing the first session read.
+    let mut resurfaced = Vec::new();
+    tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let got = call(&b, "cotal_inbox", json!({"wait": 30})).await;
+            resurfaced.extend(
+                got["messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| text(m).to_owned()),
+            );
+            if got["notices"].as_array().is_some_and(|n| {
+                n.iter()
+                    .any(|n| n.as_str().is_some_and(|n| n.contains("general")))
+            }) {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the boot join is reported");
+    assert!(resurfaced.is_empty(), "surfaced again: {resurfaced:?}");
+    let me = call(&b, "cotal_orientation", json!({})).await;
+    assert_eq!(me["joined"], json!(["general"]));
+    assert_eq!(me["waiting"], 0, "{me}");
+
+    // A wait returns only with what is new.
+    let mut waiting = {
+        let b = b.peer().clone();
+        tokio::spawn(async move { call(&b, "cotal_inbox", json!({"wait": 30})).await })
+    };
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), &mut waiting)
+            .await
+            .is_err(),
+        "the wait returned before anything new arrived"
+    );
+    sender
+        .client
+        .send_text(general.clone(), "new-1")
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(TIMEOUT, waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    let texts: Vec<&str> = got["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(text)
+        .collect();
+    assert_eq!(texts, ["new-1"], "{got}");
+    b.cancel().await.unwrap();
+    sender.client.close().await;
     c.stop().await;
 }
