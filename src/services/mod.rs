@@ -23,7 +23,7 @@
 //! | [`lease`] | in a cluster: which node runs the space's services above (presence excepted) | §8 |
 //! | [`identity_sync`] | in a cluster: every node knows the identities minted on any of them | §9 |
 //!
-//! [`members`] is the registry the manager writes and the backstop reads (§7 membership).
+//! [`crate::space::members`] is the registry the manager writes and the backstop reads (§7 membership).
 
 pub mod backstop;
 pub mod consumers;
