@@ -47,6 +47,7 @@ pub(crate) async fn start(client: &Client) -> Result<(), ClientError> {
         .subscribe(crate::binding::backstop_inbox(inner.id.as_str()))
         .await
         .map_err(nats_err("subscribe to the backstop inbox"))?;
+    inner.out.receiving_durable_copies();
     let (acks, mut batch) = mpsc::unbounded_channel::<String>();
 
     let receiver = {

@@ -237,6 +237,8 @@ pub(crate) struct Sink {
     seen: Mutex<Seen>,
     max_payload: usize,
     own_id: String,
+    /// Whether durable copies reach this connection (the backstop inbox is read).
+    durable_copies: std::sync::atomic::AtomicBool,
     /// The channels this member holds a durable membership of.
     durable_channels: Mutex<HashSet<String>>,
     /// Messages surfaced live on those channels whose durable copy has not come yet.
@@ -278,6 +280,7 @@ pub(crate) fn channel(max_payload: usize, own_id: String) -> (Sink, Deliveries) 
             seen: Mutex::new(Seen::default()),
             max_payload,
             own_id,
+            durable_copies: std::sync::atomic::AtomicBool::new(false),
             durable_channels: Mutex::default(),
             awaiting: Mutex::default(),
             settled: tokio::sync::Notify::new(),
@@ -292,6 +295,13 @@ pub(crate) fn channel(max_payload: usize, own_id: String) -> (Sink, Deliveries) 
 impl Sink {
     pub(crate) fn notice(&self, notice: Notice) {
         let _ = self.notices.send(notice);
+    }
+
+    /// Records that durable copies reach this connection: only then is a message surfaced
+    /// live on a durable channel awaited in its durable copy.
+    pub(crate) fn receiving_durable_copies(&self) {
+        self.durable_copies
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Records that this member holds (or no longer holds) a durable membership of `channel`.
@@ -408,10 +418,14 @@ impl Sink {
         if !durable
             && !historical
             && self
+                .durable_copies
+                .load(std::sync::atomic::Ordering::Relaxed)
+            && self
                 .durable_channels
                 .lock()
                 .is_ok_and(|c| c.contains(accepted.route.as_str()))
             && let Ok(mut awaiting) = self.awaiting.lock()
+            && awaiting.len() < SEEN_CAPACITY
         {
             awaiting.insert(key);
         }

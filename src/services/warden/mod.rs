@@ -66,6 +66,9 @@ const FULL_PERCENT: u64 = 90;
 /// A pair that stays full after a trim (its target reads nothing) is trimmed again at most this
 /// often, and DM is checked for being nearly full at most this often.
 const TRIM_EVERY: Duration = Duration::from_secs(1);
+/// A sender estimated past its share but measured under it is measured again after this: a
+/// flood goes on meanwhile, and a second of it can fill the store.
+const REMEASURE_AFTER: Duration = Duration::from_millis(100);
 
 /// One sender may have this part of DM's (TASK's) byte limit stored unread (untaken): an
 /// eighth, so that a sender past it is held while seven others at their share still fit.
@@ -135,7 +138,7 @@ struct Shares {
     /// stores megabytes, and TASK is measured only now and then. DM's is cleared every
     /// [`TRIM_EVERY`] (refused publishes never reach the ledger), TASK's when measured.
     in_flight: HashMap<String, u64>,
-    /// When each sender past its share was last judged.
+    /// When each sender past its share may be judged again.
     judged: HashMap<String, Instant>,
     /// The store's byte limit (0: none, and no share).
     store: u64,
@@ -424,23 +427,30 @@ impl Warden {
     }
 
     /// Holds `sender` from sending `held` when it is past its share, not held, not judged
-    /// within [`TRIM_EVERY`], and, measured again, still past it; returns whether the holds
-    /// changed.
+    /// recently ([`TRIM_EVERY`] after a hold, [`REMEASURE_AFTER`] after a measure that found it
+    /// under), and, measured again, still past it; returns whether the holds changed.
     async fn judge_share(&self, held: Held, shares: &mut Shares, sender: &str) -> bool {
         if shares.estimate(sender) <= shares.share()
             || self.space.holds().get(held, sender).is_some()
             || shares
                 .judged
                 .get(sender)
-                .is_some_and(|t| t.elapsed() < TRIM_EVERY)
+                .is_some_and(|again| Instant::now() < *again)
         {
             return false;
         }
-        shares.judged.insert(sender.to_owned(), Instant::now());
         let unread = self.measure(held, shares, sender).await;
         if unread <= shares.share() {
+            // Under its share once measured (what it sent may not be counted as stored yet):
+            // looked at again soon, while it may still be flooding.
+            shares
+                .judged
+                .insert(sender.to_owned(), Instant::now() + REMEASURE_AFTER);
             return false;
         }
+        shares
+            .judged
+            .insert(sender.to_owned(), Instant::now() + TRIM_EVERY);
         let hold = shares.hold(unread);
         let newly = self.space.holds().hold(held, sender, hold);
         if newly {
