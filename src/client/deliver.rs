@@ -55,6 +55,26 @@ enum Ack {
     Stream(Box<jetstream::Message>),
     /// Durable copies: the trusted reader's token, acknowledged through `ctl.manager`.
     Backstop(BackstopToken),
+    /// A live copy on a channel this member holds durably: its ack lets the durable copy of
+    /// the same message be acknowledged (the application handled it), never sooner.
+    Live(LiveAck),
+}
+
+/// What the ack of a live copy on a durable channel settles.
+pub(crate) struct LiveAck {
+    handover: std::sync::Arc<Mutex<Handover>>,
+    key: String,
+}
+
+/// Live copies on durable channels and their durable copies: a durable copy is acknowledged
+/// once the application handled the live copy of its message, so a message surfaced live but
+/// never handled is delivered again to the next session, and one handled is not.
+#[derive(Default)]
+struct Handover {
+    /// Surfaced live, not handled yet; with the durable copy's token once it came.
+    unhandled: std::collections::HashMap<String, Option<BackstopToken>>,
+    /// Handled, the durable copy not come yet.
+    awaiting: HashSet<String>,
 }
 
 /// A durable copy's token and where acknowledgements are batched.
@@ -87,7 +107,7 @@ impl std::fmt::Debug for Delivery {
 impl Delivery {
     /// Whether this copy is at-least-once and waits for [`Delivery::ack`].
     pub fn needs_ack(&self) -> bool {
-        !matches!(self.ack, Ack::None)
+        !matches!(self.ack, Ack::None | Ack::Live(_))
     }
 
     /// Confirms the message was handled, so that it is not delivered again. A no-op for live
@@ -104,6 +124,17 @@ impl Delivery {
                 token.ack();
                 Ok(())
             }
+            Ack::Live(live) => {
+                let mut handover = live.handover.lock().unwrap_or_else(|e| e.into_inner());
+                match handover.unhandled.remove(&live.key) {
+                    Some(Some(token)) => token.ack(),
+                    Some(None) => {
+                        handover.awaiting.insert(live.key);
+                    }
+                    None => {}
+                }
+                Ok(())
+            }
             Ack::None => Ok(()),
         }
     }
@@ -118,7 +149,7 @@ impl Delivery {
                 .ack_with(AckKind::Progress)
                 .await
                 .map_err(nats_err("in-progress ack")),
-            Ack::Backstop(_) | Ack::None => Ok(()),
+            Ack::Backstop(_) | Ack::Live(_) | Ack::None => Ok(()),
         }
     }
 
@@ -131,7 +162,7 @@ impl Delivery {
                 .ack_with(AckKind::Nak(None))
                 .await
                 .map_err(nats_err("nak")),
-            Ack::Backstop(_) | Ack::None => Ok(()),
+            Ack::Backstop(_) | Ack::Live(_) | Ack::None => Ok(()),
         }
     }
 }
@@ -241,10 +272,10 @@ pub(crate) struct Sink {
     durable_copies: std::sync::atomic::AtomicBool,
     /// The channels this member holds a durable membership of.
     durable_channels: Mutex<HashSet<String>>,
-    /// Messages surfaced live on those channels whose durable copy has not come yet.
-    awaiting: Mutex<HashSet<String>>,
-    /// Told when `awaiting` shrinks.
-    settled: tokio::sync::Notify,
+    /// Live copies surfaced on those channels, and their durable copies.
+    handover: std::sync::Arc<Mutex<Handover>>,
+    /// Told when a handled message's durable copy is acknowledged.
+    settled: std::sync::Arc<tokio::sync::Notify>,
 }
 
 #[derive(Default)]
@@ -282,8 +313,8 @@ pub(crate) fn channel(max_payload: usize, own_id: String) -> (Sink, Deliveries) 
             own_id,
             durable_copies: std::sync::atomic::AtomicBool::new(false),
             durable_channels: Mutex::default(),
-            awaiting: Mutex::default(),
-            settled: tokio::sync::Notify::new(),
+            handover: std::sync::Arc::default(),
+            settled: std::sync::Arc::default(),
         },
         Deliveries {
             messages: rx,
@@ -314,13 +345,13 @@ impl Sink {
         }
     }
 
-    /// Waits, at most `bound`, until every message surfaced live on a durable channel has had
-    /// its durable copy acknowledged as a duplicate; returns how many had not.
+    /// Waits, at most `bound`, until every message handled from its live copy on a durable
+    /// channel has had its durable copy acknowledged; returns how many had not.
     pub(crate) async fn settle(&self, bound: Duration) -> usize {
         let deadline = tokio::time::Instant::now() + bound;
         loop {
             let settled = self.settled.notified();
-            let left = self.awaiting.lock().map(|a| a.len()).unwrap_or(0);
+            let left = self.handover.lock().map(|h| h.awaiting.len()).unwrap_or(0);
             if left == 0 {
                 return 0;
             }
@@ -409,26 +440,21 @@ impl Sink {
         let first = self.seen.lock().map(|mut s| s.first(&key)).unwrap_or(true);
         let durable = matches!(ack, Ack::Backstop(_));
         if !first {
-            if durable && self.awaiting.lock().is_ok_and(|mut a| a.remove(&key)) {
-                self.settled.notify_waiters();
+            match ack {
+                Ack::Backstop(token) => self.durable_duplicate(&key, token),
+                other => settle(other),
             }
-            settle(ack);
             return false;
         }
-        if !durable
-            && !historical
-            && self
-                .durable_copies
-                .load(std::sync::atomic::Ordering::Relaxed)
-            && self
-                .durable_channels
-                .lock()
-                .is_ok_and(|c| c.contains(accepted.route.as_str()))
-            && let Ok(mut awaiting) = self.awaiting.lock()
-            && awaiting.len() < SEEN_CAPACITY
-        {
-            awaiting.insert(key);
-        }
+        let ack = match ack {
+            Ack::None if !historical && self.hands_over(accepted.route.as_str(), &key) => {
+                Ack::Live(LiveAck {
+                    handover: self.handover.clone(),
+                    key,
+                })
+            }
+            other => other,
+        };
         self.messages
             .send(Delivery {
                 message: accepted.message,
@@ -440,6 +466,39 @@ impl Sink {
             })
             .await
             .is_ok()
+    }
+
+    /// Whether a live copy of `key` on `channel` is to hand its ack over to the durable copy
+    /// (this connection reads durable copies, and holds the channel durably); if so, it is
+    /// recorded as surfaced, not handled.
+    fn hands_over(&self, channel: &str, key: &str) -> bool {
+        let durable = self
+            .durable_copies
+            .load(std::sync::atomic::Ordering::Relaxed)
+            && self
+                .durable_channels
+                .lock()
+                .is_ok_and(|c| c.contains(channel));
+        durable
+            && self.handover.lock().is_ok_and(|mut h| {
+                h.unhandled.len() < SEEN_CAPACITY
+                    && h.unhandled.insert(key.to_owned(), None).is_none()
+            })
+    }
+
+    /// The durable copy of a message already surfaced: acknowledged when the application
+    /// handled it (or it was not surfaced live on a durable channel), kept until then.
+    fn durable_duplicate(&self, key: &str, token: BackstopToken) {
+        let mut handover = self.handover.lock().unwrap_or_else(|e| e.into_inner());
+        if handover.awaiting.remove(key) {
+            token.ack();
+            drop(handover);
+            self.settled.notify_waiters();
+        } else if let Some(slot) = handover.unhandled.get_mut(key) {
+            *slot = Some(token);
+        } else {
+            token.ack();
+        }
     }
 
     /// A DM or anycast copy: validated; anomalies terminated; surfaced with its ack handle.

@@ -947,3 +947,57 @@ async fn a_second_session_surfaces_nothing_the_first_acknowledged_and_waits_for_
     sender.client.close().await;
     c.stop().await;
 }
+
+/// A channel message the agent never read is not lost with its session: on a durable channel
+/// its durable copy, handed over while the live copy waited unread, is not acknowledged, and
+/// the next session surfaces the message.
+#[tokio::test]
+async fn a_channel_message_left_unread_comes_again_in_the_next_session() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+    let sender = endpoint(&alice, |o| o.presence = false).await;
+    let general =
+        cotald::protocol::Routing::channel(&cotald::protocol::Channel::new("general").unwrap());
+    let op = Probe::connect(&c, &tmp.path().join("spaces/main/local-operator.creds")).await;
+    let js = async_nats::jetstream::new(op.client.clone());
+    let chat = &js.get_stream("CHAT_main").await.unwrap();
+    let consumer = &cotald::services::backstop::interval_consumer(&bob.id, "general", 1);
+
+    let b = agent(&bob).await;
+    notice_until(&b, "joined durable general").await;
+    sender
+        .client
+        .send_text(general.clone(), "unread")
+        .await
+        .unwrap();
+    // Its live copy waits in the inbox, unread (a peek reads nothing) ...
+    eventually("the live copy in bob's inbox", || {
+        let b = b.peer().clone();
+        async move {
+            let p = call(&b, "cotal_inbox", json!({"peek": true, "wait": 5})).await;
+            p["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| text(m) == "unread")
+                .then_some(())
+        }
+    })
+    .await;
+    // ... and its durable copy has been handed to the session.
+    eventually("the durable copy handed over", || async move {
+        let info = chat.consumer_info(consumer).await.ok()?;
+        (info.delivered.consumer_sequence >= 1).then_some(())
+    })
+    .await;
+    b.cancel().await.unwrap();
+
+    let b = agent(&bob).await;
+    let (again, _) = inbox_until(&b, |m| text(m) == "unread").await;
+    assert_eq!(again["channel"], "general");
+    b.cancel().await.unwrap();
+    sender.client.close().await;
+    c.stop().await;
+}
