@@ -181,6 +181,7 @@ impl Core {
         config: &SpaceConfig,
         identities: &Identities,
         served: Option<&Space>,
+        push: Push,
     ) -> Result<(), DaemonError> {
         // One at a time, so that they reach the broker in the order they were signed: it
         // ignores an account JWT issued before the one it has. The state is read once the
@@ -203,12 +204,13 @@ impl Core {
         // A push rebuilds the account's JetStream API import in the broker: its agents' requests
         // of that instant find no responder. So nothing is pushed that the broker has already;
         // a node of a cluster always pushes (another node may have pushed another state).
-        let unchanged = self
-            .pushed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(space)
-            .is_some_and(|pushed| *pushed == wanted);
+        let unchanged = push == Push::IfChanged
+            && self
+                .pushed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(space)
+                .is_some_and(|pushed| *pushed == wanted);
         if unchanged && !self.clustered {
             tracing::debug!(space, "account unchanged; not pushed");
             return Ok(());
@@ -227,24 +229,6 @@ impl Core {
         Ok(())
     }
 
-    /// [`Core::push_account`] even when nothing changed since the last push: the warden
-    /// pushes its holds again until the broker has them (another node of a cluster, or a push
-    /// the broker ignored, may have left it without).
-    pub(super) async fn push_account_again(
-        &self,
-        keys: &SpaceKeys,
-        config: &SpaceConfig,
-        identities: &Identities,
-        space: &Space,
-    ) -> Result<(), DaemonError> {
-        self.pushed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(keys.name());
-        self.push_account(keys, config, identities, Some(space))
-            .await
-    }
-
     /// [`Core::push_account`] of a served space.
     pub(super) async fn push_served(
         &self,
@@ -256,6 +240,7 @@ impl Core {
             served.space.config(),
             &served.identities,
             Some(&served.space),
+            Push::IfChanged,
         )
         .await
     }
@@ -299,7 +284,8 @@ impl Core {
         let keys = self.keys.ensure_space(name)?;
         let identities = Arc::new(Identities::load(&self.dir, name));
         let early = self.learn_identities(&keys, &config, &identities).await;
-        self.push_account(&keys, &config, &identities, None).await?;
+        self.push_account(&keys, &config, &identities, None, Push::IfChanged)
+            .await?;
         crate::files::private_dir(&self.dir.space(name))?;
         let creds = keys.own_user_creds("local-operator")?;
         crate::files::write_atomic(
@@ -503,6 +489,16 @@ impl Core {
         self.dir.write_state(&state)?;
         Ok(())
     }
+}
+
+/// Whether an account is pushed when it says what the last push said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Push {
+    /// Only when it changed (an operator's mint or revoke, a space served).
+    IfChanged,
+    /// Whatever was pushed before: the warden pushes its holds again until the broker has
+    /// them (another node of a cluster, or a push the broker ignored, may have left it without).
+    Always,
 }
 
 /// What a space's account JWT says beyond its keys.

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use super::core::Push;
 use super::{Core, DaemonError};
 use crate::backoff::Backoff;
 use crate::services::backstop::Backstop;
@@ -210,7 +211,7 @@ fn account_pusher(
             let (Some(core), Some(space)) = (core, space) else {
                 return Err("the space is no longer served".to_owned());
             };
-            core.push_account_again(&keys, &config, &identities, &space)
+            core.push_account(&keys, &config, &identities, Some(&space), Push::Always)
                 .await
                 .map_err(|e| crate::ops::error_text(&e))
         })

@@ -64,12 +64,20 @@ impl BrokerLog {
         }
     }
 
-    /// Takes one line the broker wrote; returns it as shaped, or `None` when it is counted
-    /// instead of written.
-    pub fn line(&mut self, raw: &str, now: Instant) -> Option<String> {
-        self.summarize(now);
+    /// Takes one line the broker wrote; returns what it wrote for it: the line as shaped
+    /// (nothing when it is counted instead), after the summary of its user's window when that
+    /// window ended.
+    pub fn line(&mut self, raw: &str, now: Instant) -> Vec<String> {
         let shaped = shape(raw);
+        let mut said = Vec::new();
         if let Some(key) = refused_by(raw) {
+            let ended = self
+                .refusals
+                .get(&key)
+                .is_some_and(|r| now.duration_since(r.since) >= REFUSAL_WINDOW);
+            if ended {
+                said.extend(self.end_window(&key));
+            }
             let entry = self.refusals.entry(key).or_insert(Refusals {
                 since: now,
                 shown: 0,
@@ -79,12 +87,13 @@ impl BrokerLog {
             if entry.shown >= REFUSALS_SHOWN {
                 entry.left_out += 1;
                 entry.who = client_of(&shaped);
-                return None;
+                return said;
             }
             entry.shown += 1;
         }
         self.write(&shaped);
-        Some(shaped)
+        said.push(shaped);
+        said
     }
 
     /// Writes the summary of every window that ended, and forgets it; returns what it wrote.
@@ -95,25 +104,28 @@ impl BrokerLog {
             .filter(|(_, r)| now.duration_since(r.since) >= REFUSAL_WINDOW)
             .map(|(key, _)| key.clone())
             .collect();
-        let mut said = Vec::new();
-        for key in ended {
-            let Some(r) = self.refusals.remove(&key) else {
-                continue;
-            };
-            if r.left_out == 0 {
-                continue;
-            }
-            let line = format!(
-                "[cotald] {} more refused operations of {} ({key}) in the last {} s were not \
-                 logged one by one",
-                r.left_out,
-                r.who,
-                REFUSAL_WINDOW.as_secs()
-            );
-            self.write(&line);
-            said.push(line);
+        ended
+            .iter()
+            .filter_map(|key| self.end_window(key))
+            .collect()
+    }
+
+    /// Forgets `key`'s window; writes and returns how many of its refusals were left out, if
+    /// any were.
+    fn end_window(&mut self, key: &str) -> Option<String> {
+        let r = self.refusals.remove(key)?;
+        if r.left_out == 0 {
+            return None;
         }
-        said
+        let line = format!(
+            "[cotald] {} more refused operations of {} ({key}) in the last {} s were not logged \
+             one by one",
+            r.left_out,
+            r.who,
+            REFUSAL_WINDOW.as_secs()
+        );
+        self.write(&line);
+        Some(line)
     }
 
     fn write(&mut self, line: &str) {
@@ -271,18 +283,18 @@ mod tests {
         let mut log = BrokerLog::open(&path);
         let start = Instant::now();
         assert!(
-            log.line("[9] 2026/12/04 [INF] Server is ready", start)
-                .is_some()
+            !log.line("[9] 2026/12/04 [INF] Server is ready", start)
+                .is_empty()
         );
         let written: usize = (0..1000)
             .filter(|i| {
-                log.line(&refusal("UALICE", &format!("s{i}")), start)
-                    .is_some()
+                !log.line(&refusal("UALICE", &format!("s{i}")), start)
+                    .is_empty()
             })
             .count();
         assert_eq!(written, REFUSALS_SHOWN as usize);
         assert!(
-            log.line(&refusal("UBOB", "s"), start).is_some(),
+            !log.line(&refusal("UBOB", "s"), start).is_empty(),
             "bob has his own share"
         );
         assert!(log.summarize(start + Duration::from_secs(30)).is_empty());

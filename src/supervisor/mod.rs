@@ -547,7 +547,7 @@ async fn pump(
             line = lines.next_line() => match line {
                 Ok(Some(line)) => log
                     .lock()
-                    .map(|mut l| l.line(&line, Instant::now()).into_iter().collect())
+                    .map(|mut l| l.line(&line, Instant::now()))
                     .unwrap_or_default(),
                 _ => return,
             },
