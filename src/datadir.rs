@@ -89,8 +89,9 @@ pub struct RuntimeState {
     pub broker_version: String,
     /// Client listener (TLS).
     pub listen: SocketAddr,
-    /// Monitoring listener (loopback).
-    pub monitor: SocketAddr,
+    /// The broker's HTTP monitoring listener (loopback), when the profile turns it on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monitor: Option<SocketAddr>,
     /// The served spaces.
     pub spaces: Vec<String>,
     /// How many times the broker was restarted after dying or failing its health probes.
@@ -460,11 +461,11 @@ mod tests {
             broker_pid: 2,
             broker_version: "2.15.1".into(),
             listen: "127.0.0.1:4222".parse().unwrap(),
-            monitor: "127.0.0.1:8222".parse().unwrap(),
+            monitor: None,
             spaces: vec!["main".into()],
             broker_restarts: 1,
             broker_last_restart: Some(crate::ops::status::BrokerRestart {
-                reason: "unresponsive: no answer to /healthz within 1s".into(),
+                reason: "unresponsive: no answer to HEALTHZ within 1s".into(),
                 at: "2026-12-03T09:00:00Z".into(),
             }),
             services: Vec::new(),

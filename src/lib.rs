@@ -18,6 +18,7 @@
 //! | [`backoff`] | capped exponential backoff between restarts | |
 //! | [`ops`] | every operation the appliance serves, the two transports that carry them, and what `status` reports | §5, §7 |
 //! | [`provision`] | keys and trust chain (operator, SYS, account per space, users), `.creds`, TLS | §2, §9 |
+//! | [`dial`] | the one connect sequence: credential, TLS verified against the appliance's CA, bounded timeout | §2, §9 |
 //! | [`supervisor`] | the child nats-server: install, config, spawn, readiness, restart, stop | §8 |
 //! | [`datadir`] | the data dir layout, its lock, the runtime state file | |
 //! | [`client`] | the conformant endpoint: connect, presence, join/replay/dedup, DM, anycast, control | §2, §4–§8, §10, §12 |
@@ -41,6 +42,7 @@ pub mod client;
 pub mod daemon;
 pub mod dashboard;
 pub mod datadir;
+pub mod dial;
 pub mod files;
 pub mod mcp;
 pub mod ops;

@@ -133,9 +133,11 @@ fn default_true() -> bool {
 pub struct BrokerConfig {
     /// Client listener address (TLS).
     pub listen: SocketAddr,
-    /// Monitoring listener; must be a loopback address.
-    #[serde(default = "default_monitor")]
-    pub monitor: SocketAddr,
+    /// The broker's HTTP monitoring listener, off unless set: it answers anyone who can reach
+    /// it, without credentials (every connection's user, name and subscriptions), so it must
+    /// be a loopback address. cotald itself asks the broker over the system account.
+    #[serde(default)]
+    pub monitor: Option<SocketAddr>,
     /// JetStream fsync interval (`"always"`, or a duration such as `"1s"`, `"2m"`).
     #[serde(default = "default_sync_interval")]
     pub sync_interval: String,
@@ -376,10 +378,6 @@ impl Default for JetStreamConfig {
     }
 }
 
-fn default_monitor() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 0))
-}
-
 fn default_sync_interval() -> String {
     "1s".to_owned()
 }
@@ -441,11 +439,12 @@ impl Profile {
     }
 
     pub(crate) fn validate(&self) -> Result<(), String> {
-        if !self.broker.monitor.ip().is_loopback() {
+        if let Some(monitor) = self.broker.monitor
+            && !monitor.ip().is_loopback()
+        {
             return Err(format!(
-                "broker.monitor = {}: the monitoring port has no authentication and must bind \
-                 a loopback address",
-                self.broker.monitor
+                "broker.monitor = {monitor}: the monitoring port has no authentication and must \
+                 bind a loopback address (or be left out: cotald does not need it)"
             ));
         }
         if !valid_sync_interval(&self.broker.sync_interval) {
@@ -647,10 +646,21 @@ mod tests {
     }
 
     #[test]
+    fn the_monitoring_port_is_off_unless_asked_for() {
+        assert_eq!(Profile::embedded().unwrap().broker.monitor, None);
+        let asked = EMBEDDED_LOCAL.replace("# monitor = ", "monitor = ");
+        let profile = Profile::parse(&asked, "t.toml").unwrap();
+        assert_eq!(
+            profile.broker.monitor,
+            Some("127.0.0.1:8222".parse().unwrap())
+        );
+    }
+
+    #[test]
     fn refusals() {
         let cases = [
             (
-                "monitor = \"127.0.0.1:0\"",
+                "# monitor = \"127.0.0.1:8222\"",
                 "monitor = \"0.0.0.0:8222\"",
                 "loopback",
             ),

@@ -1517,8 +1517,10 @@ mod startup {
         Ok(elapsed.as_secs_f64() * 1e3)
     }
 
-    /// Spawns the installed broker of `dir` on the config cotald rendered there, waits for
-    /// `/healthz` 200 (as cotald does), stops it; the time in ms.
+    /// Spawns the installed broker of `dir` on the config cotald rendered there, with an HTTP
+    /// monitoring port added (cotald asks over the system account instead, which a bare
+    /// broker cannot be asked without a client), waits for `/healthz` 200, stops it; the time
+    /// in ms.
     pub(super) fn time_broker_alone(dir: &Path) -> anyhow::Result<f64> {
         let broker = std::fs::read_dir(dir.join("bin"))?
             .flatten()
@@ -1526,10 +1528,14 @@ mod startup {
             .find(|p| !p.to_string_lossy().ends_with(".tmp"))
             .context("no installed broker")?;
         let ports_dir = dir.join("run");
+        let mut conf = std::fs::read_to_string(dir.join("run/nats-server.conf"))?;
+        conf.push_str("http: \"127.0.0.1:-1\"\n");
+        let conf_path = dir.join("run/bench-broker.conf");
+        std::fs::write(&conf_path, conf)?;
         let start = Instant::now();
         let mut child = Command::new(&broker)
             .arg("-c")
-            .arg(dir.join("run/nats-server.conf"))
+            .arg(&conf_path)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;

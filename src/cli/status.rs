@@ -7,9 +7,13 @@ use clap::Args;
 use serde::Serialize;
 
 use super::DataDirArg;
+use crate::daemon::admin;
 use crate::datadir::RuntimeState;
+use crate::ops::{BrokerHealth, Request};
 use crate::services::{Health, ServiceStatus};
-use crate::supervisor::monitor;
+
+/// How long the appliance may take to say how its broker is.
+const ASK_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Options of `cotald status`.
 #[derive(Debug, Args)]
@@ -32,8 +36,11 @@ struct Report {
     data_dir: String,
     #[serde(flatten)]
     state: Option<RuntimeState>,
-    /// The version the broker reports about itself (`/varz`).
+    /// The version the broker reports about itself (`VARZ`).
     reported_version: Option<String>,
+    /// Why the broker is not healthy, as it says (or why it could not be asked).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unhealthy: Option<String>,
 }
 
 pub(super) async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
@@ -65,23 +72,47 @@ pub(super) async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
 async fn report(dir: &crate::datadir::DataDir) -> anyhow::Result<Report> {
     let running = dir.is_locked()?;
     let state = if running { dir.read_state()? } else { None };
-    let (healthy, reported_version) = match &state {
-        Some(s) => {
-            let alive = process_alive(s.broker_pid);
-            (
-                alive && monitor::healthy(s.monitor).await,
-                monitor::version(s.monitor).await,
-            )
-        }
-        None => (false, None),
+    let health = match &state {
+        Some(s) if process_alive(s.broker_pid) => broker_health(dir).await,
+        Some(s) => BrokerHealth {
+            healthy: false,
+            reason: Some(format!("nats-server (pid {}) is not running", s.broker_pid)),
+            version: None,
+        },
+        None => BrokerHealth {
+            healthy: false,
+            reason: None,
+            version: None,
+        },
     };
     Ok(Report {
         running,
-        healthy,
+        healthy: health.healthy,
         data_dir: dir.root().display().to_string(),
         state,
-        reported_version,
+        reported_version: health.version,
+        unhealthy: health.reason,
     })
+}
+
+/// What the broker says of itself, asked by the appliance over the system account (the
+/// broker has no unauthenticated listener to ask), bounded by [`ASK_WITHIN`].
+async fn broker_health(dir: &crate::datadir::DataDir) -> BrokerHealth {
+    let asked = tokio::time::timeout(ASK_WITHIN, admin::call(dir, &Request::BrokerHealth)).await;
+    let unanswered = |reason: String| BrokerHealth {
+        healthy: false,
+        reason: Some(reason),
+        version: None,
+    };
+    match asked {
+        Ok(Ok(Some(data))) => serde_json::from_value(data)
+            .unwrap_or_else(|e| unanswered(format!("a malformed answer: {e}"))),
+        Ok(Ok(None)) => unanswered("the admin socket is not there".into()),
+        Ok(Err(e)) => unanswered(format!("the admin socket: {e}")),
+        Err(_) => unanswered(format!(
+            "the appliance did not answer within {ASK_WITHIN:?}"
+        )),
+    }
 }
 
 fn print_text(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
@@ -97,7 +128,11 @@ fn print_text(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
                 out,
                 "cotald is running (pid {}), broker {}",
                 s.pid,
-                if healthy { "healthy" } else { "UNHEALTHY" }
+                match (healthy, &r.unhealthy) {
+                    (true, _) => "healthy".to_owned(),
+                    (false, Some(why)) => format!("UNHEALTHY ({why})"),
+                    (false, None) => "UNHEALTHY".to_owned(),
+                }
             )?;
             writeln!(out, "  listen      {} (TLS)", s.listen)?;
             writeln!(

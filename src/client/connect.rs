@@ -4,8 +4,7 @@
 //! the given CA, and reconnects with backoff; subscriptions, presence and consumers are
 //! re-established after a reconnect.
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,6 +14,7 @@ use super::deliver::{self, Deliveries};
 use super::presence::{self, Roster};
 use super::{Client, ClientError, ConnectionState, Inner, Violation};
 use crate::binding::{Creds, SpaceNames, dm_durable, svc_durable};
+use crate::dial::{DialError, nats_options};
 use crate::protocol::{
     AgentCard, EndpointKind, InstanceId, JoinLink, SpaceSubjects, WIRE_PROTOCOL_VERSION,
 };
@@ -85,48 +85,6 @@ pub struct Connection {
     pub client: Client,
     /// Everything the client receives.
     pub deliveries: Deliveries,
-}
-
-/// Why dialing the broker failed.
-#[derive(Debug, thiserror::Error)]
-pub enum DialError {
-    /// The `.creds` text was refused by the NATS library.
-    #[error("the credential cannot be loaded")]
-    Credentials(#[source] std::io::Error),
-    /// The connection failed (unreachable, TLS, authorization).
-    #[error(transparent)]
-    Connect(#[from] async_nats::ConnectError),
-}
-
-/// The one connect sequence of cotald, for its own connections and for every client: the
-/// credential, TLS verified against `ca`, a bounded connect timeout.
-pub fn nats_options(
-    creds: &Creds,
-    name: impl Into<String>,
-    ca: Option<&Path>,
-    require_tls: bool,
-) -> Result<async_nats::ConnectOptions, DialError> {
-    let mut options = async_nats::ConnectOptions::with_credentials(&creds.render())
-        .map_err(DialError::Credentials)?
-        .name(name.into())
-        .connection_timeout(Duration::from_secs(10))
-        .require_tls(require_tls);
-    if let Some(ca) = ca {
-        options = options.add_root_certificates(ca.to_owned());
-    }
-    Ok(options)
-}
-
-/// Dials the appliance's own broker at `addr` (TLS, trusting `ca`) as `creds`.
-pub async fn dial(
-    creds: &Creds,
-    name: impl Into<String>,
-    ca: &Path,
-    addr: SocketAddr,
-) -> Result<async_nats::Client, DialError> {
-    Ok(nats_options(creds, name, Some(ca), true)?
-        .connect(format!("tls://{addr}"))
-        .await?)
 }
 
 /// The space a credential's grants are confined to: the `<space>` of the `cotal.<space>.…`

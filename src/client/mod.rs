@@ -39,8 +39,9 @@ use crate::protocol::{
     SpaceSubjects,
 };
 
+pub use crate::dial::{DialError, dial, nats_options};
 pub use channels::ChannelInfo;
-pub use connect::{ConnectOptions, Connection, DEFAULT_PAIR_WAIT, DialError, dial, nats_options};
+pub use connect::{ConnectOptions, Connection, DEFAULT_PAIR_WAIT};
 pub use deliver::{Anomaly, Deliveries, Delivery, Notice};
 pub use join::{ChannelRegistry, DurableState, JoinError, JoinReport, Replay};
 pub use presence::{Declared, Peer, ResolveError, Roster};

@@ -24,7 +24,8 @@ pub(super) async fn prepare(opts: &Options) -> Result<(Prepared, BrokerSpec), Da
         Some(c) => Some(c.clone()),
         None => cluster::read_joined(dir)?,
     };
-    let mut listeners = vec![listen, broker.monitor];
+    let mut listeners = vec![listen];
+    listeners.extend(broker.monitor);
     listeners.extend(cluster.as_ref().map(|c| c.listen));
     supervisor::claim(&dir.run(), &executable, &dir.broker_conf(), &listeners).await?;
     let hostnames = hostnames(opts, listen);
@@ -63,8 +64,7 @@ pub(super) async fn prepare(opts: &Options) -> Result<(Prepared, BrokerSpec), Da
         server_name: server_name.clone(),
         host: listen.ip(),
         port: (listen.port() != 0).then_some(listen.port()),
-        monitor_host: broker.monitor.ip(),
-        monitor_port: (broker.monitor.port() != 0).then_some(broker.monitor.port()),
+        monitor: broker.monitor,
         ports_file_dir: dir.run(),
         operator_jwt: keys.operator_jwt()?,
         system_account: keys.system_account(),
@@ -91,6 +91,10 @@ pub(super) async fn prepare(opts: &Options) -> Result<(Prepared, BrokerSpec), Da
         log_path: dir.broker_log(),
         ready_timeout: READY_TIMEOUT,
         stop_deadline: STOP_DEADLINE,
+        access: supervisor::BrokerAccess {
+            creds: keys.system_user_creds()?,
+            ca: tls.ca_cert.clone(),
+        },
     };
     let prepared = Prepared {
         dir: dir.clone(),

@@ -5,7 +5,7 @@
 //! ([`super::space_services`]).
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +26,8 @@ use crate::services::lease::{LeaseKeeper, LeaseView};
 use crate::services::manager::Manager;
 use crate::services::{ServiceSet, ServiceStatus};
 use crate::space::{Identities, Space};
-use crate::supervisor::BrokerStatus;
+use crate::supervisor::monitor::Monitor;
+use crate::supervisor::{BrokerStatus, local_addr};
 
 /// One served space: its provisioner connection, its identities, its services.
 pub(super) struct Served {
@@ -51,6 +52,8 @@ pub(super) struct Core {
     /// The host:port join links name.
     pub(super) link_host: String,
     pub(super) system: async_nats::Client,
+    /// Asks the broker about itself (health, figures) over the system account.
+    pub(super) monitor: Monitor,
     /// The JetStream storage each space holds.
     pub(super) budget: std::sync::Mutex<budget::Budget>,
     /// Held while an account JWT is signed and pushed.
@@ -79,6 +82,7 @@ impl Core {
     pub(super) async fn start(
         prepared: Prepared,
         status: &BrokerStatus,
+        monitor: Monitor,
     ) -> Result<Arc<Core>, DaemonError> {
         let Prepared {
             dir,
@@ -110,6 +114,7 @@ impl Core {
             local,
             link_host: link_host(status.client, &hostnames),
             system,
+            monitor,
             budget: std::sync::Mutex::new(budget::Budget::new(budget::grantable(store_limit))),
             pushing: tokio::sync::Mutex::new(()),
             pushed: std::sync::Mutex::new(BTreeMap::new()),
@@ -119,7 +124,7 @@ impl Core {
                 broker_pid: status.pid,
                 broker_version,
                 listen: status.client,
-                monitor: status.monitor,
+                monitor: status.http_monitor,
                 spaces: Vec::new(),
                 broker_restarts: 0,
                 broker_last_restart: None,
@@ -443,7 +448,7 @@ impl Core {
             data_dir: self.dir.root().to_owned(),
             listen: status.client,
             link_host: self.link_host.clone(),
-            monitor: status.monitor,
+            monitor: status.http_monitor,
             ca_cert: self.ca_cert.clone(),
             spaces: spaces
                 .values()
@@ -551,19 +556,6 @@ async fn push_account(
     }
     tracing::debug!(space, reply = %body, "account pushed");
     Ok(())
-}
-
-/// The address the appliance itself dials: loopback when the listener is a wildcard.
-fn local_addr(client: SocketAddr) -> SocketAddr {
-    if client.ip().is_unspecified() {
-        let ip = match client.ip() {
-            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
-            IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
-        };
-        SocketAddr::new(ip, client.port())
-    } else {
-        client
-    }
 }
 
 /// The host:port a join link names: the first configured hostname when the listener is a

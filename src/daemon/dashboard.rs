@@ -46,7 +46,7 @@ pub(super) async fn start(
         let core = core.clone();
         Arc::new(move || core.state.lock().unwrap_or_else(|e| e.into_inner()).clone())
     };
-    let dashboard = match Dashboard::bind(listen, token, spaces, state) {
+    let dashboard = match Dashboard::bind(listen, token, spaces, state, core.monitor.clone()) {
         Ok(d) => d,
         Err(e) => {
             return not_served(format!(

@@ -163,8 +163,8 @@ pub struct ReadyInfo {
     pub listen: SocketAddr,
     /// The `host:port` join links name.
     pub link_host: String,
-    /// Monitoring listener.
-    pub monitor: SocketAddr,
+    /// The broker's HTTP monitoring listener, when the profile turns it on.
+    pub monitor: Option<SocketAddr>,
     /// The CA certificate clients trust.
     pub ca_cert: PathBuf,
     /// The served spaces.
@@ -226,7 +226,7 @@ impl Appliance {
         let (prepared, spec) = broker::prepare(&opts).await?;
         let supervisor = Supervisor::start(spec).await?;
         let status = supervisor.status().borrow().clone();
-        let core = match Core::start(prepared, &status).await {
+        let core = match Core::start(prepared, &status, supervisor.monitor()).await {
             Ok(core) => core,
             Err(e) => {
                 // Leave nothing running behind a failed start.

@@ -6,7 +6,7 @@
 //! `$NOTIFY_SOCKET`, holding newline-separated `KEY=value` assignments. cotald sends:
 //!
 //! - `STATUS=…` while it starts (what `systemctl status` shows);
-//! - `READY=1` with a `STATUS=` line, only once the broker answers `/healthz`, every space is
+//! - `READY=1` with a `STATUS=` line, only once the broker answers `HEALTHZ`, every space is
 //!   served and the ready banner is printed (the end of [`Appliance::start`](super::Appliance));
 //! - `STOPPING=1` when its teardown begins, whatever asked for it (a signal, `cotald down`).
 //!

@@ -34,6 +34,7 @@ impl Core {
                     pid: std::process::id(),
                 })
             }
+            Request::BrokerHealth => json(self.broker_health().await),
             Request::Mint(req) => json(self.mint(&req).await?),
             Request::Revoke(req) => json(self.revoke(&req).await?),
             Request::ChannelsSet(req) => json(self.channels_set(req).await?),
@@ -50,6 +51,19 @@ impl Core {
                 transport: "the admin socket",
             }
             .into()),
+        }
+    }
+
+    /// `broker-health`: `HEALTHZ` and `VARZ`, each bounded by a second.
+    async fn broker_health(&self) -> crate::ops::BrokerHealth {
+        let timeout = std::time::Duration::from_secs(1);
+        let (health, varz) = tokio::join!(self.monitor.check(timeout), self.monitor.varz(timeout));
+        crate::ops::BrokerHealth {
+            healthy: health.is_ok(),
+            reason: health.err().map(|e| e.to_string()),
+            version: varz
+                .ok()
+                .and_then(|v| v["version"].as_str().map(str::to_owned)),
         }
     }
 

@@ -1,7 +1,7 @@
 //! The runtime state `cotald status` reads (`run/state.json`), kept in step with the appliance:
 //! written once serving, again whenever the broker is restarted (its pid changes) and whenever
 //! a service's health changes. A clustered node also records who holds each space's lease (at
-//! the same pace) and, every [`CLUSTER_POLL`], the cluster's nodes (the broker's `/jsz`) and each
+//! the same pace) and, every [`CLUSTER_POLL`], the cluster's nodes (the broker's `JSZ`) and each
 //! stream's leader.
 
 use std::sync::Arc;
@@ -14,7 +14,6 @@ use crate::binding::streams;
 use crate::datadir::{ClusterNode, ClusterState, StreamLeader};
 use crate::services::{Context, Health, Service, ServiceError};
 use crate::supervisor::BrokerStatus;
-use crate::supervisor::monitor;
 
 /// How often service health is compared with what the file says.
 const HEALTH_POLL: Duration = Duration::from_millis(500);
@@ -50,7 +49,7 @@ impl StateTracker {
 }
 
 impl StateTracker {
-    /// The cluster as this node sees it: the meta group from the broker's `/jsz`, each served
+    /// The cluster as this node sees it: the meta group from the broker's `JSZ`, each served
     /// stream's leader from its info. What cannot be read is left out (a node without quorum
     /// still reports itself).
     async fn cluster(&self) -> ClusterState {
@@ -58,11 +57,7 @@ impl StateTracker {
             node: self.core.node.clone(),
             ..Default::default()
         };
-        let monitor = self.core.state.lock().map(|s| s.monitor).ok();
-        if let Some(addr) = monitor
-            && let Ok(r) = monitor::get(addr, "/jsz", Duration::from_secs(1)).await
-            && let Ok(jsz) = serde_json::from_str::<serde_json::Value>(&r.body)
-        {
+        if let Ok(jsz) = self.core.monitor.jsz(false, Duration::from_secs(1)).await {
             let meta = &jsz["meta_cluster"];
             seen.meta_leader = meta["leader"].as_str().unwrap_or_default().to_owned();
             seen.nodes.push(ClusterNode {

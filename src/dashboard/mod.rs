@@ -35,6 +35,7 @@ mod token;
 
 pub use token::{Token, TokenError};
 
+use crate::supervisor::monitor::Monitor;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -60,7 +61,7 @@ const APP_JS: &str = include_str!("assets/app.js");
 const MAX_CONNECTIONS: usize = 64;
 /// How often an idle event stream sends a comment, so that proxies and the browser keep it.
 const KEEPALIVE: Duration = Duration::from_secs(15);
-/// The bound on each request to the broker's monitoring endpoint.
+/// The bound on each question to the broker about itself.
 const MONITOR_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// One space the dashboard shows, and how its observer connects.
@@ -94,6 +95,7 @@ pub struct Dashboard {
     /// The spaces to show: those served at start, then each one added while running.
     spaces: watch::Receiver<Vec<SpaceAccess>>,
     state: StateView,
+    monitor: Monitor,
 }
 
 impl Dashboard {
@@ -103,6 +105,7 @@ impl Dashboard {
         token: Token,
         spaces: watch::Receiver<Vec<SpaceAccess>>,
         state: StateView,
+        monitor: Monitor,
     ) -> std::io::Result<Self> {
         let listener = std::net::TcpListener::bind(listen)?;
         listener.set_nonblocking(true)?;
@@ -114,6 +117,7 @@ impl Dashboard {
             token,
             spaces,
             state,
+            monitor,
         })
     }
 
@@ -162,6 +166,7 @@ impl Service for Dashboard {
             cookie: format!("cotald_{}", self.addr.port()),
             observers: std::sync::RwLock::new(observers),
             state: self.state.clone(),
+            monitor: self.monitor.clone(),
         });
         ctx.report(Health::Running);
         tracing::info!(addr = %self.addr, "dashboard listening");
@@ -227,6 +232,7 @@ struct Site {
     cookie: String,
     observers: std::sync::RwLock<BTreeMap<String, Arc<Observer>>>,
     state: StateView,
+    monitor: Monitor,
 }
 
 impl Site {
@@ -415,15 +421,11 @@ impl Site {
 
     async fn health(&self) -> Response {
         let state = (self.state)();
-        let monitor = state.monitor;
-        let json = |path: &'static str| async move {
-            let r = crate::supervisor::monitor::get(monitor, path, MONITOR_TIMEOUT)
-                .await
-                .ok()?;
-            serde_json::from_str::<serde_json::Value>(&r.body).ok()
-        };
-        let (varz, jsz) = tokio::join!(json("/varz"), json("/jsz?accounts=true&streams=true"));
-        let body = pages::health(&state, varz.as_ref(), jsz.as_ref());
+        let (varz, jsz) = tokio::join!(
+            self.monitor.varz(MONITOR_TIMEOUT),
+            self.monitor.jsz(true, MONITOR_TIMEOUT)
+        );
+        let body = pages::health(&state, varz.ok().as_ref(), jsz.ok().as_ref());
         page("health", &self.spaces(), None, true, &body)
     }
 }

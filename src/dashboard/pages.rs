@@ -386,7 +386,7 @@ pub fn message(item: &FeedItem) -> String {
     ) + "\n"
 }
 
-/// The health page: the broker as its monitoring endpoint reports it, the appliance's
+/// The health page: the broker as it reports itself (`VARZ`, `JSZ`), the appliance's
 /// services as the runtime state records them.
 pub fn health(
     state: &RuntimeState,
@@ -404,19 +404,21 @@ pub fn health(
     };
     let _ = write!(
         out,
-        r#"<h2>Broker</h2><table class="kv"><tbody><tr><th>nats-server</th><td>{version}</td></tr><tr><th>pid</th><td>{pid} (restarts {restarts})</td></tr><tr><th>uptime</th><td>{uptime}</td></tr><tr><th>connections</th><td>{conns} (total {total})</td></tr><tr><th>memory</th><td>{mem} bytes</td></tr><tr><th>slow consumers</th><td>{slow}</td></tr><tr><th>client listener</th><td>{listen}</td></tr></tbody></table>"#,
+        r#"<h2>Broker</h2><table class="kv"><tbody><tr><th>nats-server</th><td>{version}</td></tr><tr><th>pid</th><td>{pid} (restarts {restarts})</td></tr><tr><th>uptime</th><td>{uptime}</td></tr><tr><th>connections</th><td>{conns} (total {total})</td></tr><tr><th>memory</th><td>{mem}</td></tr><tr><th>slow consumers</th><td>{slow}</td></tr><tr><th>client listener</th><td>{listen}</td></tr></tbody></table>"#,
         version = esc(&field(varz, "version")),
         pid = state.broker_pid,
         restarts = state.broker_restarts,
         uptime = esc(&field(varz, "uptime")),
         conns = esc(&field(varz, "connections")),
         total = esc(&field(varz, "total_connections")),
-        mem = esc(&field(varz, "mem")),
+        mem = varz
+            .and_then(|v| v["mem"].as_u64())
+            .map_or_else(|| "?".to_owned(), crate::profile::human_size),
         slow = esc(&field(varz, "slow_consumers")),
         listen = esc(&state.listen.to_string()),
     );
     if varz.is_none() {
-        out.push_str(r#"<p class="warn">The monitoring endpoint did not answer.</p>"#);
+        out.push_str(r#"<p class="warn">The broker did not answer.</p>"#);
     }
     let mut streams = String::new();
     let accounts = jsz

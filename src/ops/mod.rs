@@ -14,6 +14,7 @@
 //! | `space-add` | [`SpaceAdd`] | ✓ | | [`SpaceInfo`] |
 //! | `space-list` | — | ✓ | | `[SpaceInfo]` |
 //! | `shutdown` | — | ✓ | | [`Stopping`] |
+//! | `broker-health` | — | ✓ | | [`BrokerHealth`] |
 //! | `mint` | [`MintRequest`] | ✓ (also with no appliance running) | | [`MintReply`] |
 //! | `revoke` | [`Revoke`] | ✓ | | [`IdentityRecord`] |
 //! | `channels-set` | [`ChannelsSet`] | ✓ | admin identities | the stored [`ChannelConfig`] |
@@ -33,6 +34,8 @@
 //! with `backstop-ack` once it has handled the message.
 
 pub mod status;
+
+pub use status::BrokerHealth;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -62,6 +65,8 @@ pub enum Request {
     SpaceList,
     /// Stop the appliance gracefully, as SIGTERM does; replies before it stops.
     Shutdown,
+    /// Ask the broker, over the system account, whether it and its JetStream are healthy.
+    BrokerHealth,
     /// Mint a credential; an existing name is refused unless `replace`, which re-issues (and
     /// revokes) its credential.
     Mint(MintRequest),
@@ -90,6 +95,7 @@ impl Request {
         "space-add",
         "space-list",
         "shutdown",
+        "broker-health",
         "mint",
         "revoke",
         "channels-set",
@@ -107,6 +113,7 @@ impl Request {
             Request::SpaceAdd(_) => "space-add",
             Request::SpaceList => "space-list",
             Request::Shutdown => "shutdown",
+            Request::BrokerHealth => "broker-health",
             Request::Mint(_) => "mint",
             Request::Revoke(_) => "revoke",
             Request::ChannelsSet(_) => "channels-set",
@@ -125,6 +132,7 @@ impl Request {
             Request::SpaceAdd(_)
             | Request::SpaceList
             | Request::Shutdown
+            | Request::BrokerHealth
             | Request::Mint(_)
             | Request::Revoke(_) => transport == Transport::AdminSocket,
             Request::ChannelsSet(_) | Request::ChannelsRm(_) => true,

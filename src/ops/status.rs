@@ -53,3 +53,17 @@ pub struct LeaseView {
     /// Whether that is this node.
     pub mine: bool,
 }
+
+/// The reply to `broker-health`: what the broker says of itself (`HEALTHZ`, `VARZ`), asked
+/// over the system account.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerHealth {
+    /// Whether the server and its JetStream are up.
+    pub healthy: bool,
+    /// Why not, when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The version the broker reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}

@@ -1,6 +1,8 @@
 //! Renders the nats-server configuration: operator mode with a `full` account resolver, the
-//! SYS account preloaded, JetStream in the data dir, TLS on the client listener, monitoring on
-//! loopback only. The file holds no secret (JWTs are public, the TLS key is referenced by path)
+//! SYS account preloaded, JetStream in the data dir, TLS on the client listener, and no HTTP
+//! monitoring listener unless the profile asks for one (loopback only: it has no
+//! authentication; the appliance asks the broker over the system account instead,
+//! `monitor.rs`). The file holds no secret (JWTs are public, the TLS key is referenced by path)
 //! and is passed with `-c`, so nothing sensitive reaches the child's argv.
 //!
 //! Two optional blocks grow the appliance beyond one machine: `cluster {}` (routes to the other
@@ -25,10 +27,9 @@ pub struct ServerConf {
     pub host: IpAddr,
     /// Client port; `None` lets the server pick one.
     pub port: Option<u16>,
-    /// Monitoring host (loopback).
-    pub monitor_host: IpAddr,
-    /// Monitoring port; `None` lets the server pick one.
-    pub monitor_port: Option<u16>,
+    /// The HTTP monitoring listener (loopback; port 0 lets the server pick one), when the
+    /// profile turns it on.
+    pub monitor: Option<std::net::SocketAddr>,
     /// Where the server writes `<argv0>_<pid>.ports`.
     pub ports_file_dir: PathBuf,
     /// The operator JWT.
@@ -106,13 +107,12 @@ impl ServerConf {
         let _ = writeln!(out, "server_name: {}", quote(&self.server_name));
         let _ = writeln!(out, "host: {}", quote(&self.host.to_string()));
         let _ = writeln!(out, "port: {}", port(self.port));
-        let monitor = std::net::SocketAddr::new(self.monitor_host, 0).to_string();
-        let monitor_host = monitor.rsplit_once(':').map_or("", |(h, _)| h);
-        let _ = writeln!(
-            out,
-            "http: {}",
-            quote(&format!("{monitor_host}:{}", port(self.monitor_port)))
-        );
+        if let Some(monitor) = self.monitor {
+            let host = std::net::SocketAddr::new(monitor.ip(), 0).to_string();
+            let host = host.rsplit_once(':').map_or("", |(h, _)| h);
+            let picked = (monitor.port() != 0).then_some(monitor.port());
+            let _ = writeln!(out, "http: {}", quote(&format!("{host}:{}", port(picked))));
+        }
         let _ = writeln!(out, "max_control_line: {MAX_CONTROL_LINE}");
         let _ = writeln!(out, "ports_file_dir: {}", quote_path(&self.ports_file_dir));
         let _ = writeln!(out, "operator: {}", quote(&self.operator_jwt));
@@ -201,8 +201,7 @@ mod tests {
             server_name: "cotald_ABC".into(),
             host: "127.0.0.1".parse().unwrap(),
             port: None,
-            monitor_host: "127.0.0.1".parse().unwrap(),
-            monitor_port: Some(8222),
+            monitor: None,
             ports_file_dir: "/d/run".into(),
             operator_jwt: "op.jwt".into(),
             system_account: "ASYS".into(),
@@ -255,11 +254,16 @@ mod tests {
     }
 
     #[test]
-    fn renders_operator_mode_with_tls_and_loopback_monitoring() {
+    fn renders_operator_mode_with_tls_and_no_monitoring_listener_unless_asked() {
         let text = conf().render();
+        assert!(!text.contains("http"), "{text}");
+        let mut asked = conf();
+        asked.monitor = Some("127.0.0.1:0".parse().unwrap());
+        assert!(asked.render().contains("http: \"127.0.0.1:-1\"\n"));
+        asked.monitor = Some("127.0.0.1:8222".parse().unwrap());
+        assert!(asked.render().contains("http: \"127.0.0.1:8222\"\n"));
         for expected in [
             "port: -1\n",
-            "http: \"127.0.0.1:8222\"\n",
             "system_account: \"ASYS\"\n",
             "type: full",
             "ASYS: \"sys.jwt\"",

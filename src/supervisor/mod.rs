@@ -3,26 +3,28 @@
 //! gracefully (SIGTERM, then SIGKILL after a deadline).
 //!
 //! Readiness is the ports file (`<argv0>_<pid>.ports`, written once the listeners are bound)
-//! followed by `/healthz` answering 200 (the server and JetStream are up; accounts are not asked
-//! about, see [`monitor::check`]). After the first start the actual
+//! followed by `HEALTHZ` answering healthy (the server and JetStream are up; accounts are not
+//! asked about, see [`Monitor::check`]), asked over the system account by the supervisor's own
+//! connection ([`Monitor`]): the broker has no HTTP monitoring listener unless the profile asks
+//! for one, since that listener answers anyone on the host. After the first start the actual
 //! ports are written into the config, so a restarted child listens where clients reconnect.
 //!
 //! # Health
 //!
 //! A broker can be alive and useless: JetStream disabled after a failed write (a full disk;
-//! `/healthz` then answers 503 with the reason), or a process that no longer runs (stopped,
+//! `HEALTHZ` then answers 503 with the reason), or a process that no longer runs (stopped,
 //! wedged; the kernel still accepts connections on its listening sockets, so clients hang
-//! instead of failing over). Once ready, the child's `/healthz` is probed every
+//! instead of failing over). Once ready, the child's `HEALTHZ` is probed every
 //! [`PROBE_INTERVAL`] (2 s), each probe bounded by [`PROBE_TIMEOUT`] (1 s); after
 //! [`PROBE_FAILURES`] (3) failures in a row it is killed with SIGKILL (which also ends a stopped
 //! process) and restarted like a child that exited, with the same backoff, on the same ports.
-//! Why these numbers: a healthy broker answers the loopback `/healthz` in milliseconds, so 1 s
+//! Why these numbers: a healthy broker answers `HEALTHZ` on loopback in milliseconds, so 1 s
 //! is generous even on a loaded machine; one failure can be a pause (a stalled fsync, a
 //! garbage collection), three in a row mean the broker has not answered for more than 4 s, far
 //! beyond any pause, and a failure is acted on within about 7 s. Clients pay for a restart with
 //! a reconnect of about a second, so a blip must not cause one; an unresponsive broker costs
 //! them far more, as their own pings notice it only after minutes. The reason
-//! (`exited: …`, `unhealthy: /healthz answered 503: …`, `unresponsive: no answer to /healthz
+//! (`exited: …`, `unhealthy: HEALTHZ answered 503: …`, `unresponsive: no answer to HEALTHZ
 //! within 1s`) is logged and published with the status ([`BrokerRestart`]), which
 //! `cotald status` shows. A broker that keeps failing is retried with the capped backoff (at
 //! most 10 s apart, plus the start's own ready timeout), never in a tight loop; a run counts as
@@ -62,7 +64,7 @@ pub use conf::{ClusterConf, LEAF_DENIED, LeafRemote, MAX_CONTROL_LINE, ServerCon
 pub use log::{BrokerLog, LOG_MAX_FILES, LOG_SIZE_LIMIT, MAX_LINE, MAX_QUOTED, REFUSALS_SHOWN};
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -77,7 +79,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::files::FileError;
 pub use crate::ops::status::BrokerRestart;
-use monitor::HealthFailure;
+use monitor::{HealthFailure, Monitor};
 
 /// Why the broker could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -128,6 +130,8 @@ pub struct BrokerSpec {
     pub conf_path: PathBuf,
     /// The broker's log file (written and rotated by the broker).
     pub log_path: PathBuf,
+    /// How the supervisor asks the broker about its health.
+    pub access: BrokerAccess,
     /// How long a start may take before it is a failure.
     pub ready_timeout: Duration,
     /// How long a graceful stop may take before SIGKILL.
@@ -141,8 +145,8 @@ pub struct BrokerStatus {
     pub pid: u32,
     /// Client listener.
     pub client: SocketAddr,
-    /// Monitoring listener.
-    pub monitor: SocketAddr,
+    /// The HTTP monitoring listener, when the profile turns it on.
+    pub http_monitor: Option<SocketAddr>,
     /// Restarts after unexpected exits and failed health checks.
     pub restarts: u32,
     /// The last restart, if there was one.
@@ -152,6 +156,7 @@ pub struct BrokerStatus {
 /// Owns the child nats-server for the lifetime of the appliance.
 pub struct Supervisor {
     status: watch::Receiver<BrokerStatus>,
+    monitor: Monitor,
     cancel: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -160,7 +165,7 @@ const TAIL_LINES: usize = 30;
 const POLL: Duration = Duration::from_millis(2);
 /// Time between two health probes of a ready broker.
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(2);
-/// How long one probe waits for `/healthz`.
+/// How long one probe waits for `HEALTHZ`.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Ends any broker that the data dir of `run_dir` left running (see `leftover.rs`), then
 /// checks that each address to listen on (port 0: any) is free. Run before anything is
@@ -184,6 +189,61 @@ pub async fn claim(
 
 /// Consecutive failed probes after which the broker is killed and restarted.
 pub const PROBE_FAILURES: u32 = 3;
+/// How long one readiness question waits.
+const READY_ASK: Duration = Duration::from_millis(500);
+
+/// The system user's credential and the CA its TLS is verified against: what the supervisor
+/// asks the broker about its health with ([`Monitor`]).
+#[derive(Clone)]
+pub struct BrokerAccess {
+    /// The system user.
+    pub creds: crate::binding::Creds,
+    /// The appliance's CA certificate.
+    pub ca: PathBuf,
+}
+
+impl std::fmt::Debug for BrokerAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerAccess")
+            .field("ca", &self.ca)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The address to dial the broker's client listener `client` at from this machine: loopback
+/// when it listens on every interface.
+pub fn local_addr(client: SocketAddr) -> SocketAddr {
+    match client.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv4Addr::LOCALHOST.into(), client.port())
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv6Addr::LOCALHOST.into(), client.port())
+        }
+        _ => client,
+    }
+}
+
+/// Whether the broker listening at `client` answers `HEALTHZ` healthy; connects `monitor`
+/// first when there is none yet (the first start).
+async fn ready(access: &BrokerAccess, client: SocketAddr, monitor: &mut Option<Monitor>) -> bool {
+    if monitor.is_none() {
+        let connect = Monitor::connect(&access.creds, &access.ca, local_addr(client));
+        match tokio::time::timeout(READY_ASK, connect).await {
+            Ok(Ok(m)) => *monitor = Some(m),
+            Ok(Err(e)) => {
+                tracing::trace!(error = %e, "the broker's monitor is not connected yet");
+                return false;
+            }
+            Err(_) => return false,
+        }
+    }
+    match monitor {
+        Some(m) => m.check(READY_ASK).await.is_ok(),
+        None => false,
+    }
+}
+
 /// How long a SIGKILLed child may take to be reaped.
 const KILL_WAIT: Duration = Duration::from_secs(10);
 
@@ -191,17 +251,33 @@ impl Supervisor {
     /// Starts the broker and returns once it is ready. The caller has run [`claim`] first.
     pub async fn start(mut spec: BrokerSpec) -> Result<Self, SupervisorError> {
         let log = Arc::new(Mutex::new(BrokerLog::open(&spec.log_path)));
-        let child = Running::spawn(&spec, &log).await?;
+        let mut monitor = None;
+        let child = Running::spawn(&spec, &log, &mut monitor).await?;
+        let monitor = monitor.unwrap_or_else(|| unreachable!("ready implies a monitor"));
         spec.conf.port = Some(child.client.port());
-        spec.conf.monitor_port = Some(child.monitor.port());
+        spec.conf.monitor = child.http_monitor;
         let (tx, status) = watch::channel(child.status(0, None));
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(supervise(spec, log, child, tx, cancel.clone()));
+        let task = tokio::spawn(supervise(
+            spec,
+            log,
+            child,
+            monitor.clone(),
+            tx,
+            cancel.clone(),
+        ));
         Ok(Supervisor {
             status,
+            monitor,
             cancel,
             task,
         })
+    }
+
+    /// The connection that asks the broker about itself (health, figures), for the life of
+    /// the appliance.
+    pub fn monitor(&self) -> Monitor {
+        self.monitor.clone()
     }
 
     /// The broker's status; changes when the child is restarted.
@@ -228,6 +304,7 @@ async fn supervise(
     spec: BrokerSpec,
     log: Arc<Mutex<BrokerLog>>,
     mut child: Running,
+    monitor: Monitor,
     status: watch::Sender<BrokerStatus>,
     cancel: CancellationToken,
 ) {
@@ -247,7 +324,7 @@ async fn supervise(
                 tracing::warn!(pid = child.pid, status = %exit, "nats-server exited unexpectedly");
                 (format!("exited: {exit}"), started.elapsed())
             }
-            (failure, since) = failing_health(child.monitor) => {
+            (failure, since) = failing_health(&monitor) => {
                 tracing::warn!(
                     pid = child.pid,
                     reason = %failure,
@@ -266,9 +343,10 @@ async fn supervise(
                 () = cancel.cancelled() => return,
                 () = tokio::time::sleep(delay) => {}
             }
+            let mut kept = Some(monitor.clone());
             let attempt = tokio::select! {
                 () = cancel.cancelled() => return,
-                attempt = Running::spawn(&spec, &log) => attempt,
+                attempt = Running::spawn(&spec, &log, &mut kept) => attempt,
             };
             match attempt {
                 Ok(next) => break next,
@@ -283,9 +361,9 @@ async fn supervise(
     }
 }
 
-/// Probes `/healthz` every [`PROBE_INTERVAL`] and returns once [`PROBE_FAILURES`] probes in a
+/// Probes `HEALTHZ` every [`PROBE_INTERVAL`] and returns once [`PROBE_FAILURES`] probes in a
 /// row failed: the last failure, and when the first of them was sent.
-async fn failing_health(monitor: SocketAddr) -> (HealthFailure, Instant) {
+async fn failing_health(monitor: &Monitor) -> (HealthFailure, Instant) {
     let mut probes =
         tokio::time::interval_at(tokio::time::Instant::now() + PROBE_INTERVAL, PROBE_INTERVAL);
     probes.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -294,7 +372,7 @@ async fn failing_health(monitor: SocketAddr) -> (HealthFailure, Instant) {
     loop {
         probes.tick().await;
         let sent = Instant::now();
-        match monitor::check(monitor, PROBE_TIMEOUT).await {
+        match monitor.check(PROBE_TIMEOUT).await {
             Ok(()) => {
                 if failures > 0 {
                     tracing::info!(failures, "nats-server answers its health probe again");
@@ -337,17 +415,14 @@ fn rfc3339_now() -> String {
 /// child's last words), or whatever it said last.
 fn exited_early(spec: &BrokerSpec, status: ExitStatus, tail: String) -> SupervisorError {
     if let Some(line) = tail.lines().find(|l| l.contains("address already in use")) {
-        let monitor = spec
-            .conf
-            .monitor_port
-            .map(|p| SocketAddr::new(spec.conf.monitor_host, p));
+        let monitor = spec.conf.monitor;
         let route = spec
             .conf
             .cluster
             .as_ref()
             .map(|c| SocketAddr::new(c.host, c.port));
         let addr = match (monitor, route) {
-            (Some(m), _) if line.contains(&m.to_string()) => m,
+            (Some(m), _) if m.port() != 0 && line.contains(&m.to_string()) => m,
             (_, Some(r)) if line.contains(&r.to_string()) => r,
             _ => SocketAddr::new(spec.conf.host, spec.conf.port.unwrap_or(0)),
         };
@@ -365,13 +440,16 @@ struct Running {
     process: Child,
     pid: u32,
     client: SocketAddr,
-    monitor: SocketAddr,
+    http_monitor: Option<SocketAddr>,
 }
 
 impl Running {
+    /// Spawns the child and waits until it is ready: its ports file written, then `HEALTHZ`
+    /// answered healthy through `monitor` (connected here on the first start, and kept).
     async fn spawn(
         spec: &BrokerSpec,
         log: &Arc<Mutex<BrokerLog>>,
+        monitor: &mut Option<Monitor>,
     ) -> Result<Self, SupervisorError> {
         crate::files::write_atomic(&spec.conf_path, spec.conf.render().as_bytes(), 0o600)?;
         // A crashed child leaves its ports file behind, and pids repeat (containers): only the
@@ -429,8 +507,8 @@ impl Running {
             if let Some(found) = read_ports_file(ports_dir, &spec.conf, pid) {
                 addrs = Some(found);
             }
-            if let Some((_, monitor)) = addrs
-                && monitor::healthy(monitor).await
+            if let Some((client, _)) = addrs
+                && ready(&spec.access, client, monitor).await
             {
                 break;
             }
@@ -444,13 +522,13 @@ impl Running {
             }
             tokio::time::sleep(POLL).await;
         }
-        let (client, monitor) = addrs.unwrap_or_else(|| unreachable!("ready implies ports"));
-        tracing::debug!(pid, %client, %monitor, "nats-server ready");
+        let (client, http_monitor) = addrs.unwrap_or_else(|| unreachable!("ready implies ports"));
+        tracing::debug!(pid, %client, ?http_monitor, "nats-server ready");
         Ok(Running {
             process,
             pid,
             client,
-            monitor,
+            http_monitor,
         })
     }
 
@@ -458,7 +536,7 @@ impl Running {
         BrokerStatus {
             pid: self.pid,
             client: self.client,
-            monitor: self.monitor,
+            http_monitor: self.http_monitor,
             restarts,
             last_restart,
         }
@@ -504,9 +582,14 @@ impl Running {
     }
 }
 
-/// Reads `<anything>_<pid>.ports` in `dir`: `{"nats": [url, …], "monitoring": [url]}`. The
-/// server lists one client URL per interface; the port is what counts, the host is ours.
-fn read_ports_file(dir: &Path, conf: &ServerConf, pid: u32) -> Option<(SocketAddr, SocketAddr)> {
+/// Reads `<anything>_<pid>.ports` in `dir`: `{"nats": [url, …], "monitoring": [url]}` (the
+/// latter only when the HTTP monitoring port is on). The server lists one client URL per
+/// interface; the port is what counts, the host is ours.
+fn read_ports_file(
+    dir: &Path,
+    conf: &ServerConf,
+    pid: u32,
+) -> Option<(SocketAddr, Option<SocketAddr>)> {
     let suffix = format!("_{pid}.ports");
     let entry = std::fs::read_dir(dir)
         .ok()?
@@ -518,10 +601,10 @@ fn read_ports_file(dir: &Path, conf: &ServerConf, pid: u32) -> Option<(SocketAdd
         let url = ports.get(key)?.get(0)?.as_str()?;
         url.rsplit_once(':')?.1.parse().ok()
     };
-    Some((
-        SocketAddr::new(conf.host, port("nats")?),
-        SocketAddr::new(conf.monitor_host, port("monitoring")?),
-    ))
+    let http_monitor = conf
+        .monitor
+        .and_then(|m| Some(SocketAddr::new(m.ip(), port("monitoring")?)));
+    Some((SocketAddr::new(conf.host, port("nats")?), http_monitor))
 }
 
 fn remove_ports_files(dir: &Path) {

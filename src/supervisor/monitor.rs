@@ -1,113 +1,157 @@
-//! The broker's monitoring endpoint (loopback HTTP): readiness and health (`/healthz`) and
-//! identity (`/varz`). A dozen lines of HTTP/1.0 are enough for two local GETs; no HTTP stack
-//! needed.
+//! What the broker says of itself, asked over the system account (`$SYS.REQ.SERVER.<id>.…`):
+//! health (`HEALTHZ`), identity and load (`VARZ`), JetStream figures (`JSZ`). These are the
+//! monitoring endpoint's answers without its listener: the broker's HTTP monitoring port has
+//! no authentication, so anyone on the host could read every connection's user, name and
+//! subscriptions from it; the system user's connection is TLS and authenticated like every
+//! other (§9). The HTTP port is off unless the profile turns it on (`broker.monitor`).
+//!
+//! One connection serves the whole life of the appliance: it reconnects to a restarted
+//! broker on the same port (quickly: [`RECONNECT_EVERY`]), never to a peer of a cluster (the
+//! health asked for is this node's), and each request names the server it is connected to at
+//! that moment.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use serde_json::Value;
 
-/// One GET's outcome: status code and body.
-#[derive(Debug)]
-pub struct Response {
-    /// HTTP status code.
-    pub status: u16,
-    /// Response body.
-    pub body: String,
+use crate::binding::Creds;
+use crate::dial::{DialError, nats_options};
+
+/// How often the connection tries again while the broker is restarting.
+pub const RECONNECT_EVERY: Duration = Duration::from_millis(50);
+
+/// The appliance's connection for asking the broker about itself.
+#[derive(Debug, Clone)]
+pub struct Monitor {
+    nats: async_nats::Client,
 }
 
-/// GETs `path` from the monitoring listener at `addr`, bounded by `timeout`.
-pub async fn get(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Result<Response> {
-    tokio::time::timeout(timeout, async {
-        let mut stream = TcpStream::connect(addr).await?;
-        let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await?;
-        let text = String::from_utf8_lossy(&raw);
-        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| std::io::Error::other("malformed HTTP response"))?;
-        Ok(Response {
-            status,
-            body: body.to_owned(),
-        })
-    })
-    .await
-    .map_err(|_| {
-        std::io::Error::new(std::io::ErrorKind::TimedOut, "monitoring request timed out")
-    })?
+/// Why the broker did not answer a question about itself.
+#[derive(Debug, thiserror::Error)]
+pub enum AskError {
+    /// Nothing came back in time.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The request could not be sent, or nobody answers it (the connection is down).
+    #[error("{0}")]
+    Request(#[source] async_nats::RequestError),
+    /// The broker answered with an error.
+    #[error("the broker refused: {0}")]
+    Refused(String),
+    /// The answer was not the JSON asked for.
+    #[error("an answer that is not JSON: {0}")]
+    Malformed(#[source] serde_json::Error),
 }
 
-/// Why `/healthz` did not say healthy; the text is the reason the supervisor logs and records
+/// Why `HEALTHZ` did not say healthy; the text is the reason the supervisor logs and records
 /// when it restarts the broker for it.
 #[derive(Debug, thiserror::Error)]
 pub enum HealthFailure {
-    /// The broker answered, and not with 200 (JetStream disabled after a write failed, such as
+    /// The broker answered, and not healthy (JetStream disabled after a write failed, such as
     /// a full disk, or not recovered).
-    #[error("unhealthy: /healthz answered {status}: {said}")]
+    #[error("unhealthy: HEALTHZ answered {status}: {said}")]
     Unhealthy {
-        /// The HTTP status.
-        status: u16,
-        /// Its `error` field, else the body (at most [`SAID_MAX`] characters).
+        /// The status code it gave.
+        status: u64,
+        /// Its error, else the whole answer (at most [`SAID_MAX`] characters).
         said: String,
     },
     /// Nothing came back in time (a stopped or wedged broker: the kernel still accepts the
     /// connection on its behalf).
-    #[error("unresponsive: no answer to /healthz within {timeout:?}")]
+    #[error("unresponsive: no answer to HEALTHZ within {timeout:?}")]
     NoAnswer {
         /// The probe's bound.
         timeout: Duration,
     },
-    /// The monitoring listener could not be reached or hung up.
-    #[error("unresponsive: /healthz: {0}")]
-    Unreachable(std::io::Error),
+    /// The question could not be asked (the connection is down).
+    #[error("unresponsive: HEALTHZ: {0}")]
+    Unreachable(#[source] AskError),
 }
 
 /// How much of an unhealthy answer is kept.
 pub const SAID_MAX: usize = 200;
 
-/// What is asked: the server and its JetStream, not every account's streams
-/// (`js-server-only`). An account the resolver cannot load (a damaged file in `jwt/`) or one
-/// stream that cannot be recovered fails the full check, yet the broker serves everything
-/// else; cotald pushes every account right after readiness (which repairs the resolver's
-/// copy) and reports a space it cannot serve on its own. Restarting the broker cures neither.
-const HEALTHZ: &str = "/healthz?js-server-only=true";
-
-/// Asks `/healthz` once, bounded by `timeout`: `Ok` when it answers 200 (the server and
-/// JetStream are up).
-pub async fn check(addr: SocketAddr, timeout: Duration) -> Result<(), HealthFailure> {
-    match get(addr, HEALTHZ, timeout).await {
-        Ok(r) if r.status == 200 => Ok(()),
-        Ok(r) => {
-            let said = serde_json::from_str::<serde_json::Value>(&r.body)
-                .ok()
-                .and_then(|v| v.get("error")?.as_str().map(str::to_owned))
-                .unwrap_or_else(|| r.body.trim().to_owned());
-            Err(HealthFailure::Unhealthy {
-                status: r.status,
-                said: said.chars().take(SAID_MAX).collect(),
-            })
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
-            Err(HealthFailure::NoAnswer { timeout })
-        }
-        Err(e) => Err(HealthFailure::Unreachable(e)),
+impl Monitor {
+    /// Connects as the system user (`creds`) to the broker's client port `addr`, trusting `ca`.
+    pub async fn connect(creds: &Creds, ca: &Path, addr: SocketAddr) -> Result<Self, DialError> {
+        let nats = nats_options(creds, "cotald-monitor", Some(ca), true)?
+            .ignore_discovered_servers()
+            .reconnect_delay_callback(|_| RECONNECT_EVERY)
+            .connect(format!("tls://{addr}"))
+            .await?;
+        Ok(Monitor { nats })
     }
-}
 
-/// Whether `/healthz` answers 200 within 2 s.
-pub async fn healthy(addr: SocketAddr) -> bool {
-    check(addr, Duration::from_secs(2)).await.is_ok()
-}
+    /// Asks `$SYS.REQ.SERVER.<id>.<what>` of the server this connection is on, bounded by
+    /// `timeout`; the answer's `data`.
+    pub async fn ask(
+        &self,
+        what: &str,
+        options: Value,
+        timeout: Duration,
+    ) -> Result<Value, AskError> {
+        let id = self.nats.server_info().server_id;
+        let subject = format!("$SYS.REQ.SERVER.{id}.{what}");
+        let request = self.nats.request(subject, options.to_string().into());
+        let reply = tokio::time::timeout(timeout, request)
+            .await
+            .map_err(|_| AskError::Timeout(timeout))?
+            .map_err(AskError::Request)?;
+        let mut answer: Value =
+            serde_json::from_slice(&reply.payload).map_err(AskError::Malformed)?;
+        if let Some(error) = answer.get("error").filter(|e| e.is_object()) {
+            let said = error["description"]
+                .as_str()
+                .map_or_else(|| error.to_string(), str::to_owned);
+            return Err(AskError::Refused(said));
+        }
+        Ok(answer["data"].take())
+    }
 
-/// The `version` reported by `/varz`.
-pub async fn version(addr: SocketAddr) -> Option<String> {
-    let resp = get(addr, "/varz", Duration::from_secs(2)).await.ok()?;
-    let varz: serde_json::Value = serde_json::from_str(&resp.body).ok()?;
-    varz.get("version")?.as_str().map(str::to_owned)
+    /// Asks `HEALTHZ` once, bounded by `timeout`: `Ok` when the server and its JetStream are
+    /// up. Only those are asked (`js-server-only`): an account the resolver cannot load (a
+    /// damaged file in `jwt/`) or one stream that cannot be recovered fails the full check,
+    /// yet the broker serves everything else; cotald pushes every account right after
+    /// readiness (which repairs the resolver's copy) and reports a space it cannot serve on
+    /// its own. Restarting the broker cures neither.
+    pub async fn check(&self, timeout: Duration) -> Result<(), HealthFailure> {
+        let options = serde_json::json!({ "js-server-only": true });
+        match self.ask("HEALTHZ", options, timeout).await {
+            Ok(data) if data["status"] == "ok" => Ok(()),
+            Ok(data) => {
+                let said = data["error"]
+                    .as_str()
+                    .map_or_else(|| data.to_string(), str::to_owned);
+                Err(HealthFailure::Unhealthy {
+                    status: data["status_code"].as_u64().unwrap_or(0),
+                    said: said.chars().take(SAID_MAX).collect(),
+                })
+            }
+            Err(AskError::Timeout(_)) => Err(HealthFailure::NoAnswer { timeout }),
+            Err(AskError::Refused(said)) => Err(HealthFailure::Unhealthy {
+                status: 0,
+                said: said.chars().take(SAID_MAX).collect(),
+            }),
+            Err(e) => Err(HealthFailure::Unreachable(e)),
+        }
+    }
+
+    /// Whether `HEALTHZ` says healthy within 2 s.
+    pub async fn healthy(&self) -> bool {
+        self.check(Duration::from_secs(2)).await.is_ok()
+    }
+
+    /// The broker's `VARZ` (version, uptime, memory, connections …), bounded by `timeout`.
+    pub async fn varz(&self, timeout: Duration) -> Result<Value, AskError> {
+        self.ask("VARZ", serde_json::json!({}), timeout).await
+    }
+
+    /// The broker's `JSZ`, with each account's streams when `streams` is set, bounded by
+    /// `timeout`.
+    pub async fn jsz(&self, streams: bool, timeout: Duration) -> Result<Value, AskError> {
+        let options = serde_json::json!({ "accounts": streams, "streams": streams });
+        self.ask("JSZ", options, timeout).await
+    }
 }

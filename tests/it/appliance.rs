@@ -211,8 +211,8 @@ async fn killed_broker_is_restarted_and_clients_reconnect() {
         .unwrap();
     assert_eq!(&msg.payload[..], b"back");
 
-    let after = c.state();
-    assert_ne!(after.broker_pid, before.broker_pid);
+    // The state file is written once the supervisor has told the appliance (after the line).
+    let after = wait_state(&c, "the new broker", |s| s.broker_pid != before.broker_pid).await;
     assert_eq!(
         after.listen, before.listen,
         "the restarted broker keeps its port"
@@ -274,11 +274,11 @@ async fn an_unresponsive_broker_is_killed_and_restarted() {
     assert_eq!(before.broker_last_restart, None);
 
     // Stopped, the broker keeps its ports and the kernel accepts connections for it, but
-    // /healthz never answers.
+    // HEALTHZ never answers.
     let stopped = Stopped::stop(before.broker_pid);
     let line = c.wait_stderr("nats-server restarted").await;
     assert!(
-        line.contains("unresponsive: no answer to /healthz"),
+        line.contains("unresponsive: no answer to HEALTHZ"),
         "the restart names the reason: {line}"
     );
     assert!(
@@ -898,4 +898,75 @@ async fn down_returns_within_ten_seconds_with_the_broker_hung() {
         "`cotald down` took {took:?} with the broker hung\n{log}"
     );
     drop(stopped);
+}
+
+/// The TCP ports `pid` listens on, read from `/proc` (its socket inodes matched against the
+/// kernel's IPv4 and IPv6 tables).
+fn listening_ports(pid: u32) -> std::collections::BTreeSet<u16> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy().into_owned();
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let mut ports = std::collections::BTreeSet::new();
+    for table in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // local_address, …, st (0A = LISTEN), …, inode
+            if fields.len() > 9 && fields[3] == "0A" && inodes.contains(fields[9]) {
+                let port = fields[1].rsplit_once(':').unwrap().1;
+                ports.insert(u16::from_str_radix(port, 16).unwrap());
+            }
+        }
+    }
+    ports
+}
+
+#[tokio::test]
+async fn the_broker_listens_only_on_its_client_port_which_demands_tls_and_credentials() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let state = c.state();
+    assert_eq!(state.monitor, None, "no monitoring listener is recorded");
+    let ports = listening_ports(state.broker_pid);
+    assert_eq!(
+        ports,
+        std::collections::BTreeSet::from([state.listen.port()]),
+        "the broker's listeners"
+    );
+
+    // What the client port says to a stranger before anything else: TLS and auth required.
+    let mut stranger = tokio::net::TcpStream::connect(state.listen).await.unwrap();
+    let mut info = vec![0; 4096];
+    let n = tokio::time::timeout(
+        TIMEOUT,
+        tokio::io::AsyncReadExt::read(&mut stranger, &mut info),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let info = String::from_utf8_lossy(&info[..n]);
+    assert!(info.starts_with("INFO "), "{info}");
+    assert!(info.contains(r#""tls_required":true"#), "{info}");
+    assert!(info.contains(r#""auth_required":true"#), "{info}");
+
+    // Health and figures still come: status asks the broker over the system account.
+    let (ok, report) = status_json(tmp.path()).await;
+    assert!(ok, "status exits 0 while healthy: {report}");
+    assert_eq!(report["healthy"], true);
+    assert_eq!(
+        report["reported_version"],
+        cotald::supervisor::BUNDLED_VERSION
+    );
+    c.stop().await;
 }

@@ -1,0 +1,52 @@
+//! The one connect sequence of cotald, for its own connections (the system user that pushes
+//! accounts and asks the broker for its health, each space's provisioner, the trusted readers)
+//! and for every client: the credential, TLS verified against the appliance's CA, a bounded
+//! connect timeout (§2, §9: every connection is authenticated and encrypted).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::binding::Creds;
+
+/// Why dialing the broker failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    /// The `.creds` text was refused by the NATS library.
+    #[error("the credential cannot be loaded")]
+    Credentials(#[source] std::io::Error),
+    /// The connection failed (unreachable, TLS, authorization).
+    #[error(transparent)]
+    Connect(#[from] async_nats::ConnectError),
+}
+
+/// The connect options every connection starts from: the credential, TLS verified against
+/// `ca`, a bounded connect timeout.
+pub fn nats_options(
+    creds: &Creds,
+    name: impl Into<String>,
+    ca: Option<&Path>,
+    require_tls: bool,
+) -> Result<async_nats::ConnectOptions, DialError> {
+    let mut options = async_nats::ConnectOptions::with_credentials(&creds.render())
+        .map_err(DialError::Credentials)?
+        .name(name.into())
+        .connection_timeout(Duration::from_secs(10))
+        .require_tls(require_tls);
+    if let Some(ca) = ca {
+        options = options.add_root_certificates(ca.to_owned());
+    }
+    Ok(options)
+}
+
+/// Dials the appliance's own broker at `addr` (TLS, trusting `ca`) as `creds`.
+pub async fn dial(
+    creds: &Creds,
+    name: impl Into<String>,
+    ca: &Path,
+    addr: SocketAddr,
+) -> Result<async_nats::Client, DialError> {
+    Ok(nats_options(creds, name, Some(ca), true)?
+        .connect(format!("tls://{addr}"))
+        .await?)
+}
