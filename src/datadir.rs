@@ -268,6 +268,10 @@ impl DataDir {
     pub fn dashboard_token(&self) -> PathBuf {
         self.root.join("dashboard.token")
     }
+    /// `restore/`: what `cotald restore` left for the next start to put back into the broker.
+    pub fn restore(&self) -> PathBuf {
+        self.root.join("restore")
+    }
     /// `log/`
     pub fn log(&self) -> PathBuf {
         self.root.join("log")

@@ -36,6 +36,9 @@ pub struct Profile {
     /// This appliance as a leaf node of an existing NATS system (`[leaf]`).
     #[serde(default)]
     pub leaf: Option<LeafConfig>,
+    /// The text it was read from (a backup carries it).
+    #[serde(skip)]
+    pub text: String,
 }
 
 /// `[cluster]`: the appliance is one node of a NATS cluster of appliances sharing one trust
@@ -425,10 +428,11 @@ impl Profile {
 
     /// Parses and validates profile text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Self, ProfileError> {
-        let profile: Profile = toml::from_str(text).map_err(|e| ProfileError::Parse {
+        let mut profile: Profile = toml::from_str(text).map_err(|e| ProfileError::Parse {
             origin: origin.to_owned(),
             message: e.to_string(),
         })?;
+        profile.text = text.to_owned();
         profile
             .validate()
             .map_err(|message| ProfileError::Invalid {

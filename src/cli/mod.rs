@@ -1,5 +1,6 @@
 //! The `cotald` command line: thin over the library. Errors become `anyhow` here, at the edge.
 
+mod backup;
 mod channels;
 mod cluster;
 mod context;
@@ -169,6 +170,8 @@ impl Command {
             Command::Up(a) => (Some(&mut a.data_dir), None),
             Command::Status(a) => (Some(&mut a.data_dir), None),
             Command::Down(a) => (Some(&mut a.data_dir), None),
+            Command::Backup(a) => (Some(&mut a.data_dir), None),
+            Command::Restore(a) => (Some(&mut a.data_dir), None),
             Command::Space(a) => (Some(&mut a.data_dir), None),
             Command::Cluster(a) => (Some(&mut a.data_dir), None),
             Command::Mint(a) => (Some(&mut a.data_dir), Some(&mut a.space)),
@@ -275,6 +278,20 @@ pub enum Command {
     /// The same as Ctrl-C on `cotald up`: services stop, clients are told, the broker flushes
     /// JetStream and exits. Exit 0 once stopped, or when nothing was running.
     Down(down::DownArgs),
+    /// Write an archive of the running appliance's spaces: their streams and buckets (every
+    /// message, every durable position), keys, identities and profile.
+    ///
+    /// Taken while the appliance serves; the archive is owner-only, since it holds every key.
+    /// `cotald restore` makes a new data dir of it, here or on another machine.
+    Backup(backup::BackupArgs),
+    /// Make a new data dir from an archive of `cotald backup` (--data-dir names it; it must be
+    /// new or empty).
+    ///
+    /// The keys, identities and profile are written at once; the streams go back into the
+    /// broker at the first `cotald up` of the new data dir, before anything is served. The
+    /// same credentials connect, and each durable member is handed what it had not
+    /// acknowledged.
+    Restore(backup::RestoreArgs),
     /// Measure cotald against raw NATS on an appliance of its own, and print the figures.
     ///
     /// Starts `cotald up` on a fresh temporary data dir, runs each case through cotald's
@@ -367,6 +384,8 @@ pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
             Command::Join(args) => membership::join(args).await,
             Command::Leave(args) => membership::leave(args).await,
             Command::Down(args) => down::run(args).await,
+            Command::Backup(args) => backup::backup(args).await,
+            Command::Restore(args) => backup::restore(args).await,
             #[cfg(feature = "bench")]
             Command::Bench(args) => {
                 let report = crate::bench::run(&args).await?;

@@ -108,6 +108,7 @@ pub(super) async fn prepare(opts: &Options) -> Result<(Prepared, BrokerSpec), Da
         broker_version,
         replicas: cluster.as_ref().map(ClusterConfig::replicas),
         node: server_name,
+        profile_text: opts.profile.text.clone(),
     };
     Ok((prepared, spec))
 }

@@ -72,6 +72,8 @@ pub(super) struct Core {
     pub(super) replicas: usize,
     /// This node's server name (the lease names its holder by it).
     pub(super) node: String,
+    /// The profile's text, as a backup carries it.
+    pub(super) profile_text: String,
     /// Where spaces added while running are handed to the dashboard, once it is served.
     pub(super) dashboard:
         std::sync::OnceLock<tokio::sync::watch::Sender<Vec<crate::dashboard::SpaceAccess>>>,
@@ -96,6 +98,7 @@ impl Core {
             broker_version,
             replicas,
             node,
+            profile_text,
         } = prepared;
         tracing::info!(pid = status.pid, client = %status.client, "phase: broker ready");
 
@@ -139,6 +142,7 @@ impl Core {
             clustered: replicas.is_some(),
             replicas: replicas.unwrap_or(1),
             node,
+            profile_text,
             dashboard: std::sync::OnceLock::new(),
         });
         // Spaces fail alone: one that cannot be served is reported, the others are served.
@@ -305,6 +309,7 @@ impl Core {
         };
         let services = ServiceSet::new(name, &self.root);
         let started = async {
+            self.restore_pending(&space).await?;
             self.bootstrap(&space).await?;
             for record in identities.active() {
                 space.provision(&record).await?;

@@ -25,6 +25,7 @@
 //! they are served); the operations the admin socket serves are listed in [`crate::ops`].
 
 pub mod admin;
+pub mod backup;
 mod broker;
 pub mod budget;
 pub mod cluster;
@@ -108,6 +109,9 @@ pub enum DaemonError {
     /// A request that cannot be executed as it is.
     #[error(transparent)]
     Op(#[from] OpError),
+    /// A backup, or the restore of one.
+    #[error(transparent)]
+    Backup(#[from] backup::BackupError),
     /// A service of a space could not start.
     #[error("space `{space}`: {source}")]
     Service {
@@ -205,6 +209,8 @@ pub(super) struct Prepared {
     /// The cluster's replicas, when clustered.
     pub(super) replicas: Option<usize>,
     pub(super) node: String,
+    /// The profile's text, as a backup carries it.
+    pub(super) profile_text: String,
 }
 
 const READY_TIMEOUT: Duration = Duration::from_secs(60);

@@ -35,6 +35,7 @@ impl Core {
                 })
             }
             Request::BrokerHealth => json(self.broker_health().await),
+            Request::Backup(req) => json(self.backup(req).await?),
             Request::Mint(req) => json(self.mint(&req).await?),
             Request::Revoke(req) => json(self.revoke(&req).await?),
             Request::ChannelsSet(req) => json(self.channels_set(req).await?),

@@ -15,6 +15,7 @@
 //! | `space-list` | — | ✓ | | `[SpaceInfo]` |
 //! | `shutdown` | — | ✓ | | [`Stopping`] |
 //! | `broker-health` | — | ✓ | | [`BrokerHealth`] |
+//! | `backup` | [`BackupRequest`] | ✓ | | [`BackupReport`] |
 //! | `mint` | [`MintRequest`] | ✓ (also with no appliance running) | | [`MintReply`] |
 //! | `revoke` | [`Revoke`] | ✓ | | [`IdentityRecord`] |
 //! | `channels-set` | [`ChannelsSet`] | ✓ | admin identities | the stored [`ChannelConfig`] |
@@ -67,6 +68,9 @@ pub enum Request {
     Shutdown,
     /// Ask the broker, over the system account, whether it and its JetStream are healthy.
     BrokerHealth,
+    /// Write an archive of every served space: its streams and buckets as the broker
+    /// snapshots them, and the keys, identities and profile they need.
+    Backup(BackupRequest),
     /// Mint a credential; an existing name is refused unless `replace`, which re-issues (and
     /// revokes) its credential.
     Mint(MintRequest),
@@ -96,6 +100,7 @@ impl Request {
         "space-list",
         "shutdown",
         "broker-health",
+        "backup",
         "mint",
         "revoke",
         "channels-set",
@@ -114,6 +119,7 @@ impl Request {
             Request::SpaceList => "space-list",
             Request::Shutdown => "shutdown",
             Request::BrokerHealth => "broker-health",
+            Request::Backup(_) => "backup",
             Request::Mint(_) => "mint",
             Request::Revoke(_) => "revoke",
             Request::ChannelsSet(_) => "channels-set",
@@ -133,6 +139,7 @@ impl Request {
             | Request::SpaceList
             | Request::Shutdown
             | Request::BrokerHealth
+            | Request::Backup(_)
             | Request::Mint(_)
             | Request::Revoke(_) => transport == Transport::AdminSocket,
             Request::ChannelsSet(_) | Request::ChannelsRm(_) => true,
@@ -255,6 +262,62 @@ pub struct SpaceAdd {
     pub name: String,
     /// Its deployment profile.
     pub profile: DeploymentProfile,
+}
+
+/// `backup`: where the appliance writes the archive.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BackupRequest {
+    /// An absolute path that does not exist yet (the archive is never written over a file).
+    pub out: std::path::PathBuf,
+}
+
+/// What an archive of `cotald backup` holds (`cotald-backup.json` inside it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BackupManifest {
+    /// The archive's layout version.
+    pub format: u32,
+    /// The cotald that wrote it.
+    pub cotald: String,
+    /// The broker whose snapshots it holds.
+    pub nats_server: String,
+    /// When it was taken (RFC 3339, UTC).
+    pub created: String,
+    /// Each served space, and the streams and buckets copied of it, in the order they were
+    /// copied and are restored.
+    pub spaces: Vec<SpaceCopy>,
+}
+
+/// The streams and buckets of one space in a backup.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpaceCopy {
+    /// The space.
+    pub name: String,
+    /// Its streams, in order.
+    pub streams: Vec<StreamCopy>,
+}
+
+/// One stream (or bucket's stream) in a backup.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamCopy {
+    /// Its name.
+    pub stream: String,
+    /// Its messages when the snapshot began.
+    pub messages: u64,
+    /// The size of the broker's archive of it.
+    pub bytes: u64,
+}
+
+/// The reply to `backup`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BackupReport {
+    /// The archive written.
+    pub path: std::path::PathBuf,
+    /// Its size.
+    pub bytes: u64,
+    /// How long it took.
+    pub millis: u64,
+    /// What it holds.
+    pub manifest: BackupManifest,
 }
 
 /// The reply to `shutdown`: the appliance that is stopping.

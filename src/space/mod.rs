@@ -10,6 +10,7 @@ pub mod holds;
 pub mod identities;
 pub mod identity;
 pub mod members;
+pub mod snapshot;
 pub mod store;
 
 use std::net::SocketAddr;

@@ -3,6 +3,7 @@
 
 mod acl;
 mod appliance;
+mod backup;
 mod bench;
 mod cli;
 mod client;
