@@ -155,6 +155,15 @@ pub enum AdminCallError {
     /// The reply is not what the protocol says.
     #[error("malformed reply from the appliance")]
     Malformed(#[source] serde_json::Error),
+    /// The appliance closed the connection without answering: it stopped meanwhile.
+    #[error(
+        "the appliance stopped before it answered `{op}` (its log says why); nothing of it \
+         can be relied on: ask again once `cotald status` says it runs"
+    )]
+    Closed {
+        /// The op asked.
+        op: &'static str,
+    },
 }
 
 /// Sends one request to the appliance of `dir`: the reply's `data`, or `Ok(None)` when no
@@ -189,6 +198,9 @@ pub async fn call(
         .read_line(&mut line)
         .await
         .map_err(io)?;
+    if line.is_empty() {
+        return Err(AdminCallError::Closed { op: req.op() });
+    }
     let reply: ControlReply = serde_json::from_str(&line).map_err(AdminCallError::Malformed)?;
     if reply.ok {
         Ok(Some(reply.data.unwrap_or_default()))

@@ -118,9 +118,11 @@ impl Core {
             }
         }
         crate::files::private_dir(&parts)?;
-        let written = self.backup_into(&out, &parts).await;
-        let _ = std::fs::remove_dir_all(&parts);
-        let manifest = written?;
+        // Removed however this ends: written, failed, or abandoned by a stop.
+        let scratch = Scratch(vec![parts.clone(), partial(&out)]);
+        let manifest = self.backup_into(&out, &parts).await;
+        drop(scratch);
+        let manifest = manifest?;
         let bytes = std::fs::metadata(&out)
             .map_err(FileError::at(&out, "reading metadata of"))?
             .len();
@@ -252,7 +254,7 @@ fn pack(
     profile: &str,
 ) -> Result<(), BackupError> {
     use std::os::unix::fs::OpenOptionsExt;
-    let partial = PathBuf::from(format!("{}.partial", out.display()));
+    let partial = partial(out);
     let failed = |source| BackupError::Archive {
         path: out.to_owned(),
         source,
@@ -287,6 +289,23 @@ fn pack(
         Err(e) => {
             let _ = std::fs::remove_file(&partial);
             Err(failed(e))
+        }
+    }
+}
+
+/// Where the archive `out` is written before it is renamed into place.
+fn partial(out: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.partial", out.display()))
+}
+
+/// Files and directories of a backup in progress, removed when it ends in any way (the task
+/// that takes it is dropped when the appliance stops).
+struct Scratch(Vec<PathBuf>);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            let _ = std::fs::remove_dir_all(path).or_else(|_| std::fs::remove_file(path));
         }
     }
 }
