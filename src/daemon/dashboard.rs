@@ -91,9 +91,10 @@ pub(super) async fn space_added(core: &Core, name: &str) {
     }
 }
 
-/// A served space's observer: its credential (Appendix B observer grants and a read of the
-/// membership feed, [`acl::dashboard_observer`]; never the SYS or manager credential), known to the space as a builtin identity like the local operator, and
-/// the options that connect it to the appliance's own listener.
+/// A served space's observer and voice: the observer's credential (Appendix B observer grants and a read of the
+/// membership feed, [`acl::dashboard_observer`]; never the SYS or manager credential), known to the space as a builtin identity like the local operator; the machine
+/// operator's credential, which posts what a person types; and the options that connect both
+/// to the appliance's own listener.
 fn observer(core: &Core, name: &str, served: &super::Served) -> Result<SpaceAccess, String> {
     let fail = |e: &dyn std::fmt::Display| format!("space `{name}`: observer: {e}");
     let keys = core.keys.space(name).map_err(|e| fail(&e))?;
@@ -112,9 +113,19 @@ fn observer(core: &Core, name: &str, served: &super::Served) -> Result<SpaceAcce
     connect.receive_dms = false;
     connect.announce = false;
     connect.receive_backstop = false;
+    let operator = keys
+        .own_user_creds("local-operator")
+        .map_err(|e| fail(&e))?;
+    let mut voice = ConnectOptions::new(connect.link.clone(), operator.render());
+    voice.ca = Some(core.ca_cert.clone());
+    voice.kind = EndpointKind::Endpoint;
+    voice.presence = false;
+    voice.receive_dms = false;
+    voice.receive_backstop = false;
     Ok(SpaceAccess {
         name: name.to_owned(),
         connect,
+        voice,
     })
 }
 

@@ -7,8 +7,9 @@
 //! Each space is read through an **observer** identity of the appliance (Appendix B: chat
 //! content and metadata, CHAT history, presence, the channel registry; DMs invisible, no
 //! application publish): never the SYS or the manager credential. A DM therefore cannot reach
-//! a page, whatever the code below does. The broker's figures come from its monitoring
-//! endpoint (loopback), the services' health from the runtime state.
+//! a page, whatever the code below does. The broker's figures come from the broker itself
+//! over the system account (`supervisor::monitor`), the services' health from the runtime
+//! state.
 //!
 //! # Who may see it
 //!
@@ -23,11 +24,13 @@
 //!
 //! A service of the appliance's [`ServiceSet`](crate::services::ServiceSet) (like the admin
 //! socket): it owns its listener and the observers, and stops when its context is cancelled.
-//! HTTP/1.1 is a small strict parser over `tokio::net::TcpListener` (`http`): the
-//! dashboard serves a handful of GETs to one browser, which needs no HTTP stack. Pages are
+//! HTTP/1.1 is hyper's, over `tokio::net::TcpListener` (`http` keeps the dashboard's own
+//! strictness: GETs and form POSTs only, bounded bodies, nothing decoded with a control
+//! character). Pages are
 //! rendered on the server; the feed follows a server-sent event stream whose events are
 //! rendered the same way. HTML, CSS and JS are compiled into the binary.
 
+mod compose;
 mod http;
 mod observer;
 mod pages;
@@ -35,27 +38,34 @@ mod token;
 
 pub use token::{Token, TokenError};
 
-use crate::supervisor::monitor::Monitor;
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
+use bytes::Bytes;
+use hyper::body::Incoming;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, broadcast, watch};
+use tokio::sync::{Semaphore, broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::client::ConnectOptions;
 use crate::datadir::RuntimeState;
+use crate::protocol::PresenceStatus;
 use crate::services::{Context, Health, Service, ServiceError};
-use http::{Refusal, Request, Response};
+use crate::supervisor::monitor::Monitor;
+use compose::Form;
+use http::{Answer, Method, Request, Response};
 use observer::Observer;
 use pages::Tab;
 
 const APP_CSS: &str = include_str!("assets/app.css");
 const APP_JS: &str = include_str!("assets/app.js");
+
+/// How often a page's live part is rendered again.
+const LIVE_EVERY: Duration = Duration::from_secs(2);
 
 /// How many connections are served at once (each open feed page holds one).
 const MAX_CONNECTIONS: usize = 64;
@@ -71,6 +81,9 @@ pub struct SpaceAccess {
     pub name: String,
     /// The observer's connect options (its credential, the appliance's own listener).
     pub connect: ConnectOptions,
+    /// The machine operator's, whose voice a person at the dashboard speaks with (posts,
+    /// replies, DMs, tasks).
+    pub voice: ConnectOptions,
 }
 
 /// The appliance's runtime state, read on each health page.
@@ -151,9 +164,9 @@ impl Service for Dashboard {
         let mut observers = BTreeMap::new();
         let at_start = spaces.borrow_and_update().clone();
         for access in at_start {
-            match Observer::start(&access.name, access.connect).await {
+            match Observer::start(access).await {
                 Ok(o) => {
-                    observers.insert(access.name, Arc::new(o));
+                    observers.insert(o.space.clone(), Arc::new(o));
                 }
                 Err(e) => {
                     close_all(observers).await;
@@ -161,7 +174,9 @@ impl Service for Dashboard {
                 }
             }
         }
+        let connections = TaskTracker::new();
         let site = Arc::new(Site {
+            tasks: connections.clone(),
             token: self.token.clone(),
             cookie: format!("cotald_{}", self.addr.port()),
             observers: std::sync::RwLock::new(observers),
@@ -170,7 +185,6 @@ impl Service for Dashboard {
         });
         ctx.report(Health::Running);
         tracing::info!(addr = %self.addr, "dashboard listening");
-        let connections = TaskTracker::new();
         let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         let outcome = loop {
             tokio::select! {
@@ -183,17 +197,10 @@ impl Service for Dashboard {
                     Ok((stream, _)) => {
                         let site = site.clone();
                         let token = ctx.token().clone();
-                        let slot = slots.clone().try_acquire_owned();
+                        let slot = slots.clone().try_acquire_owned().ok();
                         connections.spawn(async move {
-                            let Ok(_slot) = slot else {
-                                let mut stream = stream;
-                                let _ = Response::text(503, "too many connections")
-                                    .write(&mut stream)
-                                    .await;
-                                return;
-                            };
                             tokio::select! {
-                                () = serve(site, stream, token.clone()) => {}
+                                () = serve(site, stream, token.clone(), slot) => {}
                                 () = token.cancelled() => {}
                             }
                         });
@@ -227,6 +234,8 @@ async fn close_all(observers: BTreeMap<String, Arc<Observer>>) {
 
 /// What every request is served from.
 struct Site {
+    /// Where connections and event streams run (waited for at a stop).
+    tasks: TaskTracker,
     token: Token,
     /// The cookie's name: per port, so that two appliances on one machine keep their own.
     cookie: String,
@@ -252,15 +261,16 @@ impl Site {
     async fn observe_added(&self, spaces: Vec<SpaceAccess>) {
         let known = self.spaces();
         for access in spaces.into_iter().filter(|a| !known.contains(&a.name)) {
-            match Observer::start(&access.name, access.connect).await {
+            let space = access.name.clone();
+            match Observer::start(access).await {
                 Ok(o) => {
                     self.observers
                         .write()
                         .unwrap_or_else(|e| e.into_inner())
-                        .insert(access.name, Arc::new(o));
+                        .insert(o.space.clone(), Arc::new(o));
                 }
                 Err(e) => tracing::warn!(
-                    space = access.name,
+                    space,
                     error = %crate::ops::error_text(&e),
                     "dashboard: a space added while running is not shown"
                 ),
@@ -268,8 +278,31 @@ impl Site {
         }
     }
 
-    /// `None` when the request may proceed; otherwise the answer.
+    /// `None` when the request may proceed; otherwise the answer. A form must also carry the
+    /// anti-forgery field and, when the browser names an origin, come from this site: the
+    /// SameSite=Strict cookie keeps other sites' forms out already, these keep them out of
+    /// a browser that ignores it.
     fn authorize(&self, req: &Request) -> Option<Response> {
+        if req.method == Method::Post {
+            if let Some(refused) = self.authorize_cookie(req) {
+                return Some(refused);
+            }
+            if !req
+                .field("csrf")
+                .is_some_and(|f| self.token.csrf_matches(f))
+            {
+                return Some(refuse(
+                    403,
+                    "a form without this dashboard's anti-forgery field",
+                ));
+            }
+            let origin = req.header("origin");
+            let host = req.header("host").unwrap_or_default();
+            if origin.is_some_and(|o| o != format!("http://{host}")) {
+                return Some(refuse(403, "a form posted from another site"));
+            }
+            return None;
+        }
         if let Some(given) = req.param("token") {
             if !self.token.matches(given) {
                 return Some(refuse(403, "wrong token"));
@@ -298,6 +331,10 @@ impl Site {
             ));
             return Some(r);
         }
+        self.authorize_cookie(req)
+    }
+
+    fn authorize_cookie(&self, req: &Request) -> Option<Response> {
         match req.cookie(&self.cookie) {
             Some(given) if self.token.matches(given) => None,
             Some(_) => Some(refuse(403, "wrong token")),
@@ -307,28 +344,112 @@ impl Site {
 
     async fn route(&self, req: &Request) -> Route {
         let segments: Vec<&str> = req.path.split('/').filter(|s| !s.is_empty()).collect();
+        if req.method == Method::Post {
+            return Route::Done(match segments.as_slice() {
+                ["spaces", space, form] => match (self.observers().get(*space), Form::of(form)) {
+                    (Some(observer), Some(form)) => self.compose(observer, form, req).await,
+                    _ => not_found(),
+                },
+                _ => Response::text(405, "only the forms of the dashboard are posted"),
+            });
+        }
+        let live = req.param("live").is_some();
         match segments.as_slice() {
             ["assets", "app.css"] => Route::Done(asset("text/css; charset=utf-8", APP_CSS)),
             ["assets", "app.js"] => Route::Done(asset("text/javascript; charset=utf-8", APP_JS)),
-            [] => Route::Done(self.index()),
-            ["health"] => Route::Done(self.health().await),
+            [] if live => Route::Live(Part::Index),
+            [] => Route::Done(self.page(Part::Index, req).await),
+            ["health"] if live => Route::Live(Part::Health),
+            ["health"] => Route::Done(self.page(Part::Health, req).await),
             ["spaces", space, page] => {
                 let Some(observer) = self.observers().get(*space).cloned() else {
                     return Route::Done(not_found());
                 };
-                match *page {
-                    "roster" => Route::Done(self.roster(&observer).await),
-                    "channels" => Route::Done(self.channels(&observer).await),
-                    "feed" => Route::Done(self.feed(&observer, req).await),
-                    "events" => Route::Events(observer),
-                    _ => Route::Done(not_found()),
+                let part = match *page {
+                    "roster" => Part::Roster(observer),
+                    "channels" => Part::Channels(observer),
+                    "feed" => return Route::Done(self.feed(&observer, req).await),
+                    "events" => return Route::Events(observer),
+                    _ => return Route::Done(not_found()),
+                };
+                match live {
+                    true => Route::Live(part),
+                    false => Route::Done(self.page(part, req).await),
                 }
             }
             _ => Route::Done(not_found()),
         }
     }
 
-    fn index(&self) -> Response {
+    /// A form sent, then back to the page it came from; or the reason it was not.
+    async fn compose(&self, observer: &Observer, form: Form, req: &Request) -> Response {
+        match compose::send(observer, form, req).await {
+            Ok(back) => Response::see_other(back),
+            Err(refused) => {
+                let status = match refused {
+                    compose::Refused::NotSent(_) => 502,
+                    _ => 400,
+                };
+                let text = format!(
+                    "{refused}. Go back, correct it and send it again (what you typed is still in \
+                     the form)."
+                );
+                Response::html(status, pages::refusal("Not sent", &text))
+            }
+        }
+    }
+
+    /// A page whose part that changes is kept current by its event stream.
+    async fn page(&self, part: Part, req: &Request) -> Response {
+        let body = self.part(&part).await;
+        let live_url = format!("{}?live=1", req.path);
+        let (title, here, head) = match &part {
+            Part::Index => ("Spaces".to_owned(), None, "<h1>Spaces</h1>".to_owned()),
+            Part::Health => ("health".to_owned(), None, "<h1>Health</h1>".to_owned()),
+            Part::Roster(o) => {
+                let peers = roster_peers(o);
+                (
+                    format!("roster of {}", o.space),
+                    Some((o.space.as_str(), Tab::Roster)),
+                    format!(
+                        "<h1>Roster of {}</h1>{}",
+                        pages::esc(&o.space),
+                        pages::roster_forms(&o.space, &self.token.csrf(), &peers)
+                    ),
+                )
+            }
+            Part::Channels(o) => (
+                format!("channels of {}", o.space),
+                Some((o.space.as_str(), Tab::Channels)),
+                format!("<h1>Channels of {}</h1>", pages::esc(&o.space)),
+            ),
+        };
+        let body = head + &pages::live(&live_url, &body);
+        Response::html(200, pages::layout(&title, &self.spaces(), here, &body))
+    }
+
+    /// The part of a page that changes, rendered now.
+    async fn part(&self, part: &Part) -> String {
+        match part {
+            Part::Index => self.index(),
+            Part::Health => self.health().await,
+            Part::Roster(o) => {
+                let peers = roster_peers(o);
+                let ids: Vec<&str> = peers.iter().map(|(id, ..)| id.as_str()).collect();
+                let memberships = o.memberships(&ids).await;
+                pages::roster(&peers, &memberships, o.client.roster().is_stale())
+            }
+            Part::Channels(o) => match o.client.channels().await {
+                Ok(channels) => pages::channels(&o.space, &channels, &o.kept()),
+                Err(e) => format!(
+                    r#"<p class="warn">The channels cannot be read: {}</p>"#,
+                    pages::esc(&crate::ops::error_text(&e))
+                ),
+            },
+        }
+    }
+
+    fn index(&self) -> String {
         let rows: Vec<(String, usize, usize)> = self
             .observers()
             .iter()
@@ -346,52 +467,7 @@ impl Site {
                 (name.clone(), present, o.kept().len())
             })
             .collect();
-        page("Spaces", &self.spaces(), None, true, &pages::index(&rows))
-    }
-
-    async fn roster(&self, observer: &Observer) -> Response {
-        let roster = observer.client.roster();
-        let mut peers: Vec<_> = roster
-            .peers()
-            .into_iter()
-            .filter_map(|(id, peer)| {
-                let status = roster.status(&id)?;
-                Some((id, peer, status))
-            })
-            .collect();
-        // The present first, then by name.
-        peers.sort_by(|a, b| {
-            (a.2 == crate::protocol::PresenceStatus::Offline)
-                .cmp(&(b.2 == crate::protocol::PresenceStatus::Offline))
-                .then_with(|| a.1.presence.card.name.cmp(&b.1.presence.card.name))
-        });
-        let ids: Vec<&str> = peers.iter().map(|(id, ..)| id.as_str()).collect();
-        let memberships = observer.memberships(&ids).await;
-        let body = pages::roster(&observer.space, &peers, &memberships, roster.is_stale());
-        page(
-            &format!("roster of {}", observer.space),
-            &self.spaces(),
-            Some((&observer.space, Tab::Roster)),
-            true,
-            &body,
-        )
-    }
-
-    async fn channels(&self, observer: &Observer) -> Response {
-        let body = match observer.client.channels().await {
-            Ok(channels) => pages::channels(&observer.space, &channels, &observer.kept()),
-            Err(e) => format!(
-                r#"<p class="warn">The channels cannot be read: {}</p>"#,
-                pages::esc(&crate::ops::error_text(&e))
-            ),
-        };
-        page(
-            &format!("channels of {}", observer.space),
-            &self.spaces(),
-            Some((&observer.space, Tab::Channels)),
-            true,
-            &body,
-        )
+        pages::index(&rows)
     }
 
     async fn feed(&self, observer: &Observer, req: &Request) -> Response {
@@ -399,35 +475,73 @@ impl Site {
         // The stream resumes after the last message rendered (none kept: from the start).
         let kept = observer.kept();
         let last = kept.last().map_or(0, |i| i.seq);
-        let mut names: Vec<String> = match observer.client.channels().await {
-            Ok(channels) => channels
-                .into_iter()
-                .map(|c| c.channel.as_str().to_owned())
-                .collect(),
-            Err(_) => Vec::new(),
-        };
-        names.extend(kept.iter().map(|i| i.channel.clone()));
-        names.sort();
-        names.dedup();
-        let body = pages::feed(&observer.space, channel, &names, &kept, last);
-        page(
-            &format!("feed of {}", observer.space),
-            &self.spaces(),
-            Some((&observer.space, Tab::Feed)),
-            false,
-            &body,
+        let names = compose::known_channels(observer).await;
+        let reply = req
+            .param("reply")
+            .and_then(|id| kept.iter().find(|i| i.message.id == id));
+        let form = pages::compose(
+            &observer.space,
+            &self.token.csrf(),
+            channel,
+            &names,
+            reply.map(|r| r.as_ref()),
+        );
+        let body = format!(
+            "<h1>Feed of {}</h1>{}",
+            pages::esc(&observer.space),
+            pages::feed(&observer.space, channel, &names, &kept, last, &form)
+        );
+        Response::html(
+            200,
+            pages::layout(
+                &format!("feed of {}", observer.space),
+                &self.spaces(),
+                Some((&observer.space, Tab::Feed)),
+                &body,
+            ),
         )
     }
 
-    async fn health(&self) -> Response {
+    async fn health(&self) -> String {
         let state = (self.state)();
         let (varz, jsz) = tokio::join!(
             self.monitor.varz(MONITOR_TIMEOUT),
             self.monitor.jsz(true, MONITOR_TIMEOUT)
         );
-        let body = pages::health(&state, varz.ok().as_ref(), jsz.ok().as_ref());
-        page("health", &self.spaces(), None, true, &body)
+        pages::health(&state, varz.ok().as_ref(), jsz.ok().as_ref())
     }
+}
+
+/// The roster's instances with their status by the liveness rule (§6): the present first,
+/// then by name.
+fn roster_peers(observer: &Observer) -> Vec<(String, crate::client::Peer, PresenceStatus)> {
+    let roster = observer.client.roster();
+    let mut peers: Vec<_> = roster
+        .peers()
+        .into_iter()
+        .filter_map(|(id, peer)| {
+            let status = roster.status(&id)?;
+            Some((id, peer, status))
+        })
+        .collect();
+    peers.sort_by(|a, b| {
+        (a.2 == PresenceStatus::Offline)
+            .cmp(&(b.2 == PresenceStatus::Offline))
+            .then_with(|| a.1.presence.card.name.cmp(&b.1.presence.card.name))
+    });
+    peers
+}
+
+/// A page's part that changes.
+enum Part {
+    /// The spaces.
+    Index,
+    /// The broker and the services.
+    Health,
+    /// A space's roster.
+    Roster(Arc<Observer>),
+    /// A space's channels.
+    Channels(Arc<Observer>),
 }
 
 /// What a request is answered with.
@@ -436,16 +550,8 @@ enum Route {
     Done(Response),
     /// The event stream of a space's feed.
     Events(Arc<Observer>),
-}
-
-fn page(
-    title: &str,
-    spaces: &[String],
-    here: Option<(&str, Tab)>,
-    refresh: bool,
-    body: &str,
-) -> Response {
-    Response::html(200, pages::layout(title, spaces, here, refresh, body))
+    /// The event stream of a page's part.
+    Live(Part),
 }
 
 fn asset(content_type: &'static str, text: &'static str) -> Response {
@@ -469,89 +575,115 @@ fn refuse(status: u16, what: &str) -> Response {
     Response::html(status, pages::refusal("Access token needed", &text))
 }
 
-async fn serve(site: Arc<Site>, mut stream: TcpStream, cancel: CancellationToken) {
-    let req = match http::read_request(&mut stream).await {
-        Ok(Some(req)) => req,
-        Ok(None) => return,
-        Err(refusal) => {
-            let _ = refusal_response(refusal).write(&mut stream).await;
-            return;
+/// Serves one connection with hyper; one over [`MAX_CONNECTIONS`] (no `slot`) is answered
+/// 503 to every request.
+async fn serve(
+    site: Arc<Site>,
+    stream: TcpStream,
+    cancel: CancellationToken,
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
+) {
+    let service = hyper::service::service_fn(move |req| {
+        let site = site.clone();
+        let cancel = cancel.clone();
+        let full = slot.is_none();
+        async move {
+            if full {
+                return Ok::<_, Infallible>(Response::text(503, "too many connections").answer());
+            }
+            Ok(handle(site, req, cancel).await)
         }
+    });
+    let served = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(http::READ_TIMEOUT)
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+        .await;
+    if let Err(e) = served {
+        tracing::debug!(error = %e, "dashboard connection ended");
+    }
+}
+
+/// One request: read, authorized, routed.
+async fn handle(
+    site: Arc<Site>,
+    req: hyper::Request<Incoming>,
+    cancel: CancellationToken,
+) -> Answer {
+    let req = match http::read(req).await {
+        Ok(req) => req,
+        Err(refusal) => return Response::text(refusal.status(), refusal.text()).answer(),
     };
     if let Some(answer) = site.authorize(&req) {
-        let _ = answer.write(&mut stream).await;
-        return;
+        return answer.answer();
     }
     match site.route(&req).await {
-        Route::Done(response) => {
-            let _ = response.write(&mut stream).await;
-        }
+        Route::Done(response) => response.answer(),
         Route::Events(observer) => {
-            let _ = events(&observer, &req, &mut stream, cancel).await;
+            let after = req
+                .header("last-event-id")
+                .or(req.param("after"))
+                .and_then(|s| s.parse::<u64>().ok())
+                .unwrap_or(0);
+            let channel = req
+                .param("channel")
+                .filter(|c| !c.is_empty())
+                .map(str::to_owned);
+            let (chunks, stream) = mpsc::channel(64);
+            site.tasks.spawn(async move {
+                let _ = events(&observer, after, channel, chunks, cancel).await;
+            });
+            http::event_stream(stream)
+        }
+        Route::Live(part) => {
+            let (chunks, stream) = mpsc::channel(8);
+            let tasks = site.tasks.clone();
+            tasks.spawn(async move {
+                let _ = live(&site, part, chunks, cancel).await;
+            });
+            http::event_stream(stream)
         }
     }
 }
 
-fn refusal_response(refusal: Refusal) -> Response {
-    let text = match refusal {
-        Refusal::BadRequest => "malformed request",
-        Refusal::MethodNotAllowed => "only GET is served",
-        Refusal::TooLarge => "request head too large",
-        Refusal::Version => "only HTTP/1.x is served",
-    };
-    Response::text(refusal.status(), text)
-}
-
-/// The feed as server-sent events: each message after `after` (or the browser's
-/// `Last-Event-ID` when it reconnects), rendered as on the page, then each arrival.
-async fn events(
-    observer: &Observer,
-    req: &Request,
-    stream: &mut TcpStream,
+/// A page's part as server-sent `part` events: rendered every [`LIVE_EVERY`] and sent when it
+/// changed (a comment otherwise, which tells a page gone from one still there), until the
+/// page goes or the dashboard stops.
+async fn live(
+    site: &Site,
+    part: Part,
+    chunks: mpsc::Sender<Bytes>,
     cancel: CancellationToken,
-) -> std::io::Result<()> {
-    let after = req
-        .header("last-event-id")
-        .or(req.param("after"))
-        .and_then(|s| s.parse::<u64>().ok())
-        .unwrap_or(0);
-    let channel = req.param("channel").filter(|c| !c.is_empty());
-    let wanted = |item: &observer::FeedItem| channel.is_none_or(|c| c == item.channel);
-    let (kept, mut arrivals) = observer.follow(after);
-    stream
-        .write_all(http::event_stream_head().as_bytes())
-        .await?;
-    stream.write_all(b"retry: 2000\n: following\n\n").await?;
-    for item in kept.iter().filter(|i| wanted(i)) {
-        stream.write_all(event(item).as_bytes()).await?;
-    }
-    stream.flush().await?;
-    let mut keepalive = tokio::time::interval(KEEPALIVE);
-    keepalive.tick().await;
+) -> Result<(), mpsc::error::SendError<Bytes>> {
+    chunks.send(Bytes::from_static(b"retry: 2000\n\n")).await?;
+    let mut last = String::new();
+    let mut tick = tokio::time::interval(LIVE_EVERY);
     loop {
         tokio::select! {
             () = cancel.cancelled() => return Ok(()),
-            arrived = arrivals.recv() => match arrived {
-                Ok(item) if wanted(&item) => stream.write_all(event(&item).as_bytes()).await?,
-                Ok(_) => {}
-                Err(broadcast::error::RecvError::Lagged(missed)) => {
-                    stream
-                        .write_all(format!("event: lagged\ndata: {missed}\n\n").as_bytes())
-                        .await?;
-                }
-                Err(broadcast::error::RecvError::Closed) => return Ok(()),
-            },
-            _ = keepalive.tick() => stream.write_all(b": keepalive\n\n").await?,
+            () = chunks.closed() => return Ok(()),
+            _ = tick.tick() => {}
         }
-        stream.flush().await?;
+        let now = site.part(&part).await;
+        if now == last {
+            chunks.send(Bytes::from_static(b": unchanged\n\n")).await?;
+        } else {
+            chunks.send(sse(Some("part"), None, &now).into()).await?;
+            last = now;
+        }
     }
 }
 
-/// One message as an SSE event: its feed position as the id, its HTML as the data (one
-/// `data:` line per line; the browser joins them with newlines).
-fn event(item: &observer::FeedItem) -> String {
-    let html = pages::message(item);
-    let mut out = format!("id: {}\n", item.seq);
+/// One server-sent event: its type and id when given, `html` as its data (one `data:` line
+/// per line; the browser joins them with newlines).
+fn sse(kind: Option<&str>, id: Option<u64>, html: &str) -> String {
+    let mut out = String::new();
+    if let Some(kind) = kind {
+        out.push_str(&format!("event: {kind}\n"));
+    }
+    if let Some(id) = id {
+        out.push_str(&format!("id: {id}\n"));
+    }
     for line in html.trim_end_matches('\n').split('\n') {
         out.push_str("data: ");
         out.push_str(line);
@@ -559,4 +691,46 @@ fn event(item: &observer::FeedItem) -> String {
     }
     out.push('\n');
     out
+}
+
+/// The feed as server-sent events: each message after `after` (or the browser's
+/// `Last-Event-ID` when it reconnects), rendered as on the page, then each arrival, until the
+/// page goes (its chunk receiver dropped) or the dashboard stops.
+async fn events(
+    observer: &Observer,
+    after: u64,
+    channel: Option<String>,
+    chunks: mpsc::Sender<Bytes>,
+    cancel: CancellationToken,
+) -> Result<(), mpsc::error::SendError<Bytes>> {
+    let wanted = |item: &observer::FeedItem| channel.as_deref().is_none_or(|c| c == item.channel);
+    let (kept, mut arrivals) = observer.follow(after);
+    chunks
+        .send(Bytes::from_static(b"retry: 2000\n: following\n\n"))
+        .await?;
+    for item in kept.iter().filter(|i| wanted(i)) {
+        chunks.send(event(item).into()).await?;
+    }
+    let mut keepalive = tokio::time::interval(KEEPALIVE);
+    keepalive.tick().await;
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return Ok(()),
+            () = chunks.closed() => return Ok(()),
+            arrived = arrivals.recv() => match arrived {
+                Ok(item) if wanted(&item) => chunks.send(event(&item).into()).await?,
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    chunks.send(format!("event: lagged\ndata: {missed}\n\n").into()).await?;
+                }
+                Err(broadcast::error::RecvError::Closed) => return Ok(()),
+            },
+            _ = keepalive.tick() => chunks.send(Bytes::from_static(b": keepalive\n\n")).await?,
+        }
+    }
+}
+
+/// One message as an SSE event: its feed position as the id, its HTML as the data.
+fn event(item: &observer::FeedItem) -> String {
+    sse(None, Some(item.seq), &pages::message(item))
 }

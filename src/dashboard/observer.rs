@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 
+use super::SpaceAccess;
 use crate::binding::SpaceNames;
-use crate::client::{Client, ConnectOptions, Connection, Replay};
+use crate::client::{Client, Connection, Replay};
 use crate::protocol::{CotalMessage, Routing};
 use crate::services::ServiceError;
 use crate::services::membership::MembershipEntry;
@@ -66,6 +67,8 @@ pub struct Observer {
     pub space: String,
     /// The observer's client.
     pub client: Client,
+    /// The machine operator's client: what a person at the dashboard sends goes out with it.
+    pub voice: Client,
     feed: Arc<Mutex<Feed>>,
     live: broadcast::Sender<Arc<FeedItem>>,
     pump: tokio::task::JoinHandle<()>,
@@ -73,7 +76,9 @@ pub struct Observer {
 
 impl Observer {
     /// Connects as the observer, joins every channel, reads the recent history.
-    pub async fn start(space: &str, options: ConnectOptions) -> Result<Self, ServiceError> {
+    pub async fn start(access: SpaceAccess) -> Result<Self, ServiceError> {
+        let space = access.name.as_str();
+        let options = access.connect;
         let at = |what: &str| format!("space `{space}`: {what}");
         let Connection {
             client,
@@ -98,6 +103,16 @@ impl Observer {
             Err(e) => {
                 client.close().await;
                 return Err(e);
+            }
+        };
+        let voice = match Client::connect(access.voice).await {
+            Ok(Connection { client, .. }) => client,
+            Err(e) => {
+                client.close().await;
+                return Err(ServiceError::new(
+                    at("connecting as the machine operator"),
+                    e,
+                ));
             }
         };
         let mut feed = Feed::default();
@@ -129,6 +144,7 @@ impl Observer {
         Ok(Observer {
             space: space.to_owned(),
             client,
+            voice,
             feed,
             live,
             pump,
@@ -190,5 +206,6 @@ impl Observer {
     pub async fn close(self) {
         self.pump.abort();
         self.client.close().await;
+        self.voice.close().await;
     }
 }

@@ -1,7 +1,8 @@
 //! The pages, rendered on the server: every string that came from the wire or a peer goes
 //! through [`esc`] before it reaches HTML, so a message body `<script>…` is shown as text. The
-//! pages hold no inline script or style (the CSP allows neither); `app.js` only follows the
-//! feed's event stream.
+//! pages hold no inline script or style (the CSP allows neither); `app.js` follows the event
+//! streams (the feed's messages, each page's live part) and shows times in the reader's own
+//! locale and zone. Forms post to the dashboard itself with its anti-forgery field.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -54,14 +55,7 @@ impl Tab {
 }
 
 /// A whole page: the header with every space's tabs and the health link, then `body`.
-/// `refresh` reloads the page every few seconds (roster, channels, health).
-pub fn layout(
-    title: &str,
-    spaces: &[String],
-    here: Option<(&str, Tab)>,
-    refresh: bool,
-    body: &str,
-) -> String {
+pub fn layout(title: &str, spaces: &[String], here: Option<(&str, Tab)>, body: &str) -> String {
     let mut nav = String::new();
     for space in spaces {
         let _ = write!(nav, r#"<span class="space">{}</span>"#, esc(space));
@@ -78,20 +72,21 @@ pub fn layout(
         }
     }
     let _ = write!(nav, r#"<a href="/health" class="health">health</a>"#);
-    let refresh = if refresh {
-        r#"<meta http-equiv="refresh" content="3">"#
-    } else {
-        ""
-    };
     format!(
         r#"<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">{refresh}
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title} · cotald</title><link rel="stylesheet" href="/assets/app.css"><script src="/assets/app.js" defer></script></head>
 <body><header><a href="/" class="brand">cotald</a><nav>{nav}</nav></header>
 <main>{body}</main></body></html>
 "#,
         title = esc(title),
     )
+}
+
+/// The part of a page that changes, kept current by its event stream at `url` (each `part`
+/// event replaces it; what a reader opened stays open).
+pub fn live(url: &str, part: &str) -> String {
+    format!(r#"<div id="part" data-live="{}">{part}</div>"#, esc(url))
 }
 
 /// The overview: one line per space.
@@ -106,7 +101,7 @@ pub fn index(spaces: &[(String, usize, usize)]) -> String {
         );
     }
     format!(
-        r#"<h1>Spaces</h1><table><thead><tr><th>space</th><th>present</th><th>recent messages</th><th></th></tr></thead><tbody>{rows}</tbody></table>"#
+        r#"<table><thead><tr><th>space</th><th>present</th><th>recent messages</th><th></th></tr></thead><tbody>{rows}</tbody></table>"#
     )
 }
 
@@ -144,7 +139,6 @@ fn short_id(id: &str) -> String {
 
 /// The roster: every instance from presence, with its status by the liveness rule (§6).
 pub fn roster(
-    space: &str,
     peers: &[(String, Peer, PresenceStatus)],
     memberships: &BTreeMap<String, MembershipEntry>,
     stale: bool,
@@ -200,8 +194,38 @@ pub fn roster(
         ""
     };
     format!(
-        r#"<h1>Roster of {space}</h1>{stale}<table><thead><tr><th>name</th><th>id</th><th>kind</th><th>role</th><th>status</th><th>activity</th><th>channels</th><th>attention</th><th>heartbeat</th></tr></thead><tbody>{rows}</tbody></table>"#,
-        space = esc(space)
+        r#"{stale}<table><thead><tr><th>name</th><th>id</th><th>kind</th><th>role</th><th>status</th><th>activity</th><th>channels</th><th>attention</th><th>heartbeat</th></tr></thead><tbody>{rows}</tbody></table>"#
+    )
+}
+
+/// The roster's forms: a direct message to an instance, a task for a role (the roles the
+/// roster shows are offered; any other may be typed).
+pub fn roster_forms(space: &str, csrf: &str, peers: &[(String, Peer, PresenceStatus)]) -> String {
+    let s = encode(space);
+    let mut to = String::new();
+    for (id, peer, status) in peers {
+        let _ = write!(
+            to,
+            r#"<option value="{id}">{name} ({status}, {short})</option>"#,
+            id = esc(id),
+            name = esc(&peer.presence.card.name),
+            status = status.as_str(),
+            short = esc(&id.chars().take(10).collect::<String>()),
+        );
+    }
+    let mut roles: Vec<&str> = peers
+        .iter()
+        .filter_map(|(_, p, _)| p.presence.card.role.as_deref())
+        .collect();
+    roles.sort_unstable();
+    roles.dedup();
+    let roles: String = roles
+        .iter()
+        .map(|r| format!(r#"<option value="{}">"#, esc(r)))
+        .collect();
+    format!(
+        r#"<div class="forms"><form method="post" action="/spaces/{s}/dm" class="compose dm"><input type="hidden" name="csrf" value="{csrf}"><label>direct message to <select name="to" required>{to}</select></label><textarea name="text" rows="2" required placeholder="what to say"></textarea><button type="submit">send DM</button></form><form method="post" action="/spaces/{s}/task" class="compose task"><input type="hidden" name="csrf" value="{csrf}"><label>task for role <input name="role" list="roles" required autocomplete="off"></label><datalist id="roles">{roles}</datalist><textarea name="text" rows="2" required placeholder="what to do"></textarea><button type="submit">send task</button></form></div>"#,
+        csrf = esc(csrf),
     )
 }
 
@@ -224,7 +248,8 @@ pub fn channels(
             .and_then(|c| c.instructions.as_ref())
             .map(|i| {
                 format!(
-                    r#"<details><summary>instructions</summary><pre>{}</pre></details>"#,
+                    r#"<details data-key="instructions-{}"><summary>instructions</summary><pre>{}</pre></details>"#,
+                    esc(name),
                     esc(i.as_str())
                 )
             })
@@ -266,8 +291,7 @@ pub fn channels(
         rows.push_str(r#"<tr><td colspan="7" class="empty">no channel is configured or has messages</td></tr>"#);
     }
     format!(
-        r#"<h1>Channels of {space}</h1><table><thead><tr><th>channel</th><th>class</th><th>replay</th><th>window</th><th>description</th><th>messages</th><th>last message</th></tr></thead><tbody>{rows}</tbody></table>"#,
-        space = esc(space)
+        r#"<table><thead><tr><th>channel</th><th>class</th><th>replay</th><th>window</th><th>description</th><th>messages</th><th>last message</th></tr></thead><tbody>{rows}</tbody></table>"#
     )
 }
 
@@ -284,13 +308,15 @@ fn summary(parts: &[Part]) -> String {
         .join(" ")
 }
 
-/// The feed page: the channel filter, the kept messages, and where the live stream starts.
+/// The feed page: the compose form, the channel filter, the kept messages as conversations
+/// (a reply under the message it answers, §5 `replyTo`), and where the live stream starts.
 pub fn feed(
     space: &str,
     channel: Option<&str>,
     channels: &[String],
     items: &[std::sync::Arc<FeedItem>],
     last_seq: u64,
+    compose: &str,
 ) -> String {
     let mut options = String::from(r#"<option value="">every channel</option>"#);
     for c in channels {
@@ -305,15 +331,12 @@ pub fn feed(
             }
         );
     }
-    // Newest first: what just happened is at the top, where the stream adds arrivals.
-    let mut list = String::new();
-    for item in items
+    let shown: Vec<&FeedItem> = items
         .iter()
-        .rev()
+        .map(|i| i.as_ref())
         .filter(|i| channel.is_none_or(|c| c == i.channel))
-    {
-        list.push_str(&message(item));
-    }
+        .collect();
+    let list = conversations(&shown);
     let events = format!(
         "/spaces/{}/events?after={last_seq}{}",
         encode(space),
@@ -322,21 +345,128 @@ pub fn feed(
             .unwrap_or_default()
     );
     format!(
-        r#"<h1>Feed of {space}</h1><form method="get" class="filter"><label>channel <select name="channel">{options}</select></label> <button type="submit">show</button> <span id="live" class="live">connecting…</span></form><ol id="feed" class="feed" data-events="{events}">{list}</ol>"#,
-        space = esc(space),
+        r#"{compose}<form method="get" class="filter"><label>channel <select name="channel">{options}</select></label> <button type="submit">show</button> <span id="live" class="live">connecting…</span></form><ol id="feed" class="feed" data-events="{events}">{list}</ol>"#,
         events = esc(&events),
     )
 }
 
-/// One message as a list item (the feed page and the event stream render alike).
+/// Messages as conversations: the newest conversation first, each reply under the message it
+/// answers (oldest reply first), as far as the answered message is shown.
+fn conversations(items: &[&FeedItem]) -> String {
+    let shown: std::collections::HashSet<&str> =
+        items.iter().map(|i| i.message.id.as_str()).collect();
+    let mut replies: BTreeMap<&str, Vec<&FeedItem>> = BTreeMap::new();
+    let mut roots = Vec::new();
+    for item in items {
+        match item.message.reply_to.as_deref() {
+            Some(parent) if shown.contains(parent) && parent != item.message.id => {
+                replies.entry(parent).or_default().push(item)
+            }
+            _ => roots.push(*item),
+        }
+    }
+    fn render(item: &FeedItem, replies: &BTreeMap<&str, Vec<&FeedItem>>, depth: usize) -> String {
+        let nested: String = match replies.get(item.message.id.as_str()) {
+            Some(children) if depth < 16 => children
+                .iter()
+                .map(|c| render(c, replies, depth + 1))
+                .collect(),
+            _ => String::new(),
+        };
+        message_with(item, &nested)
+    }
+    roots.iter().rev().map(|r| render(r, &replies, 0)).collect()
+}
+
+/// The compose form of the feed: a post on a channel, or a reply to `reply` (its channel, its
+/// id as `replyTo`, its thread as `contextId`: the thread it was in, else itself).
+pub fn compose(
+    space: &str,
+    csrf: &str,
+    channel: Option<&str>,
+    channels: &[String],
+    reply: Option<&FeedItem>,
+) -> String {
+    let selected = reply.map(|r| r.channel.as_str()).or(channel);
+    let mut options = String::new();
+    for c in channels {
+        let _ = write!(
+            options,
+            r#"<option value="{v}"{sel}>#{v}</option>"#,
+            v = esc(c),
+            sel = if Some(c.as_str()) == selected {
+                " selected"
+            } else {
+                ""
+            }
+        );
+    }
+    let (replying, hidden) = match reply {
+        Some(r) => {
+            let context = r.message.context_id.as_deref().unwrap_or(&r.message.id);
+            (
+                format!(
+                    r#"<p class="replying">replying to <span class="from">{}</span>: {}</p>"#,
+                    esc(&r.message.from.name),
+                    esc(&summary(&r.message.parts)
+                        .chars()
+                        .take(120)
+                        .collect::<String>())
+                ),
+                format!(
+                    r#"<input type="hidden" name="reply_to" value="{}"><input type="hidden" name="context_id" value="{}">"#,
+                    esc(&r.message.id),
+                    esc(context)
+                ),
+            )
+        }
+        None => (String::new(), String::new()),
+    };
+    format!(
+        r#"<form method="post" action="/spaces/{s}/post" class="compose post">{replying}<input type="hidden" name="csrf" value="{csrf}">{hidden}<label>to <select name="channel" required>{options}</select></label><textarea name="text" rows="3" required placeholder="write to the channel (@name mentions someone)"></textarea><button type="submit">{verb}</button></form>"#,
+        s = encode(space),
+        csrf = esc(csrf),
+        verb = if reply.is_some() { "reply" } else { "post" },
+    )
+}
+
+/// One message as a list item, with nothing under it (the event stream renders arrivals so;
+/// the browser puts a reply under the message it answers).
 pub fn message(item: &FeedItem) -> String {
+    message_with(item, "")
+}
+
+/// One message as a list item, `replies` rendered under it.
+fn message_with(item: &FeedItem, replies: &str) -> String {
     let m = &item.message;
-    let time =
+    let (time, datetime) =
         m.ts.as_u64()
             .and_then(|ms| {
                 time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()
             })
-            .map(|t| format!("{:02}:{:02}:{:02}", t.hour(), t.minute(), t.second()))
+            .map(|t| {
+                (
+                    format!(
+                        "{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC",
+                        t.year(),
+                        u8::from(t.month()),
+                        t.day(),
+                        t.hour(),
+                        t.minute(),
+                        t.second()
+                    ),
+                    format!(
+                        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+                        t.year(),
+                        u8::from(t.month()),
+                        t.day(),
+                        t.hour(),
+                        t.minute(),
+                        t.second(),
+                        t.millisecond()
+                    ),
+                )
+            })
             .unwrap_or_default();
     let mut parts = String::new();
     for part in &m.parts {
@@ -378,11 +508,20 @@ pub fn message(item: &FeedItem) -> String {
             .collect();
         format!(r#" <span class="mentions">{}</span>"#, names.join(" "))
     };
+    let reply_to = m
+        .reply_to
+        .as_deref()
+        .map(|r| format!(r#" data-reply-to="{}""#, esc(r)))
+        .unwrap_or_default();
     format!(
-        r#"<li class="msg" data-channel="{channel}"><div class="meta"><span class="chan">#{channel}</span> <span class="from">{from}</span> {id} <time>{time}</time>{mentions}</div>{parts}</li>"#,
+        r#"<li class="msg" id="m-{id}" data-channel="{channel}"{reply_to}><div class="meta"><span class="chan">#{channel}</span> <span class="from">{from}</span> {sender} <time datetime="{datetime}">{time}</time>{mentions} <a class="reply" href="/spaces/{space}/feed?channel={c}&amp;reply={i}">reply</a></div>{parts}<ol class="replies">{replies}</ol></li>"#,
+        id = esc(&m.id),
         channel = esc(&item.channel),
         from = esc(&m.from.name),
-        id = short_id(&m.from.id),
+        sender = short_id(&m.from.id),
+        space = encode(&m.space),
+        c = encode(&item.channel),
+        i = encode(&m.id),
     ) + "\n"
 }
 
@@ -393,7 +532,7 @@ pub fn health(
     varz: Option<&serde_json::Value>,
     jsz: Option<&serde_json::Value>,
 ) -> String {
-    let mut out = String::from("<h1>Health</h1>");
+    let mut out = String::new();
     let field = |v: Option<&serde_json::Value>, key: &str| {
         v.and_then(|v| v.get(key))
             .map(|x| match x {

@@ -58,9 +58,28 @@ impl Token {
 
     /// Whether `given` is the token, compared in constant time.
     pub fn matches(&self, given: &str) -> bool {
-        let (a, b) = (self.0.as_bytes(), given.as_bytes());
-        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+        same(&self.0, given)
     }
+
+    /// The anti-forgery value every form of the dashboard carries: derived from the token
+    /// (so it is the same across restarts, and useless to anyone who does not hold the
+    /// token), never the token itself, which stays in its HttpOnly cookie.
+    pub fn csrf(&self) -> String {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(format!("cotald dashboard form\0{}", self.0));
+        data_encoding::HEXLOWER.encode(&digest[..16])
+    }
+
+    /// Whether a form's `given` anti-forgery value is this token's, compared in constant time.
+    pub fn csrf_matches(&self, given: &str) -> bool {
+        same(&self.csrf(), given)
+    }
+}
+
+/// `a == b`, in a time that does not depend on where they differ.
+fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]

@@ -1,15 +1,16 @@
 //! The web dashboard of a real appliance: the token, the pages, the live feed, escaping, DMs
-//! out of sight, the CSP, and a profile that turns it off.
+//! out of sight, the CSP, forms a person sends with (and only they), and a profile that turns
+//! it off.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use cotald::client::Replay;
-use cotald::protocol::{Channel, InstanceId, Routing};
+use cotald::protocol::{Channel, CotalMessage, InstanceId, Part, Routing};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::helper::{Cotald, TIMEOUT, cotald_in, endpoint, mint};
+use crate::helper::{Cotald, TIMEOUT, cotald_in, delivery, endpoint, mint};
 
 /// One answer: status, header fields (names lower case), body.
 struct Answer {
@@ -54,14 +55,30 @@ impl Site {
     }
 
     async fn get(&self, target: &str, cookie: Option<&str>) -> Answer {
-        let mut stream = TcpStream::connect(self.addr).await.unwrap();
         let cookie = cookie
             .map(|c| format!("Cookie: {c}\r\n"))
             .unwrap_or_default();
-        let request = format!(
-            "GET {target} HTTP/1.1\r\nHost: {}\r\n{cookie}\r\n",
+        self.exchange(&format!(
+            "GET {target} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n{cookie}\r\n",
             self.addr
-        );
+        ))
+        .await
+    }
+
+    /// A form posted with the cookie and `extra` header lines (each ending in CR LF).
+    async fn post(&self, target: &str, form: &str, extra: &str) -> Answer {
+        self.exchange(&format!(
+            "POST {target} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nCookie: {}\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n{extra}\r\n{form}",
+            self.addr,
+            self.cookie(),
+            form.len()
+        ))
+        .await
+    }
+
+    async fn exchange(&self, request: &str) -> Answer {
+        let mut stream = TcpStream::connect(self.addr).await.unwrap();
         stream.write_all(request.as_bytes()).await.unwrap();
         let mut raw = Vec::new();
         tokio::time::timeout(TIMEOUT, stream.read_to_end(&mut raw))
@@ -261,7 +278,13 @@ async fn pages_show_the_roster_the_channels_and_the_live_feed() {
     let b = endpoint(&bob, |_| {}).await;
 
     let roster = site
-        .page_with("/spaces/main/roster", &["alice", "bob"])
+        .page_with(
+            "/spaces/main/roster",
+            &[
+                r#"<td class="name">alice</td>"#,
+                r#"<td class="name">bob</td>"#,
+            ],
+        )
         .await;
     assert_eq!(
         roster.matches(r#"<tr class="peer">"#).count(),
@@ -279,6 +302,14 @@ async fn pages_show_the_roster_the_channels_and_the_live_feed() {
         )
         .await;
     assert_eq!(roster.matches("durable: #general").count(), 1, "{roster}");
+    assert!(
+        !roster.contains("http-equiv"),
+        "live by its event stream, not reloads"
+    );
+    assert!(
+        roster.contains(r#"data-live="/spaces/main/roster?live=1""#),
+        "{roster}"
+    );
 
     let mut events = site.events("").await;
     let sent = Instant::now();
@@ -569,6 +600,21 @@ async fn a_real_browser_shows_the_roster_and_follows_the_feed() {
         browser.eval("return location.search").await,
         serde_json::json!("")
     );
+    // The roster follows presence in place: no reload (the page's script state stays).
+    browser.eval("window.stayed = true; return true").await;
+    let carol = mint(tmp.path(), "carol", "main", &[]).await;
+    let _c = endpoint(&carol, |_| {}).await;
+    browser
+        .eval_until(
+            "return [...document.querySelectorAll('tr.peer td.name')].map(e => e.textContent)",
+            |v| v.to_string().contains("carol"),
+        )
+        .await;
+    assert_eq!(
+        browser.eval("return window.stayed === true").await,
+        true,
+        "updated without a reload"
+    );
 
     browser.open(&format!("{base}/spaces/main/feed")).await;
     browser
@@ -592,5 +638,170 @@ async fn a_real_browser_shows_the_roster_and_follows_the_feed() {
         serde_json::json!(["undefined", 0])
     );
     browser.quit().await;
+    c.stop().await;
+}
+
+/// The anti-forgery value the dashboard's forms carry, read from a page.
+fn csrf_of(page: &str) -> String {
+    let (_, rest) = page
+        .split_once(r#"name="csrf" value=""#)
+        .expect("a form with its anti-forgery field");
+    rest.split('"').next().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn forms_need_the_cookie_the_anti_forgery_field_and_this_origin() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let site = Site::of(&c).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let mut a = endpoint(&alice, |_| {}).await;
+    a.client.join("general", Replay::Off).await.unwrap();
+    let feed = site.page("/spaces/main/feed?channel=general").await;
+    let csrf = csrf_of(&feed);
+
+    let form = |csrf: &str, channel: &str, text: &str| {
+        format!("csrf={csrf}&channel={channel}&text={text}")
+    };
+    let forged = site
+        .post("/spaces/main/post", &form("0000", "general", "forged"), "")
+        .await;
+    assert_eq!(forged.status, 403, "{}", forged.body);
+    let elsewhere = site
+        .post(
+            "/spaces/main/post",
+            &form(&csrf, "general", "from+elsewhere"),
+            "Origin: http://evil.example\r\n",
+        )
+        .await;
+    assert_eq!(elsewhere.status, 403, "{}", elsewhere.body);
+    let typo = site
+        .post("/spaces/main/post", &form(&csrf, "generl", "typo"), "")
+        .await;
+    assert_eq!(typo.status, 400, "{}", typo.body);
+    assert!(
+        typo.body.contains("general"),
+        "the names that exist: {}",
+        typo.body
+    );
+
+    let sent = site
+        .post(
+            "/spaces/main/post",
+            &form(&csrf, "general", "hello+%40alice%0D%0Asecond+line"),
+            &format!("Origin: http://{}\r\n", site.addr),
+        )
+        .await;
+    assert_eq!(sent.status, 303, "{}", sent.body);
+    assert_eq!(
+        sent.header("location"),
+        Some("/spaces/main/feed?channel=general")
+    );
+    let got = delivery(&mut a.deliveries).await;
+    assert_eq!(got.message.from.name, "local-operator");
+    assert_eq!(got.message.mentions, ["alice"]);
+    match &got.message.parts[0] {
+        Part::Text { text, .. } => assert_eq!(text, "hello @alice\r\nsecond line"),
+        other => panic!("{other:?}"),
+    }
+    // A direct message from the roster's form.
+    let dm = site
+        .post(
+            "/spaces/main/dm",
+            &format!("csrf={csrf}&to={}&text=just+for+you", alice.id),
+            "",
+        )
+        .await;
+    assert_eq!(dm.status, 303, "{}", dm.body);
+    let got = delivery(&mut a.deliveries).await;
+    assert_eq!(got.kind, cotald::protocol::DeliveryKind::Dm);
+    assert!(matches!(&got.message.parts[0], Part::Text { text, .. } if text == "just for you"));
+    got.ack().await.unwrap();
+    a.client.close().await;
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_person_posts_from_the_browser_and_an_agents_reply_appears_under_it_live() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let site = Site::of(&c).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let mut a = endpoint(&alice, |_| {}).await;
+    a.client.join("general", Replay::Off).await.unwrap();
+
+    let base = format!("http://{}", site.addr);
+    browser
+        .open(&format!(
+            "{base}/spaces/main/feed?channel=general&token={}",
+            site.token
+        ))
+        .await;
+    browser
+        .eval_until("return document.getElementById('live').textContent", |v| {
+            v == "live"
+        })
+        .await;
+    // Typed and sent as a person does: the form posts, the page comes back.
+    browser
+        .eval(
+            "const f = document.querySelector('form.post'); \
+             f.querySelector('textarea').value = 'can you look at the build, @alice?'; \
+             f.requestSubmit(); return true",
+        )
+        .await;
+    let asked = delivery(&mut a.deliveries).await;
+    assert_eq!(asked.message.from.name, "local-operator");
+    assert_eq!(asked.message.mentions, ["alice"]);
+    assert!(matches!(
+        &asked.message.parts[0],
+        Part::Text { text, .. } if text == "can you look at the build, @alice?"
+    ));
+
+    // The page after the post, followed live; alice's reply lands under the question.
+    browser
+        .eval_until(
+            "return document.readyState === 'complete' && \
+             document.getElementById('live').textContent",
+            |v| v == "live",
+        )
+        .await;
+    browser.eval("window.stayed = true; return true").await;
+    let mut reply = CotalMessage::new(
+        "main",
+        a.client.endpoint(),
+        Routing::channel(&Channel::new("general").unwrap()),
+        vec![Part::text("on it: the linker is out of memory")],
+    );
+    reply.reply_to = Some(asked.message.id.clone());
+    a.client.publish(&reply).await.unwrap();
+    let under = format!(
+        "const m = document.getElementById('m-{}'); \
+         const r = m && m.querySelector('ol.replies li.msg .text'); \
+         return r ? r.textContent : null",
+        asked.message.id
+    );
+    let shown = browser.eval_until(&under, |v| v.is_string()).await;
+    assert_eq!(shown, "on it: the linker is out of memory");
+    assert_eq!(
+        browser.eval("return window.stayed === true").await,
+        true,
+        "shown without a reload"
+    );
+    let time = browser
+        .eval(&format!(
+            "return document.querySelector('#m-{} time').textContent",
+            asked.message.id
+        ))
+        .await;
+    assert!(
+        time.as_str().is_some_and(|t| t.contains("20")),
+        "a date in the reader's locale: {time}"
+    );
+    browser.quit().await;
+    a.client.close().await;
     c.stop().await;
 }
