@@ -530,18 +530,11 @@ pub(super) async fn unknown_channel_refused(
     if known.iter().any(|c| &c.channel == channel) {
         return Ok(());
     }
-    let closest = known
-        .iter()
-        .map(|c| {
-            (
-                edit_distance(c.channel.as_str(), channel.as_str()),
-                c.channel.as_str(),
-            )
-        })
-        .filter(|(d, _)| *d <= 2)
-        .min();
-    let hint = match closest {
-        Some((_, name)) => format!("did you mean `{name}`? "),
+    let hint = match crate::protocol::closest(
+        channel.as_str(),
+        known.iter().map(|c| c.channel.as_str()),
+    ) {
+        Some(name) => format!("did you mean `{name}`? "),
         None => String::new(),
     };
     bail!(
@@ -549,22 +542,6 @@ pub(super) async fn unknown_channel_refused(
          lists the channels)",
         channel = channel.as_str()
     )
-}
-
-/// The Levenshtein distance of `a` and `b`, in characters.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut previous = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let substitution = previous + usize::from(ca != *cb);
-            previous = row[j + 1];
-            row[j + 1] = substitution.min(row[j] + 1).min(previous + 1);
-        }
-    }
-    row[b.len()]
 }
 
 /// Options of `cotald tail`.
@@ -807,15 +784,6 @@ fn escaped_on_terminal(c: char) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn edit_distance_counts_characters() {
-        assert_eq!(edit_distance("general", "generl"), 1);
-        assert_eq!(edit_distance("general", "general"), 0);
-        assert_eq!(edit_distance("team.backend", "team.frontend"), 5);
-        assert_eq!(edit_distance("", "abc"), 3);
-        assert_eq!(edit_distance("é", "e"), 1);
-    }
 
     #[test]
     fn controls_from_the_wire_are_shown_not_obeyed() {

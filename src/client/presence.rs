@@ -33,6 +33,9 @@ use crate::protocol::{
     effective_status,
 };
 
+/// The fewest characters of an instance id that [`Roster::resolve`] takes as a prefix of one.
+pub const MIN_PREFIX: usize = 8;
+
 /// How long our own heartbeat may go without coming back through the watch before the view is
 /// stale: longer than one heartbeat interval, shorter than the liveness window minus one.
 const ECHO_WINDOW: std::time::Duration =
@@ -166,8 +169,8 @@ impl Roster {
         }
     }
 
-    /// The instance `who` names: an instance id as given, or the one peer whose card name is
-    /// `who`. Peers that are online are preferred over those that are not, so an agent that
+    /// The instance `who` names: an instance id as given, the one peer whose card name is
+    /// `who`, or else the one peer whose id starts with `who` (a compact view's short id). Peers that are online are preferred over those that are not, so an agent that
     /// restarted with a new credential under the same name is found, not its old record.
     pub fn resolve(&self, who: &str) -> Result<InstanceId, ResolveError> {
         if let Ok(id) = InstanceId::from_user_nkey(who) {
@@ -187,6 +190,12 @@ impl Roster {
         let chosen = match (online.as_slice(), named.as_slice()) {
             ([one], _) | ([], [one]) => one.0.clone(),
             ([], []) => {
+                if let Some(id) = self.unique_prefix(who) {
+                    return InstanceId::from_user_nkey(&id).map_err(|_| ResolveError::Unknown {
+                        name: who.to_owned(),
+                        known: Default::default(),
+                    });
+                }
                 return Err(ResolveError::Unknown {
                     name: who.to_owned(),
                     known: self
@@ -207,6 +216,17 @@ impl Roster {
             name: who.to_owned(),
             known: Default::default(),
         })
+    }
+
+    /// The one peer whose id starts with `prefix` (at least [`MIN_PREFIX`] characters), as a
+    /// compact view shows ids.
+    fn unique_prefix(&self, prefix: &str) -> Option<String> {
+        if prefix.len() < MIN_PREFIX {
+            return None;
+        }
+        let mut matching = self.peers().into_keys().filter(|id| id.starts_with(prefix));
+        let one = matching.next()?;
+        matching.next().is_none().then_some(one)
     }
 
     fn mark_loaded(&self) {

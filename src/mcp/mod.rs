@@ -154,6 +154,8 @@ pub struct CotalServer {
     grants: Arc<Grants>,
     /// What the joins of the boot channels said (or that they are under way).
     boot: Arc<Mutex<Vec<String>>>,
+    /// Whether `cotal_orientation` already gave this session the guide.
+    guided: Arc<std::sync::atomic::AtomicBool>,
     tool_router: rmcp::handler::server::router::tool::ToolRouter<CotalServer>,
 }
 
@@ -197,6 +199,7 @@ pub async fn serve_stdio(
         inbox,
         grants: Arc::new(grants),
         boot: Arc::default(),
+        guided: Arc::default(),
         tool_router: CotalServer::tool_router(),
     };
     server.join_boot_channels(boot);

@@ -43,10 +43,12 @@ pub(super) fn text_of(parts: &[Part]) -> String {
 
 // ----- shared result shapes -----
 
-/// A sender or peer.
+/// A sender.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct Who {
-    /// Instance id.
+    /// The first 12 characters of its instance id: enough to tell senders apart and to
+    /// address a DM (cotal_dm takes a name, a whole id, or such a prefix); cotal_roster shows
+    /// whole ids.
     id: String,
     /// Display name.
     name: String,
@@ -110,7 +112,7 @@ impl CotalServer {
             channel,
             role,
             from: Who {
-                id: m.from.id.clone(),
+                id: m.from.id.chars().take(SHORT_ID).collect(),
                 name: m.from.name.clone(),
                 role: m.from.role.clone(),
             },
@@ -151,12 +153,12 @@ impl CotalServer {
         })
     }
 
-    async fn publish(&self, message: CotalMessage, what: &str) -> Result<Json<Sent>, String> {
+    async fn publish(&self, message: CotalMessage) -> Result<Json<Sent>, String> {
         let sequence = self
             .client
             .publish(&message)
             .await
-            .map_err(|e| wording::send_error(what, &e, &self.grants))?;
+            .map_err(|e| wording::send_error(&message.routing, &e, &self.grants))?;
         Ok(Json(Sent {
             id: message.id,
             sequence,
@@ -580,9 +582,14 @@ pub struct OrientationView {
     your_status: StatusView,
     /// Messages waiting in your inbox.
     waiting: usize,
-    /// How to work here.
-    guide: String,
+    /// How to work here: on the first call of a session (the server's instructions carry it
+    /// too).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    guide: Option<String>,
 }
+
+/// How many characters of an instance id a message shows of its sender.
+pub const SHORT_ID: usize = 12;
 
 fn status_view(d: &crate::client::Declared) -> StatusView {
     StatusView {
@@ -677,7 +684,8 @@ impl CotalServer {
             present,
             your_status: status_view(&self.client.declared()),
             waiting: self.inbox.waiting().await,
-            guide: wording::GUIDE.to_owned(),
+            guide: (!self.guided.swap(true, std::sync::atomic::Ordering::Relaxed))
+                .then(|| wording::GUIDE.to_owned()),
         }))
     }
 
@@ -690,7 +698,7 @@ impl CotalServer {
         let message = self
             .draft(Routing::channel(&channel), args.text, args.reply_to)
             .with_mentions(&args.mentions);
-        self.publish(message, "channel").await
+        self.publish(message).await
     }
 
     /// Send a direct message to one peer, by name (as cotal_roster shows it) or instance id.
@@ -704,7 +712,7 @@ impl CotalServer {
             .resolve(&args.to)
             .map_err(|e| wording::resolve_error(&e))?;
         let message = self.draft(Routing::to(&to), args.text, args.reply_to);
-        self.publish(message, "dm").await
+        self.publish(message).await
     }
 
     /// Send a message to a role (anycast): exactly one holder of the role gets it, now or when
@@ -716,7 +724,7 @@ impl CotalServer {
     ) -> Result<Json<Sent>, String> {
         let role = args.role.clone();
         let message = self.draft(Routing::to_service(args.role), args.text, args.reply_to);
-        let mut sent = self.publish(message, "anycast").await?;
+        let mut sent = self.publish(message).await?;
         let _ = tokio::time::timeout(ROSTER_LOAD, self.client.roster().loaded()).await;
         let online = self.client.roster().role_online(&role);
         if !online {

@@ -1,8 +1,9 @@
 //! What the server says to the agent: its instructions, and errors as refusals an agent can act
-//! on (what was refused, in the spec's words, and the fix), in the CLI's wording.
+//! on: what it can do instead first (the channels it may use, the name it probably meant), then
+//! what was refused, and last what only the space's operator can change.
 
 use crate::client::{ClientError, JoinError, ResolveError};
-use crate::protocol::Channel;
+use crate::protocol::{Channel, Routing};
 
 use super::Grants;
 
@@ -32,20 +33,23 @@ reads a channel's recent messages, cotal_persona describes you to others, cotal_
 quiets or mutes a channel for you, cotal_reconnect shows or renews the connection.";
 
 /// A refused send, DM or anycast, with the fix.
-pub fn send_error(what: &str, e: &ClientError, grants: &Grants) -> String {
+pub fn send_error(routing: &Routing, e: &ClientError, grants: &Grants) -> String {
     let text = crate::ops::error_text(e);
-    let fix = match e {
-        ClientError::PublishRefused { .. } => match what {
-            "channel" => format!(
-                "You may post to: {}. Fix: post to one of those channels, or ask the space's \
-                 operator to mint your credential again with --allow-publish <channel>.",
+    let fix = match (e, routing) {
+        (ClientError::PublishRefused { .. }, Routing::Channel(channel)) => {
+            return format!(
+                "Refused: you may not post to {channel}. {}You may post to: {}. Only the \
+                 space's operator can change that (a new credential with --allow-publish).",
+                did_you_mean(channel, &grants.post),
                 list_or_none(&grants.post)
-            ),
-            _ => "Fix: this credential may not send direct messages or anycast (observers \
-                  and admins publish nothing); use an agent credential."
-                .to_owned(),
-        },
-        ClientError::Channel(_) | ClientError::Subject(_) => {
+            );
+        }
+        (ClientError::PublishRefused { .. }, _) => {
+            "Fix: this credential may not send direct messages or anycast (observers \
+             and admins publish nothing); use an agent credential."
+                .to_owned()
+        }
+        (ClientError::Channel(_) | ClientError::Subject(_), _) => {
             "Fix: a channel is dot-separated words such as general or team.backend, without \
              wildcards; a role is one word."
                 .to_owned()
@@ -55,15 +59,31 @@ pub fn send_error(what: &str, e: &ClientError, grants: &Grants) -> String {
     refusal(&text, &fix)
 }
 
+/// `Did you mean <name>? ` when one of `allowed` (plain names, not patterns) is a typo away
+/// from `channel`.
+fn did_you_mean(channel: &str, allowed: &[String]) -> String {
+    let names = allowed
+        .iter()
+        .map(String::as_str)
+        .filter(|a| !a.contains(['*', '>']));
+    match crate::protocol::closest(channel, names) {
+        Some(name) => format!("Did you mean {name}? "),
+        None => String::new(),
+    }
+}
+
 /// A refused join or leave, with the fix.
 pub fn join_error(e: &JoinError, grants: &Grants) -> String {
     let text = crate::ops::error_text(e);
     let fix = match e {
-        JoinError::Refused { .. } => format!(
-            "You may read: {}. Fix: join one of those, or ask the space's operator to mint \
-             your credential again with --allow-subscribe <channel>.",
-            list_or_none(&grants.read)
-        ),
+        JoinError::Refused { channel } => {
+            return format!(
+                "Refused: you may not read {channel}. {}You may read: {}. Only the space's \
+                 operator can change that (a new credential with --allow-subscribe).",
+                did_you_mean(channel, &grants.read),
+                list_or_none(&grants.read)
+            );
+        }
         JoinError::AlreadyJoined(_) => {
             "Nothing to do: you already receive this channel (see cotal_channels).".to_owned()
         }
@@ -80,17 +100,11 @@ pub fn join_error(e: &JoinError, grants: &Grants) -> String {
 
 /// A channel outside the read ACL, with the fix.
 pub fn unreadable(channel: &Channel, grants: &Grants) -> String {
-    refusal(
-        &format!(
-            "{} is outside this credential's read permissions (allowSubscribe)",
-            channel.as_str()
-        ),
-        &format!(
-            "You may read: {}. Fix: use one of those, or ask the space's operator to mint your \
-             credential again with --allow-subscribe {}.",
-            list_or_none(&grants.read),
-            channel.as_str()
-        ),
+    format!(
+        "Refused: you may not read {channel}. {}You may read: {}. Only the space's operator \
+         can change that (a new credential with --allow-subscribe {channel}).",
+        did_you_mean(channel.as_str(), &grants.read),
+        list_or_none(&grants.read),
     )
 }
 

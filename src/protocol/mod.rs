@@ -36,7 +36,7 @@ pub use channel_config::{
     CHANNEL_DEFAULTS_KEY, ChannelConfig, ChannelConfigError, ChannelDefaults, ChannelDescription,
     ChannelInstructions, DeliveryClass, EffectiveChannelConfig, RegistryKey, ReplayWindow, resolve,
 };
-pub use channel_name::{Channel, ChannelError, ChannelPattern, is_covered};
+pub use channel_name::{Channel, ChannelError, ChannelPattern, closest, is_covered};
 pub use control::{ControlReply, ControlRequest};
 pub use envelope::{
     CotalMessage, EndpointRef, EnvelopeError, EpochMillis, ExtensionKind, Part, Routing,

@@ -240,6 +240,9 @@ async fn two_agents_exchange_a_channel_message_a_dm_by_name_and_an_anycast_task(
     let a = agent(&alice).await;
     notice_until(&a, "joined durable general").await;
     let me = call(&a, "cotal_orientation", json!({})).await;
+    assert!(me["guide"].is_string(), "the guide, once a session: {me}");
+    let again = call(&a, "cotal_orientation", json!({})).await;
+    assert!(again.get("guide").is_none(), "not twice: {again}");
     assert_eq!(me["you"]["name"], "alice");
     assert_eq!(me["you"]["id"], alice.id.as_str());
     assert_eq!(me["you"]["space"], "main");
@@ -289,6 +292,17 @@ async fn two_agents_exchange_a_channel_message_a_dm_by_name_and_an_anycast_task(
     .await;
     let (reply, _) = inbox_until(&a, |m| text(m) == "hi alice").await;
     assert_eq!(reply["reply_to"], sent["id"]);
+
+    // A sender is shown by a short id, which addresses a DM as well as the whole one.
+    assert_eq!(got["from"]["id"], &alice.id[..12]);
+    call(
+        &b,
+        "cotal_dm",
+        json!({"to": got["from"]["id"], "text": "by the short id"}),
+    )
+    .await;
+    let (short, _) = inbox_until(&a, |m| text(m) == "by the short id").await;
+    assert_eq!(short["kind"], "dm");
 
     // A DM by name: peek shows it without consuming; inbox returns it once.
     call(&a, "cotal_dm", json!({"to": "bob", "text": "psst, bob"})).await;
@@ -390,14 +404,24 @@ async fn two_agents_exchange_a_channel_message_a_dm_by_name_and_an_anycast_task(
 
     // Refusals are tool errors that name the fix.
     let refused = refusal(&a, "cotal_send", json!({"channel": "secret", "text": "x"})).await;
-    assert!(refused.contains("refused to publish"), "{refused}");
-    assert!(refused.contains("You may post to: general"), "{refused}");
-    assert!(refused.contains("--allow-publish"), "{refused}");
+    assert!(
+        refused.starts_with("Refused: you may not post to secret. You may post to: general."),
+        "what the agent can do comes first: {refused}"
+    );
+    assert!(
+        refused.ends_with("(a new credential with --allow-publish)."),
+        "{refused}"
+    );
+    let typo = refusal(&a, "cotal_send", json!({"channel": "generl", "text": "x"})).await;
+    assert!(typo.contains("Did you mean general?"), "{typo}");
     let unknown = refusal(&a, "cotal_dm", json!({"to": "carol", "text": "x"})).await;
     assert!(unknown.contains("nobody named `carol`"), "{unknown}");
     assert!(unknown.contains("cotal_roster"), "{unknown}");
     let outside = refusal(&a, "cotal_join", json!({"channel": "secret"})).await;
-    assert!(outside.contains("refused by the broker"), "{outside}");
+    assert!(
+        outside.starts_with("Refused: you may not read secret."),
+        "{outside}"
+    );
     assert!(outside.contains("--allow-subscribe"), "{outside}");
 
     // The host ends bob's session: its last word is `offline` (§6), not a lapsed heartbeat.
@@ -567,7 +591,7 @@ async fn channels_carry_their_instructions_and_the_agent_manages_memberships_and
     assert!(closed.contains("replay = false"), "{closed}");
     let outside = refusal(&a, "cotal_history", json!({"channel": "secret"})).await;
     assert!(
-        outside.contains("outside this credential's read"),
+        outside.starts_with("Refused: you may not read secret. You may read: general, ops, quiet."),
         "{outside}"
     );
     assert!(
