@@ -189,6 +189,7 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
         out: sink,
         joined: tokio::sync::Mutex::new(Default::default()),
         history: tokio::sync::Mutex::new(()),
+        marked: Default::default(),
         barrier_refused,
         tasks: Mutex::new(Vec::new()),
         roster: Roster::default(),

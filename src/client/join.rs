@@ -155,9 +155,11 @@ pub struct ChannelRegistry {
 pub enum Replay {
     /// As the channel's effective config says.
     AsConfigured,
-    /// As configured, except that a member of a durable channel it never left resumes: its
-    /// backlog comes from the backstop after what it acknowledged, and the history is not
-    /// read again (a new session of an agent that read it before: `cotald mcp`).
+    /// As configured, except that what this identity read before is not replayed again (a new
+    /// session of an agent that read it before: `cotald mcp`). A member of a durable channel
+    /// it never left resumes: its backlog comes from the backstop after what it acknowledged.
+    /// On a `live` channel the history read starts after the identity's replay mark, which
+    /// the appliance keeps ([`Client::mark_read`]).
     Resume,
     /// Never (noise control, e.g. `tail --no-history`).
     Off,
@@ -249,13 +251,25 @@ impl Client {
             && pattern.is_concrete()
             && self.open_membership(&key).await;
         let backfilled = if !resumes && replay != Replay::Off && effective.replay && watermark > 0 {
-            let start = match &effective.replay_window {
-                Some(window) => DeliverPolicy::ByStartTime {
+            // A live channel read before: only what came after the mark.
+            let read_to = match replay == Replay::Resume
+                && effective.delivery_class == DeliveryClass::Live
+                && pattern.is_concrete()
+            {
+                true => self.replay_mark(&key).await,
+                false => 0,
+            };
+            let start = match (&effective.replay_window, read_to) {
+                (Some(window), _) => DeliverPolicy::ByStartTime {
                     start_time: time::OffsetDateTime::now_utc() - window.duration(),
                 },
-                None => DeliverPolicy::All,
+                (None, 0) => DeliverPolicy::All,
+                (None, mark) => DeliverPolicy::ByStartSequence {
+                    start_sequence: mark + 1,
+                },
             };
-            self.backfill(&subject, watermark, start, watermark).await?
+            self.backfill(&subject, watermark, start, watermark, read_to)
+                .await?
         } else {
             0
         };
@@ -747,6 +761,7 @@ impl Client {
         watermark: u64,
         deliver_policy: DeliverPolicy,
         historical: u64,
+        read_to: u64,
     ) -> Result<usize, ClientError> {
         let _one_at_a_time = self.inner.history.lock().await;
         fn fail<E: Into<super::BoxError>>(subject: &str) -> impl FnOnce(E) -> ClientError {
@@ -814,6 +829,10 @@ impl Client {
             let msg = msg.map_err(fail(subject))?;
             let Ok(info) = msg.info() else { continue };
             let (seq, left) = (info.stream_sequence, info.pending);
+            if seq <= read_to {
+                pending = left;
+                continue;
+            }
             if seq > target {
                 if extended {
                     break;
@@ -837,6 +856,54 @@ impl Client {
         drop(messages);
         let _ = stream.delete_consumer(&name).await;
         Ok(surfaced)
+    }
+
+    /// This identity's replay mark of `channel` (0 when it has none, or it cannot be read:
+    /// the replay is then as configured).
+    async fn replay_mark(&self, channel: &str) -> u64 {
+        match self
+            .manager::<std::collections::BTreeMap<String, u64>>(&crate::ops::Request::ReplayMarks)
+            .await
+        {
+            Ok(marks) => marks.get(channel).copied().unwrap_or(0),
+            Err(e) => {
+                tracing::debug!(channel, error = %e, "replay mark not read; replaying as configured");
+                0
+            }
+        }
+    }
+
+    /// Tells the appliance that everything surfaced so far on the joined `live` channels that
+    /// replay has been read (the caller has handled all it was given): their next session's
+    /// replay starts after the CHAT frontier of now. A message stored just before and not
+    /// surfaced yet is then not replayed; a `live` channel promises no more (§4).
+    pub async fn mark_read(&self) -> Result<(), ClientError> {
+        let channels: Vec<String> = self
+            .inner
+            .joined
+            .lock()
+            .await
+            .iter()
+            .filter(|(key, j)| {
+                j.pump.is_some()
+                    && j.replay
+                    && matches!(j.durable, DurableState::NotApplicable)
+                    && !key.contains(['*', '>'])
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        if channels.is_empty() {
+            return Ok(());
+        }
+        let frontier = self.chat_frontier().await?;
+        let marked = &self.inner.marked;
+        if marked.swap(frontier, std::sync::atomic::Ordering::Relaxed) == frontier {
+            return Ok(());
+        }
+        let marks = channels.into_iter().map(|c| (c, frontier)).collect();
+        let request = crate::ops::Request::ReplayMark(crate::ops::ReplayMark { marks })
+            .to_control(self.endpoint());
+        self.notify(crate::binding::MANAGER_SERVICE, &request).await
     }
 
     /// After a reconnect: reads each joined channel from `since` to the frontier, so that what
@@ -866,6 +933,7 @@ impl Client {
                     &subject,
                     frontier,
                     DeliverPolicy::ByStartTime { start_time: since },
+                    0,
                     0,
                 )
                 .await

@@ -421,6 +421,8 @@ pub(crate) struct Inner {
     pub(crate) joined: tokio::sync::Mutex<BTreeMap<String, join::Joined>>,
     /// Held by a history read: they share the `chathist_<id>` consumer.
     pub(crate) history: tokio::sync::Mutex<()>,
+    /// The CHAT frontier last sent as this session's replay mark.
+    pub(crate) marked: std::sync::atomic::AtomicU64,
     /// Whether the credential denies the barrier subject (then a refused barrier SUB confirms
     /// every earlier SUB; otherwise nothing can be refused and a round trip confirms).
     pub(crate) barrier_refused: bool,

@@ -776,6 +776,12 @@ impl CotalServer {
                 ack_errors.push(format!("{id}: {}", crate::ops::error_text(&e)));
             }
         }
+        // Everything given is read: a next session replays the live channels only after now.
+        if taken.remaining == 0
+            && let Err(e) = self.client.mark_read().await
+        {
+            tracing::debug!(error = %e, "replay mark not recorded");
+        }
         Ok(Json(InboxView {
             messages,
             remaining: taken.remaining,

@@ -25,6 +25,8 @@
 //! | `memberships` | — | | agents | `[Membership]` |
 //! | `resume` | [`Resume`] | | agents | [`Resumed`] |
 //! | `backstop-ack` | [`BackstopAck`] | | agents | none (acks are published without a reply) |
+//! | `replay-mark` | [`ReplayMark`] | | agents | none (published without a reply) |
+//! | `replay-marks` | — | | agents | channel → stream sequence |
 //!
 //! An op a transport does not serve, an unknown op, or arguments of the wrong shape are
 //! refused with `{ok: false, error}` naming the op.
@@ -91,6 +93,10 @@ pub enum Request {
     Resume(Resume),
     /// Acknowledge durable copies the caller has handled.
     BackstopAck(BackstopAck),
+    /// Record how far the caller has read live channels it replays.
+    ReplayMark(ReplayMark),
+    /// How far the caller has read each live channel it replays.
+    ReplayMarks,
 }
 
 impl Request {
@@ -110,6 +116,8 @@ impl Request {
         "memberships",
         "resume",
         "backstop-ack",
+        "replay-mark",
+        "replay-marks",
     ];
 
     /// The op name.
@@ -129,6 +137,8 @@ impl Request {
             Request::Memberships => "memberships",
             Request::Resume(_) => "resume",
             Request::BackstopAck(_) => "backstop-ack",
+            Request::ReplayMark(_) => "replay-mark",
+            Request::ReplayMarks => "replay-marks",
         }
     }
 
@@ -147,7 +157,9 @@ impl Request {
             | Request::DurableLeave(_)
             | Request::Memberships
             | Request::Resume(_)
-            | Request::BackstopAck(_) => transport == Transport::Control,
+            | Request::BackstopAck(_)
+            | Request::ReplayMark(_)
+            | Request::ReplayMarks => transport == Transport::Control,
         }
     }
 
@@ -262,6 +274,19 @@ pub struct SpaceAdd {
     pub name: String,
     /// Its deployment profile.
     pub profile: DeploymentProfile,
+}
+
+/// `replay-mark`: the caller has read these live channels up to these CHAT stream sequences;
+/// its next session's replay of each starts after it (at most [`ReplayMark::MAX`] channels).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplayMark {
+    /// Channel → stream sequence.
+    pub marks: std::collections::BTreeMap<String, u64>,
+}
+
+impl ReplayMark {
+    /// The most channels one mark may carry.
+    pub const MAX: usize = 256;
 }
 
 /// `backup`: where the appliance writes the archive.

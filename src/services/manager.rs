@@ -28,10 +28,11 @@ use super::{Context, Health, Service, ServiceError};
 use crate::binding::MANAGER_SERVICE;
 use crate::ops::{
     self, ChannelRemoved, ChannelsRm, ChannelsSet, CredentialProfile, DurableJoin, DurableLeave,
-    IdentityRecord, Membership, OpError, Request, Resumed, Transport,
+    IdentityRecord, Membership, OpError, ReplayMark, Request, Resumed, Transport,
 };
 use crate::protocol::{
-    ChannelPattern, ControlReply, DeliveryClass, accept_control_request, parse_subject,
+    Channel, ChannelPattern, ControlReply, DeliveryClass, accept_control_request, is_covered,
+    parse_subject,
 };
 use crate::space::members::{Interval, MemberRecord, Members, MembersError};
 use crate::space::{Held, Hold, Holds, Identities, Space, SpaceError};
@@ -176,6 +177,11 @@ impl Manager {
                 self.backstop.ack(&caller.id, &req.tokens).await;
                 serde_json::Value::Null
             }
+            Request::ReplayMark(req) => {
+                self.replay_mark(&caller, req).await?;
+                serde_json::Value::Null
+            }
+            Request::ReplayMarks => json(&self.members.marks(&caller.id).await?),
             Request::ChannelsSet(req) => json(&self.channels_set(&caller, req).await?),
             Request::ChannelsRm(req) => json(&self.channels_rm(&caller, req).await?),
             other => {
@@ -186,6 +192,33 @@ impl Manager {
                 .into());
             }
         })
+    }
+
+    /// `replay-mark`: only concrete channels the caller may read, at most
+    /// [`ReplayMark::MAX`]; the rest is refused whole (a mark is a convenience, never a way to
+    /// store data in the registry).
+    async fn replay_mark(
+        &self,
+        caller: &IdentityRecord,
+        req: ReplayMark,
+    ) -> Result<(), ManagerError> {
+        if req.marks.len() > ReplayMark::MAX {
+            return Err(ManagerError::Refused(format!(
+                "a replay mark carries at most {} channels",
+                ReplayMark::MAX
+            )));
+        }
+        let read = caller.read_acl();
+        for channel in req.marks.keys() {
+            let readable = Channel::new(channel).is_ok_and(|c| is_covered(&read, &c));
+            if !readable {
+                return Err(ManagerError::Refused(format!(
+                    "{channel} is not a channel this identity may read"
+                )));
+            }
+        }
+        self.members.mark(&caller.id, &req.marks).await?;
+        Ok(())
     }
 
     fn memberships(&self, member: &str) -> Vec<Membership> {

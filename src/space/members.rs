@@ -1,7 +1,9 @@
 //! The members registry (`cotal_members_<space>`, §7): one privileged record per (member,
 //! channel) holding the member's durable membership of that channel: the join cursor, the
 //! leave cursor once it left, a generation that grows with every join, and earlier intervals
-//! whose backlog is still being delivered. Agents cannot write it (Appendix B grants no
+//! whose backlog is still being delivered. Beside them, one `mark.<member>` record per member:
+//! how far it has read each `live` channel it replays, so that its next session replays only
+//! what came after (a live channel has no membership; the mark is the nearest thing). Agents cannot write it (Appendix B grants no
 //! publish on the bucket); only the manager does, through this module.
 //!
 //! Every write is a compare-and-set on the key's revision, so concurrent joins and leaves of one
@@ -110,6 +112,9 @@ pub enum MembersError {
     },
 }
 
+/// The prefix of a member's marks record (`mark.<id>`); an instance id never starts so.
+const MARKS: &str = "mark.";
+
 /// The key of a (member, channel): `<id>.<channel>` (both are valid KV key tokens).
 pub fn key(member: &str, channel: &str) -> String {
     format!("{member}.{channel}")
@@ -144,6 +149,9 @@ impl Members {
         let mut keys = kv.keys().await.map_err(|e| fail("listing", e.into()))?;
         while let Some(key) = keys.next().await {
             let key = key.map_err(|e| fail("listing", e.into()))?;
+            if key.starts_with(MARKS) {
+                continue;
+            }
             if let Some((record, revision)) = read(&kv, &key).await? {
                 records.insert(key, (record, revision));
             }
@@ -170,6 +178,9 @@ impl Members {
         };
         while let Some(key) = keys.next().await {
             let key = key.map_err(|e| fail("listing", e.into()))?;
+            if key.starts_with(MARKS) {
+                continue;
+            }
             if let Some((record, revision)) = read(&self.kv, &key).await? {
                 records.insert(key, (record, revision));
             }
@@ -178,6 +189,50 @@ impl Members {
             *held = records;
         }
         self.changed.notify_waiters();
+        Ok(())
+    }
+
+    /// How far `member` has read each live channel it replays (stream sequences of CHAT).
+    pub async fn marks(&self, member: &str) -> Result<BTreeMap<String, u64>, MembersError> {
+        let key = format!("{MARKS}{member}");
+        let entry = self.kv.get(&key).await.map_err(|e| MembersError::Kv {
+            action: "reading",
+            key: key.clone(),
+            source: e.into(),
+        })?;
+        match entry {
+            Some(bytes) if !bytes.is_empty() => serde_json::from_slice(&bytes)
+                .map_err(|source| MembersError::Malformed { key, source }),
+            _ => Ok(BTreeMap::new()),
+        }
+    }
+
+    /// Records that `member` has read `marks` (channel → stream sequence); a mark only moves
+    /// forward. The member's own marks are its only writer, one session at a time: a lost
+    /// race costs a replayed message, never a skipped one.
+    pub async fn mark(
+        &self,
+        member: &str,
+        marks: &BTreeMap<String, u64>,
+    ) -> Result<(), MembersError> {
+        let mut merged = self.marks(member).await?;
+        for (channel, seq) in marks {
+            let at = merged.entry(channel.clone()).or_default();
+            *at = (*at).max(*seq);
+        }
+        let key = format!("{MARKS}{member}");
+        let bytes = serde_json::to_vec(&merged).map_err(|source| MembersError::Malformed {
+            key: key.clone(),
+            source,
+        })?;
+        self.kv
+            .put(&key, bytes.into())
+            .await
+            .map_err(|e| MembersError::Kv {
+                action: "writing",
+                key,
+                source: e.into(),
+            })?;
         Ok(())
     }
 

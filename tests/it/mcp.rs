@@ -1025,3 +1025,95 @@ async fn a_channel_message_left_unread_comes_again_in_the_next_session() {
     sender.client.close().await;
     c.stop().await;
 }
+
+/// On a `live` channel the appliance keeps how far the identity read: a new session replays
+/// only what came after, and a wait returns only with what is new.
+#[tokio::test]
+async fn a_second_session_on_a_live_channel_replays_only_what_came_after_what_was_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "news"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "news"]).await;
+    let op = operator_endpoint(tmp.path(), &alice, false).await;
+    set_channel(&op, "news", json!({"deliveryClass": "live"})).await;
+    let sender = endpoint(&alice, |o| o.presence = false).await;
+    let news = cotald::protocol::Routing::channel(&cotald::protocol::Channel::new("news").unwrap());
+
+    let b = agent(&bob).await;
+    notice_until(&b, "joined live news").await;
+    sender
+        .client
+        .send_text(news.clone(), "read-1")
+        .await
+        .unwrap();
+    inbox_until(&b, |m| text(m) == "read-1").await;
+    // The mark is the appliance's: in the members registry, which only the manager writes.
+    let probe = Probe::connect(&c, &tmp.path().join("spaces/main/local-operator.creds")).await;
+    let registry = async_nats::jetstream::new(probe.client.clone())
+        .get_key_value("cotal_members_main")
+        .await
+        .unwrap();
+    let key = format!("mark.{}", bob.id);
+    eventually("bob's replay mark of news", || async {
+        let marks = registry.get(&key).await.ok().flatten()?;
+        let marks: serde_json::Map<String, Value> = serde_json::from_slice(&marks).ok()?;
+        marks.get("news").map(|_| ())
+    })
+    .await;
+    b.cancel().await.unwrap();
+    sender
+        .client
+        .send_text(news.clone(), "missed-2")
+        .await
+        .unwrap();
+
+    let b = agent(&bob).await;
+    let mut surfaced = Vec::new();
+    let mut joined = false;
+    tokio::time::timeout(TIMEOUT, async {
+        while !(joined && surfaced.iter().any(|t| t == "missed-2")) {
+            let got = call(&b, "cotal_inbox", json!({"wait": 30})).await;
+            surfaced.extend(
+                got["messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| text(m).to_owned()),
+            );
+            joined |= got["notices"].as_array().is_some_and(|n| {
+                n.iter()
+                    .any(|n| n.as_str().is_some_and(|n| n.contains("news")))
+            });
+        }
+    })
+    .await
+    .expect("the join is reported and what was missed replayed");
+    assert_eq!(surfaced, ["missed-2"], "nothing read before comes again");
+
+    let mut waiting = {
+        let b = b.peer().clone();
+        tokio::spawn(async move { call(&b, "cotal_inbox", json!({"wait": 30})).await })
+    };
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), &mut waiting)
+            .await
+            .is_err(),
+        "the wait returned before anything new arrived"
+    );
+    sender.client.send_text(news, "new-3").await.unwrap();
+    let got = tokio::time::timeout(TIMEOUT, waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    let texts: Vec<&str> = got["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(text)
+        .collect();
+    assert_eq!(texts, ["new-3"], "{got}");
+    b.cancel().await.unwrap();
+    sender.client.close().await;
+    op.client.close().await;
+    c.stop().await;
+}
