@@ -559,8 +559,15 @@ pub struct TailArgs {
     #[arg(long, value_name = "ROLE")]
     service: Option<String>,
     /// Do not replay channel history on join.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "resume")]
     no_history: bool,
+    /// Pick up where this identity left off, as an agent's next session does: on a durable
+    /// channel it is a member of, its backlog only (not the history again); on a live channel,
+    /// the history after what an earlier `--resume` (or agent session) had read, which the
+    /// appliance keeps: recorded once the joins are done and nothing more arrived for a
+    /// second (what `--count` leaves unprinted is not marked read).
+    #[arg(long)]
+    resume: bool,
     /// Exit after this many messages.
     #[arg(long, value_name = "N")]
     count: Option<usize>,
@@ -589,10 +596,10 @@ pub(super) async fn tail(args: TailArgs) -> anyhow::Result<ExitCode> {
     }
     let conn = Client::connect(opts).await?;
     let (client, mut deliveries) = (conn.client, conn.deliveries);
-    let replay = if args.no_history {
-        Replay::Off
-    } else {
-        Replay::AsConfigured
+    let replay = match (args.no_history, args.resume) {
+        (true, _) => Replay::Off,
+        (false, true) => Replay::Resume,
+        (false, false) => Replay::AsConfigured,
     };
     // Joins surface history as they go: they run beside the loop that drains it.
     let joiner = client.clone();
@@ -611,6 +618,10 @@ pub(super) async fn tail(args: TailArgs) -> anyhow::Result<ExitCode> {
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
     let mut printed = 0;
+    // With --resume, what was printed is marked read once the stream is quiet.
+    let quiet = tokio::time::sleep(MARK_EVERY);
+    tokio::pin!(quiet);
+    let mut unmarked = false;
     let result: anyhow::Result<()> = loop {
         if args.count.is_some_and(|n| printed >= n) {
             break Ok(());
@@ -634,6 +645,8 @@ pub(super) async fn tail(args: TailArgs) -> anyhow::Result<ExitCode> {
                         break Err(e.into());
                     }
                     printed += 1;
+                    unmarked = args.resume;
+                    quiet.as_mut().reset(tokio::time::Instant::now() + MARK_EVERY);
                 }
                 Some(Event::Notice(notice)) => eprintln!("{}", notice_line(notice)),
                 None => break Ok(()),
@@ -647,12 +660,27 @@ pub(super) async fn tail(args: TailArgs) -> anyhow::Result<ExitCode> {
                     break Err(e);
                 }
             }
+            () = &mut quiet, if unmarked && !joining => {
+                unmarked = false;
+                mark_read(&client).await;
+            }
             _ = &mut interrupted => break Ok(()),
         }
     };
     joins.abort();
     client.close().await;
     result.map(|()| ExitCode::SUCCESS)
+}
+
+/// How long `tail --resume` waits after the last message before it records what it printed.
+const MARK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Records that everything printed was read (`tail --resume`); a failure only means the next
+/// `--resume` replays more.
+async fn mark_read(client: &Client) {
+    if let Err(e) = client.mark_read().await {
+        tracing::debug!(error = %e, "replay mark not recorded");
+    }
 }
 
 /// What `tail` says of a notice, on stderr.

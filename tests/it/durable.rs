@@ -799,6 +799,79 @@ async fn join_tail_and_leave_from_the_command_line() {
     c.stop().await;
 }
 
+/// `tail --resume` on a live channel: a second run prints what came after what the first
+/// had read, where a plain `tail` replays the history again.
+#[tokio::test]
+async fn tail_resume_prints_on_a_live_channel_only_what_came_after_what_it_read() {
+    use tokio::io::AsyncBufReadExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "news"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "news"]).await;
+    let op = crate::helper::operator_endpoint(tmp.path(), &alice, false).await;
+    crate::helper::set_channel(&op, "news", json!({"deliveryClass": "live"})).await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    a.client.send_text(channel("news"), "one").await.unwrap();
+
+    let mut first = tokio::process::Command::new(crate::helper::cotald_bin())
+        .args(["tail", "--resume", "--creds"])
+        .arg(&bob.creds)
+        .args(["--link", &bob.link, "--ca"])
+        .arg(&bob.ca)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(first.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(TIMEOUT, lines.next_line())
+        .await
+        .expect("a line in time")
+        .unwrap()
+        .unwrap();
+    assert!(line.ends_with("one"), "{line}");
+    // Once the stream is quiet, what was printed is marked read, in the appliance.
+    let js = operator(&c, tmp.path()).await;
+    let registry = js.get_key_value("cotal_members_main").await.unwrap();
+    let key = format!("mark.{}", bob.id);
+    eventually("bob's replay mark of news", || async {
+        let marks = registry.get(&key).await.ok().flatten()?;
+        let marks: serde_json::Value = serde_json::from_slice(&marks).ok()?;
+        marks.get("news").map(|_| ())
+    })
+    .await;
+    first.kill().await.unwrap();
+
+    a.client.send_text(channel("news"), "two").await.unwrap();
+    let printed = |out: &std::process::Output| -> Vec<String> {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["parts"][0]["text"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect()
+    };
+    let resumed = endpoint_cli(&["tail", "--resume", "--count", "1", "--json"], &bob).await;
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    assert_eq!(printed(&resumed), ["two"]);
+    let plain = endpoint_cli(&["tail", "--count", "2", "--json"], &bob).await;
+    assert_eq!(
+        printed(&plain),
+        ["one", "two"],
+        "without --resume: the history as configured"
+    );
+    a.client.close().await;
+    op.client.close().await;
+    c.stop().await;
+}
+
 /// Ten durable members online while one posts: one of them drops in the middle of the traffic
 /// and comes back on a new connection. It still surfaces every message published while it was
 /// away (from its durable backlog) and after, and the nine others surface everything.
