@@ -28,9 +28,10 @@ mod wording;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use rmcp::model::{
-    Implementation, ListResourcesResult, LoggingLevel, LoggingMessageNotificationParam,
-    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
-    Resource, ResourceContents, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListResourcesResult, LoggingLevel, LoggingMessageNotificationParam, PaginatedRequestParams,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+    ResourceContents, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, Peer, RoleServer, ServerHandler, ServiceExt, tool_handler};
@@ -294,6 +295,39 @@ impl ServerHandler for CotalServer {
         )
         .with_server_info(Implementation::new("cotald", env!("CARGO_PKG_VERSION")))
         .with_instructions(wording::GUIDE)
+    }
+
+    /// Each tool call, through the router; arguments that do not fit a tool are refused in
+    /// the server's words (the fields it needs), not the JSON library's.
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let tool = request.name.to_string();
+        let call = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        let response = self.tool_router.call(call).await?;
+        let CallToolResponse::Complete(result) = &response else {
+            return Ok(response);
+        };
+        let said = serde_json::to_value(&result.content).ok().and_then(|c| {
+            let text = c.get(0)?.get("text")?.as_str()?.to_owned();
+            text.strip_prefix("failed to deserialize parameters:")
+                .map(|s| s.trim().to_owned())
+        });
+        match (result.is_error, said) {
+            (Some(true), Some(said)) => {
+                let required: Vec<String> = self
+                    .tool_router
+                    .get(&tool)
+                    .and_then(|t| t.input_schema.get("required").cloned())
+                    .and_then(|r| serde_json::from_value(r).ok())
+                    .unwrap_or_default();
+                let text = wording::bad_arguments(&tool, &said, &required);
+                Ok(CallToolResult::error(vec![ContentBlock::text(text)]).into())
+            }
+            _ => Ok(response),
+        }
     }
 
     /// One resource per channel that has a description or instructions (§7), for hosts that

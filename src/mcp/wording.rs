@@ -108,6 +108,23 @@ pub fn unreadable(channel: &Channel, grants: &Grants) -> String {
     )
 }
 
+/// Arguments that do not fit `tool` (`said`: what the JSON library found), with the fields it
+/// needs.
+pub fn bad_arguments(tool: &str, said: &str, required: &[String]) -> String {
+    let needs = match required {
+        [] => "no field is required".to_owned(),
+        fields => format!("it needs {}", fields.join(" and ")),
+    };
+    let what = match said.split('`').nth(1) {
+        Some(field) if said.starts_with("missing field") => format!("{tool} has no {field}"),
+        Some(field) if said.starts_with("unknown field") => {
+            format!("{tool} takes no field {field}")
+        }
+        _ => format!("{tool}'s arguments do not fit ({said})"),
+    };
+    format!("Refused: {what}: {needs}. Call it again with those (its input schema describes each).")
+}
+
 /// A name that does not pick out one peer, with the fix.
 pub fn resolve_error(e: &ResolveError) -> String {
     refusal(

@@ -414,6 +414,11 @@ async fn two_agents_exchange_a_channel_message_a_dm_by_name_and_an_anycast_task(
     );
     let typo = refusal(&a, "cotal_send", json!({"channel": "generl", "text": "x"})).await;
     assert!(typo.contains("Did you mean general?"), "{typo}");
+    let unfit = refusal(&a, "cotal_send", json!({"text": "x"})).await;
+    assert!(
+        unfit.starts_with("Refused: cotal_send has no channel: it needs channel and text."),
+        "in the server's words, not the JSON library's: {unfit}"
+    );
     let unknown = refusal(&a, "cotal_dm", json!({"to": "carol", "text": "x"})).await;
     assert!(unknown.contains("nobody named `carol`"), "{unknown}");
     assert!(unknown.contains("cotal_roster"), "{unknown}");
