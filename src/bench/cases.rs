@@ -104,6 +104,11 @@ pub(super) const ALL: &[Case] = &[
         run: |b, s| Box::pin(presence_converge(b, s)),
     },
     Case {
+        names: &["space_1000"],
+        throughput: false,
+        run: |b, s| Box::pin(space(b, s)),
+    },
+    Case {
         names: &["durable_end_to_end"],
         throughput: false,
         run: |b, s| Box::pin(durable_end_to_end(b, s)),
@@ -1371,6 +1376,207 @@ async fn heartbeats(
             .try_collect::<Vec<()>>()
             .await?;
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A space of a thousand.
+
+/// The channel every instance of the space case is a durable member of.
+const CH_SPACE: &str = "bench-space";
+/// Instances in the space case.
+const SPACE_INSTANCES: usize = 1_000;
+/// Of them, cotald clients; the rest are raw connections.
+const SPACE_CLIENTS: usize = 10;
+/// Connections opened at once.
+const SPACE_CONNECTING: usize = 32;
+
+/// `space_1000`: [`SPACE_INSTANCES`] instances in one space, each heartbeating its presence
+/// every 2 s (§6) and a durable member of one channel with a session of the trusted reader
+/// (§8), as agents of a team are: [`SPACE_CLIENTS`] of them cotald clients, the rest raw
+/// connections doing what a client does for that (its own presence put, `durable-join` and
+/// `resume` to the manager) and nothing more. Measured: from the first connect until an
+/// observer's roster shows every one online (against one liveness window, the goal; how much
+/// of it the bench took to connect them all is `connected_ms`), false
+/// offlines over [`Sizes::hold`], the appliance's and the broker's CPU and RSS meanwhile, and
+/// the trusted reader's consumers on CHAT.
+async fn space(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
+    let minted: Vec<Minted> = futures_util::stream::iter(0..SPACE_INSTANCES)
+        .map(|i| async move {
+            let name = format!("bench-space{i}");
+            bench.mint(&name, json!({"subscribe": [CH_SPACE]})).await
+        })
+        .buffer_unordered(JOIN_CONCURRENCY)
+        .try_collect()
+        .await?;
+    let observer = bench
+        .connect(&bench.operator, |o| {
+            o.receive_backstop = false;
+            o.receive_dms = false;
+        })
+        .await?;
+    let roster = observer.client.roster().clone();
+    let state = bench
+        .dir
+        .read_state()?
+        .context("the appliance under test stopped")?;
+    let frontier = jetstream::new(bench.raw.clone())
+        .get_stream(format!("CHAT_{SPACE}"))
+        .await?
+        .info()
+        .await?
+        .state
+        .last_sequence;
+    let stop = CancellationToken::new();
+    let started = Instant::now();
+    let (clients, raws) = minted.split_at(SPACE_CLIENTS);
+    let clients: Vec<Connection> = futures_util::stream::iter(clients)
+        .map(|m| async move {
+            let conn = bench.connect(m, |_| {}).await?;
+            bounded("join", conn.client.join(CH_SPACE, Replay::Off)).await??;
+            anyhow::Ok(conn)
+        })
+        .buffer_unordered(SPACE_CONNECTING)
+        .try_collect()
+        .await?;
+    let raws: Vec<async_nats::Client> = futures_util::stream::iter(raws)
+        .map(|m| raw_member(bench, m, frontier, stop.clone()))
+        .buffer_unordered(SPACE_CONNECTING)
+        .try_collect()
+        .await?;
+    let connected = started.elapsed().as_secs_f64() * 1e3;
+    let ids: Vec<&str> = minted.iter().map(|m| m.id.as_str()).collect();
+    let online = |roster: &crate::client::Roster| {
+        ids.iter()
+            .filter(|id| {
+                roster
+                    .status(id)
+                    .is_some_and(|s| s != crate::protocol::PresenceStatus::Offline)
+            })
+            .count()
+    };
+    let waited = bounded("the roster to converge", async {
+        while online(&roster) < ids.len() {
+            let _ = tokio::time::timeout(Duration::from_millis(100), roster.changed()).await;
+        }
+    })
+    .await;
+    if let Err(e) = waited {
+        bail!("{e}: {} of {} online", online(&roster), ids.len());
+    }
+    let took = started.elapsed().as_secs_f64() * 1e3;
+    let before = ProcessUse::of(&[state.pid, state.broker_pid]);
+    let held = Instant::now();
+    let mut false_offlines = 0.0;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    while held.elapsed() < sizes.hold {
+        tick.tick().await;
+        false_offlines += (ids.len() - online(&roster)) as f64;
+    }
+    let after = ProcessUse::of(&[state.pid, state.broker_pid]);
+    let used = ProcessUse::between(&before, &after, held.elapsed());
+    let consumers = jetstream::new(bench.raw.clone())
+        .get_stream_no_info(format!("CHAT_{SPACE}"))
+        .await?
+        .consumers()
+        .try_collect::<Vec<_>>()
+        .await?
+        .iter()
+        .filter(|c| c.name.starts_with("bk_"))
+        .count();
+    stop.cancel();
+    for conn in clients {
+        conn.client.close().await;
+    }
+    for raw in raws {
+        let _ = tokio::time::timeout(Duration::from_secs(1), raw.drain()).await;
+    }
+    observer.client.close().await;
+    let window = crate::protocol::LIVENESS_WINDOW.as_secs_f64() * 1e3;
+    let mut result = CaseResult::new(
+        "space_1000",
+        "ms",
+        Better::Lower,
+        (vec![took], vec![window]),
+        "one liveness window (§6): the goal, not a measurement",
+        "roster <= 6 s, 0 false offline, appliance RSS <= 300 MiB",
+    );
+    result.extra.insert("instances", ids.len() as f64);
+    result.extra.insert("connected_ms", connected);
+    result.extra.insert("false_offlines", false_offlines);
+    result.extra.insert("backstop_consumers", consumers as f64);
+    result
+        .extra
+        .insert("cotald_cpu_percent", used.cpu_percent[0]);
+    result
+        .extra
+        .insert("broker_cpu_percent", used.cpu_percent[1]);
+    result.extra.insert("cotald_rss_mib", used.rss_mib[0]);
+    result.extra.insert("broker_rss_mib", used.rss_mib[1]);
+    Ok(vec![result])
+}
+
+/// One raw instance of the space case: connected with its credential, heartbeating its own
+/// presence every 2 s until `stop`, a durable member of [`CH_SPACE`] from `cursor`, with a
+/// delivery session of the trusted reader.
+async fn raw_member(
+    bench: &Bench,
+    m: &Minted,
+    cursor: u64,
+    stop: CancellationToken,
+) -> anyhow::Result<async_nats::Client> {
+    let raw = bench.raw_as(m).await?;
+    let id = InstanceId::from_user_nkey(&m.id)?;
+    let name = format!("space-{}", &m.id[..8]);
+    let endpoint = crate::protocol::EndpointRef::new(&id, name.clone());
+    let subjects = crate::protocol::SpaceSubjects::new(SPACE)?;
+    let ctl = subjects.ctl(crate::binding::MANAGER_SERVICE, id.as_str())?;
+    let presence = crate::binding::SpaceNames::kv_subject(
+        &crate::binding::SpaceNames::new(SPACE).presence_bucket(),
+        id.as_str(),
+    );
+    let js = jetstream::new(raw.clone());
+    let card = crate::protocol::AgentCard::new(&id, name, crate::protocol::EndpointKind::Agent);
+    let beat = move |card: crate::protocol::AgentCard| {
+        let record = crate::protocol::Presence::heartbeat(
+            card,
+            crate::protocol::PresenceStatus::Idle,
+            crate::protocol::EpochMillis::now(),
+        );
+        anyhow::Ok(serde_json::to_vec(&record?)?)
+    };
+    js.publish(presence.clone(), beat(card.clone())?.into())
+        .await?
+        .await?;
+    for request in [
+        crate::ops::Request::DurableJoin(crate::ops::DurableJoin {
+            channel: CH_SPACE.to_owned(),
+            cursor,
+        }),
+        crate::ops::Request::Resume(crate::ops::Resume {
+            session: crate::protocol::new_message_id(),
+        }),
+    ] {
+        let body = serde_json::to_vec(&request.to_control(endpoint.clone()))?;
+        let reply = bounded("a manager request", raw.request(ctl.clone(), body.into())).await??;
+        let reply: crate::protocol::ControlReply = serde_json::from_slice(&reply.payload)?;
+        if !reply.ok {
+            bail!("{} refused: {:?}", request.op(), reply.error);
+        }
+    }
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(crate::protocol::HEARTBEAT_INTERVAL);
+        every.tick().await;
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = every.tick() => {}
+            }
+            if let Ok(body) = beat(card.clone()) {
+                let _ = js.publish(presence.clone(), body.into()).await;
+            }
+        }
+    });
+    Ok(raw)
 }
 
 /// CPU time and resident memory of a few processes, from `/proc` (Linux; zeros elsewhere).

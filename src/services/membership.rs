@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use serde::{Deserialize, Serialize};
 
 use super::{Context, Health, Service, ServiceError};
@@ -255,11 +255,15 @@ impl Service for MembershipFeed {
                 () = &mut registry => {}
                 _ = poll.tick() => {}
             }
-            // A burst of connects is one refresh.
+            // A burst of connects is one refresh: every event that came meanwhile is taken
+            // with it. (Taking one event per refresh made a burst of a thousand connects a
+            // thousand CONNZ requests, each one an ed25519 verification per connection in the
+            // broker: measured by `space_1000`, `docs/benchmarks.md`.)
             tokio::select! {
                 () = ctx.cancelled() => break,
                 () = tokio::time::sleep(DEBOUNCE) => {}
             }
+            while let Some(Some(_)) = events.next().now_or_never() {}
         }
         let _ = reader.drain().await;
         Ok(())
