@@ -1282,22 +1282,9 @@ async fn presence_converge(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<Ca
                 bail!("{e}: {} of {} online", online(&roster), ids.len());
             }
             let took = start.elapsed().as_secs_f64() * 1e3;
-            // Hold: sample the roster twice a second; every instance shown offline is a false
-            // one.
-            let before = ProcessUse::of(&[state.pid, state.broker_pid]);
-            let held = Instant::now();
-            let mut offline = 0.0;
-            let mut tick = tokio::time::interval(Duration::from_millis(500));
-            while held.elapsed() < sizes.hold {
-                tick.tick().await;
-                offline += (ids.len() - online(&roster)) as f64;
-            }
-            let after = ProcessUse::of(&[state.pid, state.broker_pid]);
-            anyhow::Ok((
-                took,
-                offline,
-                ProcessUse::between(&before, &after, held.elapsed()),
-            ))
+            let pids = [state.pid, state.broker_pid];
+            let (offline, used) = hold(sizes.hold, pids, || ids.len() - online(&roster)).await;
+            anyhow::Ok((took, offline, used))
         };
         let measured = async {
             let measured = measure.await;
@@ -1326,14 +1313,7 @@ async fn presence_converge(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<Ca
     );
     let last = usage.last().copied().unwrap_or_default();
     result.extra.insert("false_offlines", false_offlines);
-    result
-        .extra
-        .insert("cotald_cpu_percent", last.cpu_percent[0]);
-    result
-        .extra
-        .insert("broker_cpu_percent", last.cpu_percent[1]);
-    result.extra.insert("cotald_rss_mib", last.rss_mib[0]);
-    result.extra.insert("broker_rss_mib", last.rss_mib[1]);
+    last.report(&mut result);
     Ok(vec![result])
 }
 
@@ -1428,21 +1408,7 @@ async fn space(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
         .last_sequence;
     let stop = CancellationToken::new();
     let started = Instant::now();
-    let (clients, raws) = minted.split_at(SPACE_CLIENTS);
-    let clients: Vec<Connection> = futures_util::stream::iter(clients)
-        .map(|m| async move {
-            let conn = bench.connect(m, |_| {}).await?;
-            bounded("join", conn.client.join(CH_SPACE, Replay::Off)).await??;
-            anyhow::Ok(conn)
-        })
-        .buffer_unordered(SPACE_CONNECTING)
-        .try_collect()
-        .await?;
-    let raws: Vec<async_nats::Client> = futures_util::stream::iter(raws)
-        .map(|m| raw_member(bench, m, frontier, stop.clone()))
-        .buffer_unordered(SPACE_CONNECTING)
-        .try_collect()
-        .await?;
+    let (clients, raws) = space_online(bench, &minted, frontier, &stop).await?;
     let connected = started.elapsed().as_secs_f64() * 1e3;
     let ids: Vec<&str> = minted.iter().map(|m| m.id.as_str()).collect();
     let online = |roster: &crate::client::Roster| {
@@ -1464,16 +1430,8 @@ async fn space(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
         bail!("{e}: {} of {} online", online(&roster), ids.len());
     }
     let took = started.elapsed().as_secs_f64() * 1e3;
-    let before = ProcessUse::of(&[state.pid, state.broker_pid]);
-    let held = Instant::now();
-    let mut false_offlines = 0.0;
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
-    while held.elapsed() < sizes.hold {
-        tick.tick().await;
-        false_offlines += (ids.len() - online(&roster)) as f64;
-    }
-    let after = ProcessUse::of(&[state.pid, state.broker_pid]);
-    let used = ProcessUse::between(&before, &after, held.elapsed());
+    let pids = [state.pid, state.broker_pid];
+    let (false_offlines, used) = hold(sizes.hold, pids, || ids.len() - online(&roster)).await;
     let consumers = jetstream::new(bench.raw.clone())
         .get_stream_no_info(format!("CHAT_{SPACE}"))
         .await?
@@ -1504,15 +1462,53 @@ async fn space(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
     result.extra.insert("connected_ms", connected);
     result.extra.insert("false_offlines", false_offlines);
     result.extra.insert("backstop_consumers", consumers as f64);
-    result
-        .extra
-        .insert("cotald_cpu_percent", used.cpu_percent[0]);
-    result
-        .extra
-        .insert("broker_cpu_percent", used.cpu_percent[1]);
-    result.extra.insert("cotald_rss_mib", used.rss_mib[0]);
-    result.extra.insert("broker_rss_mib", used.rss_mib[1]);
+    used.report(&mut result);
     Ok(vec![result])
+}
+
+/// Every instance of the space case connected: the first [`SPACE_CLIENTS`] as cotald clients
+/// joined to [`CH_SPACE`], the rest as [`raw_member`]s.
+async fn space_online(
+    bench: &Bench,
+    minted: &[Minted],
+    frontier: u64,
+    stop: &CancellationToken,
+) -> anyhow::Result<(Vec<Connection>, Vec<async_nats::Client>)> {
+    let (clients, raws) = minted.split_at(SPACE_CLIENTS);
+    let clients = futures_util::stream::iter(clients)
+        .map(|m| async move {
+            let conn = bench.connect(m, |_| {}).await?;
+            bounded("join", conn.client.join(CH_SPACE, Replay::Off)).await??;
+            anyhow::Ok(conn)
+        })
+        .buffer_unordered(SPACE_CONNECTING)
+        .try_collect()
+        .await?;
+    let raws = futures_util::stream::iter(raws)
+        .map(|m| raw_member(bench, m, frontier, stop.clone()))
+        .buffer_unordered(SPACE_CONNECTING)
+        .try_collect()
+        .await?;
+    Ok((clients, raws))
+}
+
+/// Holds for `span`, counting twice a second the instances a roster shows offline while they
+/// beat (`offline()`: each a false offline), and what the appliance and its broker (`pids`)
+/// used meanwhile.
+async fn hold(span: Duration, pids: [u32; 2], offline: impl Fn() -> usize) -> (f64, ProcessUse) {
+    let before = ProcessUse::of(&pids);
+    let held = Instant::now();
+    let mut false_offlines = 0.0;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    while held.elapsed() < span {
+        tick.tick().await;
+        false_offlines += offline() as f64;
+    }
+    let after = ProcessUse::of(&pids);
+    (
+        false_offlines,
+        ProcessUse::between(&before, &after, held.elapsed()),
+    )
 }
 
 /// One raw instance of the space case: connected with its credential, heartbeating its own
@@ -1592,6 +1588,15 @@ struct Sample(Vec<(f64, f64)>);
 impl ProcessUse {
     fn of(pids: &[u32; 2]) -> Sample {
         Sample(pids.iter().map(|&pid| proc_usage(pid)).collect())
+    }
+
+    /// Adds the figures to `result`'s extras: the appliance's (`cotald_…`) and the broker's.
+    fn report(&self, result: &mut CaseResult) {
+        let extra = &mut result.extra;
+        extra.insert("cotald_cpu_percent", self.cpu_percent[0]);
+        extra.insert("broker_cpu_percent", self.cpu_percent[1]);
+        extra.insert("cotald_rss_mib", self.rss_mib[0]);
+        extra.insert("broker_rss_mib", self.rss_mib[1]);
     }
 
     fn between(before: &Sample, after: &Sample, elapsed: Duration) -> ProcessUse {

@@ -518,6 +518,7 @@ impl Client {
         let publish = async {
             let started = tokio::time::Instant::now();
             let mut backoff = PAIR_BACKOFF_FIRST;
+            let mut resent = false;
             loop {
                 let ack = self
                     .inner
@@ -532,6 +533,17 @@ impl Client {
                     .map_err(nats_err(format!("publish on {subject}")))?;
                 let refusal = match ack.await {
                     Ok(ack) => return Ok(ack),
+                    // The ack was lost (a reconnect in between, a broker that paused): the
+                    // same message again is stored once (same id, the stream's duplicate
+                    // window), so it is sent again, once, rather than reported lost.
+                    Err(e)
+                        if e.kind() == jetstream::context::PublishErrorKind::TimedOut
+                            && !resent =>
+                    {
+                        tracing::debug!(subject, "publish ack not received; sending again");
+                        resent = true;
+                        continue;
+                    }
                     Err(e) => store_refusal(&message.routing, &subject, e, started.elapsed()),
                 };
                 let full = matches!(

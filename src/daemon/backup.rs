@@ -26,7 +26,6 @@
 //! so an interrupted restore goes on where it stopped), with the replicas of this node.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::Value;
@@ -138,13 +137,7 @@ impl Core {
     /// Snapshots every stream into `parts`, then packs `parts`, the data dir's parts and the
     /// profile into `out`.
     async fn backup_into(&self, out: &Path, parts: &Path) -> Result<BackupManifest, DaemonError> {
-        let spaces: Vec<Arc<Space>> = self
-            .spaces
-            .lock()
-            .await
-            .values()
-            .map(|s| s.space.clone())
-            .collect();
+        let spaces = self.served_spaces().await;
         let mut manifest = BackupManifest {
             format: FORMAT,
             cotald: env!("CARGO_PKG_VERSION").to_owned(),

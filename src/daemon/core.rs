@@ -413,6 +413,12 @@ impl Core {
         })
     }
 
+    /// Every served space, as it is now.
+    pub(super) async fn served_spaces(&self) -> Vec<Arc<Space>> {
+        let spaces = self.spaces.lock().await;
+        spaces.values().map(|s| s.space.clone()).collect()
+    }
+
     /// Every served space, no longer served: for the teardown.
     pub(super) async fn take_spaces(&self) -> Vec<Arc<Served>> {
         let spaces = std::mem::take(&mut *self.spaces.lock().await);

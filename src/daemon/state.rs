@@ -72,15 +72,7 @@ impl StateTracker {
             }
             seen.nodes.sort_by(|a, b| a.name.cmp(&b.name));
         }
-        let spaces: Vec<_> = self
-            .core
-            .spaces
-            .lock()
-            .await
-            .values()
-            .map(|s| s.space.clone())
-            .collect();
-        for space in spaces {
+        for space in self.core.served_spaces().await {
             let names = streams::all(space.names(), &space.config().retention());
             for config in names {
                 let info = async {

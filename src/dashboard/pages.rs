@@ -439,35 +439,12 @@ pub fn message(item: &FeedItem) -> String {
 /// One message as a list item, `replies` rendered under it.
 fn message_with(item: &FeedItem, replies: &str) -> String {
     let m = &item.message;
-    let (time, datetime) =
+    // Shown as UTC until `app.js` puts it in the reader's locale and zone.
+    let datetime =
         m.ts.as_u64()
-            .and_then(|ms| {
-                time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()
-            })
-            .map(|t| {
-                (
-                    format!(
-                        "{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC",
-                        t.year(),
-                        u8::from(t.month()),
-                        t.day(),
-                        t.hour(),
-                        t.minute(),
-                        t.second()
-                    ),
-                    format!(
-                        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
-                        t.year(),
-                        u8::from(t.month()),
-                        t.day(),
-                        t.hour(),
-                        t.minute(),
-                        t.second(),
-                        t.millisecond()
-                    ),
-                )
-            })
+            .map(|ms| crate::provision::rfc3339((ms / 1000) as i64))
             .unwrap_or_default();
+    let time = datetime.replacen('T', " ", 1).replace('Z', " UTC");
     let mut parts = String::new();
     for part in &m.parts {
         match part {

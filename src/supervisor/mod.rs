@@ -335,7 +335,7 @@ async fn supervise(
                 (failure.to_string(), since.saturating_duration_since(started))
             }
         };
-        let at = rfc3339_now();
+        let at = crate::provision::rfc3339(crate::provision::now_secs());
         backoff.ran_for(lasted);
         child = loop {
             let delay = backoff.next_delay();
@@ -395,20 +395,6 @@ async fn failing_health(monitor: &Monitor) -> (HealthFailure, Instant) {
             }
         }
     }
-}
-
-/// Now, as RFC 3339 in UTC to the second.
-fn rfc3339_now() -> String {
-    let t = time::OffsetDateTime::now_utc();
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-        t.year(),
-        u8::from(t.month()),
-        t.day(),
-        t.hour(),
-        t.minute(),
-        t.second()
-    )
 }
 
 /// Why a child exited before it was ready: a listener's address taken (named from the

@@ -6,26 +6,13 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use cotald::client::{Connection, Replay};
-use cotald::protocol::{Channel, InstanceId, Part, Routing};
+use cotald::client::Replay;
+use cotald::protocol::{Channel, InstanceId, Routing};
 
-use crate::helper::{Cotald, Minted, Probe, cotald_in, delivery, endpoint, mint};
+use crate::helper::{Cotald, Minted, Probe, cotald_in, endpoint, mint, next_text};
 
 fn general() -> Routing {
     Routing::channel(&Channel::new("general").unwrap())
-}
-
-/// The next text surfaced to `conn`, acknowledged.
-async fn next_text(conn: &mut Connection) -> String {
-    let d = delivery(&mut conn.deliveries).await;
-    let text = match &d.message.parts[0] {
-        Part::Text { text, .. } => text.clone(),
-        other => panic!("not a text part: {other:?}"),
-    };
-    if d.needs_ack() {
-        d.ack().await.unwrap();
-    }
-    text
 }
 
 /// `m`'s credential (minted by the first appliance), reaching the restored one.

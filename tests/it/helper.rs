@@ -422,6 +422,19 @@ pub async fn next(sub: &mut async_nats::Subscriber) -> async_nats::Message {
         .expect("subscription open")
 }
 
+/// The text of the next message surfaced to `conn` (bounded), acknowledged.
+pub async fn next_text(conn: &mut cotald::client::Connection) -> String {
+    let d = delivery(&mut conn.deliveries).await;
+    let text = match &d.message.parts[0] {
+        cotald::protocol::Part::Text { text, .. } => text.clone(),
+        other => panic!("not a text part: {other:?}"),
+    };
+    if d.needs_ack() {
+        d.ack().await.unwrap();
+    }
+    text
+}
+
 /// Connects a client endpoint with a minted identity.
 pub async fn endpoint(
     m: &Minted,

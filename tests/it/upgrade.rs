@@ -8,10 +8,10 @@
 
 use std::path::{Path, PathBuf};
 
-use cotald::client::{Connection, Replay};
-use cotald::protocol::{Channel, InstanceId, Part, Routing};
+use cotald::client::Replay;
+use cotald::protocol::{Channel, InstanceId, Routing};
 
-use crate::helper::{Cotald, Minted, delivery, endpoint, mint, operator_endpoint, set_channel};
+use crate::helper::{Cotald, Minted, endpoint, mint, next_text, operator_endpoint, set_channel};
 
 const FIXTURE: &str = "tests/fixtures/datadir-0.1.0.tar.gz";
 
@@ -21,13 +21,6 @@ fn fixture() -> PathBuf {
 
 fn general() -> Routing {
     Routing::channel(&Channel::new("general").unwrap())
-}
-
-fn text(d: &cotald::client::Delivery) -> String {
-    match &d.message.parts[0] {
-        Part::Text { text, .. } => text.clone(),
-        other => panic!("not a text part: {other:?}"),
-    }
 }
 
 /// Where the fixture keeps `name`'s credential (`spaces/main/creds/<name>-<id prefix>.creds`).
@@ -59,16 +52,6 @@ fn carol_key(c: &Cotald) -> String {
         .unwrap()
         .public_key()
         .unwrap()
-}
-
-/// The next text surfaced to `conn`, acknowledged.
-async fn next_text(conn: &mut Connection) -> String {
-    let d = delivery(&mut conn.deliveries).await;
-    let t = text(&d);
-    if d.needs_ack() {
-        d.ack().await.unwrap();
-    }
-    t
 }
 
 /// Writes the fixture: space `main` with bob a durable member of `general` away while three
