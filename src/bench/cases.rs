@@ -1118,15 +1118,25 @@ async fn fan_member_joined(bench: &Bench, i: usize) -> anyhow::Result<Connection
     Ok(conn)
 }
 
-/// Pending and unacknowledged entries of the trusted reader's consumers on CHAT (`bk_…`): 0
-/// once every durable copy is acknowledged.
-async fn backstop_pending(raw: &async_nats::Client) -> anyhow::Result<u64> {
+/// The trusted reader's consumers on CHAT (`bk_…`).
+async fn backstop_consumers(
+    raw: &async_nats::Client,
+) -> anyhow::Result<Vec<jetstream::consumer::Info>> {
     let js = jetstream::new(raw.clone());
     let stream = js.get_stream_no_info(format!("CHAT_{SPACE}")).await?;
-    let infos: Vec<_> = stream.consumers().try_collect().await?;
+    let infos: Vec<jetstream::consumer::Info> = stream.consumers().try_collect().await?;
     Ok(infos
-        .iter()
+        .into_iter()
         .filter(|i| i.name.starts_with("bk_"))
+        .collect())
+}
+
+/// Pending and unacknowledged entries of the trusted reader's consumers on CHAT: 0 once every
+/// durable copy is acknowledged.
+async fn backstop_pending(raw: &async_nats::Client) -> anyhow::Result<u64> {
+    Ok(backstop_consumers(raw)
+        .await?
+        .iter()
         .map(|i| i.num_pending + i.num_ack_pending as u64)
         .sum())
 }
@@ -1242,45 +1252,20 @@ async fn durable_fanout(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseR
 /// over [`Sizes::hold`], how often one of them was shown offline while it was beating (a false
 /// offline: the goal is none), and the CPU and memory of cotald and its broker meanwhile.
 async fn presence_converge(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
-    let observer = bench
-        .connect(&bench.operator, |o| {
-            o.receive_backstop = false;
-            o.receive_dms = false;
-        })
-        .await?;
+    let (observer, state) = roster_watch(bench).await?;
     let roster = observer.client.roster().clone();
-    let state = bench
-        .dir
-        .read_state()?
-        .context("the appliance under test stopped")?;
     let (mut converged, mut false_offlines) = (Vec::new(), 0.0);
     let mut usage = Vec::new();
     for _ in 0..sizes.runs {
         let ids: Vec<InstanceId> = (0..sizes.instances)
             .map(|_| InstanceId::from_user_nkey(&nkeys::KeyPair::new_user().public_key()))
             .collect::<Result<_, _>>()?;
-        let online = |roster: &crate::client::Roster| {
-            ids.iter()
-                .filter(|id| {
-                    roster
-                        .status(id.as_str())
-                        .is_some_and(|s| s != crate::protocol::PresenceStatus::Offline)
-                })
-                .count()
-        };
+        let names: Vec<&str> = ids.iter().map(InstanceId::as_str).collect();
+        let online = |roster: &crate::client::Roster| online(roster, &names);
         let stop = tokio_util::sync::CancellationToken::new();
         let measure = async {
             let start = Instant::now();
-            let waited = bounded("the roster to converge", async {
-                while online(&roster) < ids.len() {
-                    let _ =
-                        tokio::time::timeout(Duration::from_millis(100), roster.changed()).await;
-                }
-            })
-            .await;
-            if let Err(e) = waited {
-                bail!("{e}: {} of {} online", online(&roster), ids.len());
-            }
+            all_online(&roster, &names).await?;
             let took = start.elapsed().as_secs_f64() * 1e3;
             let pids = [state.pid, state.broker_pid];
             let (offline, used) = hold(sizes.hold, pids, || ids.len() - online(&roster)).await;
@@ -1388,17 +1373,8 @@ async fn space(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
         .buffer_unordered(JOIN_CONCURRENCY)
         .try_collect()
         .await?;
-    let observer = bench
-        .connect(&bench.operator, |o| {
-            o.receive_backstop = false;
-            o.receive_dms = false;
-        })
-        .await?;
+    let (observer, state) = roster_watch(bench).await?;
     let roster = observer.client.roster().clone();
-    let state = bench
-        .dir
-        .read_state()?
-        .context("the appliance under test stopped")?;
     let frontier = jetstream::new(bench.raw.clone())
         .get_stream(format!("CHAT_{SPACE}"))
         .await?
@@ -1411,36 +1387,12 @@ async fn space(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
     let (clients, raws) = space_online(bench, &minted, frontier, &stop).await?;
     let connected = started.elapsed().as_secs_f64() * 1e3;
     let ids: Vec<&str> = minted.iter().map(|m| m.id.as_str()).collect();
-    let online = |roster: &crate::client::Roster| {
-        ids.iter()
-            .filter(|id| {
-                roster
-                    .status(id)
-                    .is_some_and(|s| s != crate::protocol::PresenceStatus::Offline)
-            })
-            .count()
-    };
-    let waited = bounded("the roster to converge", async {
-        while online(&roster) < ids.len() {
-            let _ = tokio::time::timeout(Duration::from_millis(100), roster.changed()).await;
-        }
-    })
-    .await;
-    if let Err(e) = waited {
-        bail!("{e}: {} of {} online", online(&roster), ids.len());
-    }
+    let online = |roster: &crate::client::Roster| online(roster, &ids);
+    all_online(&roster, &ids).await?;
     let took = started.elapsed().as_secs_f64() * 1e3;
     let pids = [state.pid, state.broker_pid];
     let (false_offlines, used) = hold(sizes.hold, pids, || ids.len() - online(&roster)).await;
-    let consumers = jetstream::new(bench.raw.clone())
-        .get_stream_no_info(format!("CHAT_{SPACE}"))
-        .await?
-        .consumers()
-        .try_collect::<Vec<_>>()
-        .await?
-        .iter()
-        .filter(|c| c.name.starts_with("bk_"))
-        .count();
+    let consumers = backstop_consumers(&bench.raw).await?.len();
     stop.cancel();
     for conn in clients {
         conn.client.close().await;
@@ -1490,6 +1442,47 @@ async fn space_online(
         .try_collect()
         .await?;
     Ok((clients, raws))
+}
+
+/// An observer of the space (the machine operator, presence only) whose roster the presence
+/// cases watch, and the runtime state that names the appliance's and the broker's pids.
+async fn roster_watch(bench: &Bench) -> anyhow::Result<(Connection, crate::datadir::RuntimeState)> {
+    let observer = bench
+        .connect(&bench.operator, |o| {
+            o.receive_backstop = false;
+            o.receive_dms = false;
+        })
+        .await?;
+    let state = bench
+        .dir
+        .read_state()?
+        .context("the appliance under test stopped")?;
+    Ok((observer, state))
+}
+
+/// How many of `ids` the roster shows online.
+fn online(roster: &crate::client::Roster, ids: &[&str]) -> usize {
+    ids.iter()
+        .filter(|id| {
+            roster
+                .status(id)
+                .is_some_and(|s| s != crate::protocol::PresenceStatus::Offline)
+        })
+        .count()
+}
+
+/// Waits (bounded) until the roster shows every one of `ids` online.
+async fn all_online(roster: &crate::client::Roster, ids: &[&str]) -> anyhow::Result<()> {
+    let waited = bounded("the roster to converge", async {
+        while online(roster, ids) < ids.len() {
+            let _ = tokio::time::timeout(Duration::from_millis(100), roster.changed()).await;
+        }
+    })
+    .await;
+    if let Err(e) = waited {
+        bail!("{e}: {} of {} online", online(roster, ids), ids.len());
+    }
+    Ok(())
 }
 
 /// Holds for `span`, counting twice a second the instances a roster shows offline while they

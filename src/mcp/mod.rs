@@ -310,8 +310,8 @@ impl ServerHandler for CotalServer {
         let CallToolResponse::Complete(result) = &response else {
             return Ok(response);
         };
-        let said = serde_json::to_value(&result.content).ok().and_then(|c| {
-            let text = c.get(0)?.get("text")?.as_str()?.to_owned();
+        let said = result.content.first().and_then(|c| {
+            let text = &c.as_text()?.text;
             text.strip_prefix("failed to deserialize parameters:")
                 .map(|s| s.trim().to_owned())
         });

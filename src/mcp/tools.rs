@@ -777,7 +777,9 @@ impl CotalServer {
             }
         }
         // Everything given is read: a next session replays the live channels only after now.
-        if taken.remaining == 0
+        // A call that read nothing moves no mark (and asks the broker nothing).
+        if !messages.is_empty()
+            && taken.remaining == 0
             && let Err(e) = self.client.mark_read().await
         {
             tracing::debug!(error = %e, "replay mark not recorded");

@@ -80,13 +80,7 @@ pub async fn snapshot(
     consumers: bool,
     out: &Path,
 ) -> Result<Snapshot, SnapshotError> {
-    let broker = |action: &'static str| {
-        move |e: Box<dyn std::error::Error + Send + Sync>| SnapshotError::Broker {
-            stream: stream.to_owned(),
-            action,
-            source: e,
-        }
-    };
+    let broker = |action| failed(stream, action);
     let inbox = nats.new_inbox();
     let mut chunks = nats
         .subscribe(inbox.clone())
@@ -154,13 +148,7 @@ pub async fn restore(
     request: &Value,
     input: &Path,
 ) -> Result<u64, SnapshotError> {
-    let broker = |action: &'static str| {
-        move |e: Box<dyn std::error::Error + Send + Sync>| SnapshotError::Broker {
-            stream: stream.to_owned(),
-            action,
-            source: e,
-        }
-    };
+    let broker = |action| failed(stream, action);
     let answer = nats
         .request(
             format!("$JS.API.STREAM.RESTORE.{stream}"),
@@ -205,6 +193,19 @@ pub async fn restore(
         .map_err(|e| broker("finishing the restore")(e.into()))?;
     let info = api_answer(stream, "restore", &done.payload)?;
     Ok(info["state"]["messages"].as_u64().unwrap_or(0))
+}
+
+/// What turns a failure of `action` on `stream` into a [`SnapshotError::Broker`].
+fn failed(
+    stream: &str,
+    action: &'static str,
+) -> impl FnOnce(Box<dyn std::error::Error + Send + Sync>) -> SnapshotError {
+    let stream = stream.to_owned();
+    move |source| SnapshotError::Broker {
+        stream,
+        action,
+        source,
+    }
 }
 
 /// A JetStream API answer as JSON, or the broker's refusal.
