@@ -295,6 +295,17 @@ async fn two_agents_exchange_a_channel_message_a_dm_by_name_and_an_anycast_task(
 
     // A sender is shown by a short id, which addresses a DM as well as the whole one.
     assert_eq!(got["from"]["id"], &alice.id[..12]);
+    // The short id is resolved against the roster, as an agent would read it: once alice's
+    // presence has reached bob's.
+    eventually("alice in bob's roster", || async {
+        let roster = call(&b, "cotal_roster", json!({})).await;
+        roster["peers"]
+            .as_array()?
+            .iter()
+            .any(|p| p["name"] == "alice")
+            .then_some(())
+    })
+    .await;
     call(
         &b,
         "cotal_dm",
