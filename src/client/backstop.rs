@@ -8,6 +8,11 @@
 //! ack handle; the stored entry is acknowledged only once the application acks the copy
 //! (`backstop-ack` on `ctl.manager`, batched). Anything not acknowledged is handed over again.
 //!
+//! A member that keeps up follows its channel (`resume` with `offers`): the reader then offers
+//! entries without their content ([`crate::ops::OfferBatch`]), and the member acknowledges the
+//! token of each it surfaced already (once the application handled it, as for a duplicate
+//! copy) and asks for the content of the rest (`backstop-want`), which comes as a copy.
+//!
 //! Delivery runs in sessions: the client asks for one (`resume`) when it connects and again
 //! after every reconnect, so a backlog that built up while it was away starts flowing at once,
 //! and copies that were in flight when the connection dropped are handed over again.
@@ -16,11 +21,12 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use super::deliver::BackstopToken;
 use super::{Client, ClientError, ConnectionState, nats_err};
 use crate::binding::MANAGER_SERVICE;
-use crate::ops::{self, BackstopAck, Request, Resume, Resumed};
+use crate::ops::{self, BackstopAck, BackstopWant, Request, Resume, Resumed};
 
 /// Most tokens acknowledged by one `backstop-ack`.
 const ACK_BATCH: usize = 512;
@@ -51,9 +57,20 @@ pub(crate) async fn start(client: &Client) -> Result<(), ClientError> {
     let (acks, mut batch) = mpsc::unbounded_channel::<String>();
 
     let receiver = {
-        let inner = inner.clone();
+        let client = client.clone();
+        let acks = acks.clone();
         tokio::spawn(async move {
+            let inner = &client.inner;
             while let Some(msg) = copies.next().await {
+                let offered = msg
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get(ops::BATCH_KIND))
+                    .is_some_and(|kind| kind.as_str() == ops::OFFERS);
+                if offered {
+                    take_offers(&client, &msg.payload, &acks).await;
+                    continue;
+                }
                 let batch = match ops::copies(&msg.payload) {
                     Ok(batch) => batch,
                     Err(e) => {
@@ -76,11 +93,17 @@ pub(crate) async fn start(client: &Client) -> Result<(), ClientError> {
         })
     };
 
+    let stop = CancellationToken::new();
     let batcher = {
         let client = client.clone();
+        let stop = stop.clone();
         tokio::spawn(async move {
             let mut tokens = Vec::with_capacity(ACK_BATCH);
-            while batch.recv_many(&mut tokens, ACK_BATCH).await > 0 {
+            loop {
+                tokio::select! {
+                    n = batch.recv_many(&mut tokens, ACK_BATCH) => if n == 0 { return },
+                    () = stop.cancelled() => break,
+                }
                 let request = Request::BackstopAck(BackstopAck {
                     tokens: std::mem::take(&mut tokens),
                 })
@@ -88,6 +111,16 @@ pub(crate) async fn start(client: &Client) -> Result<(), ClientError> {
                 if let Err(e) = client.notify(MANAGER_SERVICE, &request).await {
                     // Unacknowledged copies are handed over again: at-least-once holds.
                     tracing::debug!(error = %e, "backstop acks not sent");
+                }
+            }
+            // Stopping: the last acks go as a request, answered once the reader has them.
+            while let Ok(token) = batch.try_recv() {
+                tokens.push(token);
+            }
+            if !tokens.is_empty() {
+                let request = Request::BackstopAck(BackstopAck { tokens });
+                if let Err(e) = client.manager::<serde_json::Value>(&request).await {
+                    tracing::debug!(error = %e, "the last backstop acks not confirmed");
                 }
             }
         })
@@ -112,9 +145,44 @@ pub(crate) async fn start(client: &Client) -> Result<(), ClientError> {
         })
     };
     if let Ok(mut tasks) = inner.tasks.lock() {
-        tasks.extend([receiver, batcher, keeper]);
+        tasks.extend([receiver, keeper]);
+    }
+    if let Ok(mut slot) = inner.ack_batcher.lock() {
+        *slot = Some((stop, batcher));
     }
     Ok(())
+}
+
+/// Offers: each one surfaced already is acknowledged as a duplicate copy would be; the content
+/// of the others is asked for.
+async fn take_offers(client: &Client, body: &[u8], acks: &mpsc::UnboundedSender<String>) {
+    let offers = match ops::offers(body) {
+        Ok(offers) => offers,
+        Err(e) => {
+            // Handed over as copies once the handoff times out.
+            tracing::warn!(error = %e, "durable offers dropped");
+            return;
+        }
+    };
+    let mut wanted = Vec::new();
+    for offer in offers {
+        let token = BackstopToken {
+            token: offer.token.to_owned(),
+            acks: acks.clone(),
+        };
+        if let Some(token) = client.inner.out.offered(offer.subject, offer.id, token) {
+            wanted.push(token.token);
+        }
+    }
+    if wanted.is_empty() {
+        return;
+    }
+    let request =
+        Request::BackstopWant(BackstopWant { tokens: wanted }).to_control(client.endpoint());
+    if let Err(e) = client.notify(MANAGER_SERVICE, &request).await {
+        // Handed over as copies once the handoff times out.
+        tracing::debug!(error = %e, "backstop want not sent");
+    }
 }
 
 /// Asks for a new delivery session until the manager answers (it may still be starting after
@@ -128,6 +196,7 @@ async fn resume(
     loop {
         let request = Request::Resume(Resume {
             session: crate::protocol::new_message_id(),
+            offers: true,
         });
         match client.manager::<Resumed>(&request).await {
             Ok(resumed) => {

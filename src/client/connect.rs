@@ -197,6 +197,7 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
         request_timeout: opts.request_timeout,
         pair_wait: opts.pair_wait,
         announced: announce,
+        ack_batcher: Mutex::default(),
     });
     let client = Client { inner };
     let backstop = opts.receive_backstop && super::backstop::granted(&client, grants);

@@ -19,7 +19,7 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use super::{Client, ClientError, nats_err};
-use crate::protocol::{CotalMessage, DeliveryKind, RejectReason, accept_delivery};
+use crate::protocol::{CotalMessage, DeliveryKind, RejectReason, accept_delivery, parse_subject};
 
 /// How many DM or anycast copies are pulled ahead of the application.
 const PULL_BATCH: usize = 64;
@@ -397,6 +397,31 @@ impl Sink {
     ) -> bool {
         self.channel_delivery(subject, payload, false, Ack::Backstop(token))
             .await
+    }
+
+    /// An offered durable entry (subject, `id`, no content): when this member surfaced the
+    /// message already (or it is its own), the token is settled as a duplicate copy's would be
+    /// and `None` returned; otherwise the token comes back, for its content to be asked for.
+    pub(crate) fn offered(
+        &self,
+        subject: &str,
+        id: &str,
+        token: BackstopToken,
+    ) -> Option<BackstopToken> {
+        let Ok(parsed) = parse_subject(subject) else {
+            // The reader validated it; the copy asked for is checked in full.
+            return Some(token);
+        };
+        if parsed.sender == self.own_id {
+            token.ack();
+            return None;
+        }
+        let key = format!("{} {id}", parsed.sender);
+        if !self.seen.lock().is_ok_and(|s| s.ids.contains(&key)) {
+            return Some(token);
+        }
+        self.durable_duplicate(&key, token);
+        None
     }
 
     /// A channel copy: validated, own echo dropped, deduplicated by (sender, `id`): every copy

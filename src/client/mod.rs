@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
 
 use crate::binding::{MANAGER_SERVICE, SpaceNames};
 use crate::ops;
@@ -433,6 +434,9 @@ pub(crate) struct Inner {
     pub(crate) pair_wait: Duration,
     /// Whether this client heartbeats presence (and so owes a final `offline`).
     pub(crate) announced: bool,
+    /// The durable acks' batcher and what tells it to send its last ones, confirmed, before
+    /// the connection closes (`client::backstop`).
+    pub(crate) ack_batcher: Mutex<Option<(CancellationToken, tokio::task::JoinHandle<()>)>>,
 }
 
 /// A connected endpoint.
@@ -692,6 +696,23 @@ impl Client {
                 unsettled,
                 "durable copies of surfaced messages not seen before stopping"
             );
+        }
+        // The acks of what was handled reach the reader before the session ends, so that the
+        // next session of this identity does not get it again.
+        let batcher = self
+            .inner
+            .ack_batcher
+            .lock()
+            .ok()
+            .and_then(|mut b| b.take());
+        if let Some((stop, task)) = batcher {
+            stop.cancel();
+            if tokio::time::timeout(self.inner.request_timeout, task)
+                .await
+                .is_err()
+            {
+                tracing::debug!("the last durable acks were not confirmed before stopping");
+            }
         }
         let tasks = self
             .inner

@@ -25,6 +25,7 @@
 //! | `memberships` | — | | agents | `[Membership]` |
 //! | `resume` | [`Resume`] | | agents | [`Resumed`] |
 //! | `backstop-ack` | [`BackstopAck`] | | agents | none (acks are published without a reply) |
+//! | `backstop-want` | [`BackstopWant`] | | agents | none (the copies come on the backstop inbox) |
 //! | `replay-mark` | [`ReplayMark`] | | agents | none (published without a reply) |
 //! | `replay-marks` | — | | agents | channel → stream sequence |
 //!
@@ -34,7 +35,9 @@
 //! **Durable copies** (§8 trusted reader) reach a member on `_INBOX_<id>.backstop`
 //! ([`crate::binding::backstop_inbox`]) in batches ([`CopyBatch`]): each copy with the original chat subject,
 //! the token to acknowledge and the original payload unchanged; the member acks each token
-//! with `backstop-ack` once it has handled the message.
+//! with `backstop-ack` once it has handled the message. A member that follows its channel is
+//! offered entries without their content ([`OfferBatch`]): it acks the token of what it
+//! surfaced already and asks for the rest with `backstop-want`.
 
 pub mod status;
 
@@ -93,6 +96,8 @@ pub enum Request {
     Resume(Resume),
     /// Acknowledge durable copies the caller has handled.
     BackstopAck(BackstopAck),
+    /// Ask for the content of offered entries the caller has not surfaced.
+    BackstopWant(BackstopWant),
     /// Record how far the caller has read live channels it replays.
     ReplayMark(ReplayMark),
     /// How far the caller has read each live channel it replays.
@@ -116,6 +121,7 @@ impl Request {
         "memberships",
         "resume",
         "backstop-ack",
+        "backstop-want",
         "replay-mark",
         "replay-marks",
     ];
@@ -137,6 +143,7 @@ impl Request {
             Request::Memberships => "memberships",
             Request::Resume(_) => "resume",
             Request::BackstopAck(_) => "backstop-ack",
+            Request::BackstopWant(_) => "backstop-want",
             Request::ReplayMark(_) => "replay-mark",
             Request::ReplayMarks => "replay-marks",
         }
@@ -158,6 +165,7 @@ impl Request {
             | Request::Memberships
             | Request::Resume(_)
             | Request::BackstopAck(_)
+            | Request::BackstopWant(_)
             | Request::ReplayMark(_)
             | Request::ReplayMarks => transport == Transport::Control,
         }
@@ -568,6 +576,11 @@ pub struct Resume {
     /// Names this delivery session; a new `resume` replaces the previous session, whose
     /// unacknowledged copies are delivered again.
     pub session: String,
+    /// Whether the caller takes offers ([`OfferBatch`]) once it follows a channel: it
+    /// confirms what it surfaced live and asks for the rest (`backstop-want`). Without it,
+    /// every durable copy carries its content.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub offers: bool,
 }
 
 /// `resume`'s reply.
@@ -584,6 +597,14 @@ pub struct Resumed {
 #[serde(deny_unknown_fields)]
 pub struct BackstopAck {
     /// The token of each handled copy ([`Copy::token`]).
+    pub tokens: Vec<String>,
+}
+
+/// `backstop-want`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackstopWant {
+    /// The token of each offered entry the caller has not surfaced ([`Offer::token`]).
     pub tokens: Vec<String>,
 }
 
@@ -693,6 +714,80 @@ pub fn copies(body: &[u8]) -> Result<Vec<Copy<'_>>, CopyBatchError> {
         rest = &rest[end + 1 + len..];
     }
     Ok(out)
+}
+
+/// Header of a message on the backstop inbox whose body is an [`OfferBatch`], not a
+/// [`CopyBatch`].
+pub const BATCH_KIND: &str = "Cotal-Batch";
+/// [`BATCH_KIND`]'s value for offers.
+pub const OFFERS: &str = "offers";
+
+/// Entries offered to a member that follows its channel, without their content: each framed
+/// as `<subject> <token> <id>\n`, the chat subject (which names the sender, §3), the token the
+/// member acknowledges (`backstop-ack`, as for a copy) or asks the content of
+/// (`backstop-want`), and the message's `id`, validated by the trusted reader. (sender, `id`)
+/// is what the member deduplicates by, so it knows without the content whether it surfaced the
+/// message already.
+#[derive(Debug, Default)]
+pub struct OfferBatch {
+    body: Vec<u8>,
+}
+
+impl OfferBatch {
+    /// Adds one offer; false (nothing added) when the id holds a space or a line end, which
+    /// the framing cannot carry: such an entry is handed over as a copy instead.
+    pub fn push(&mut self, subject: &str, token: &str, id: &str) -> bool {
+        if id.is_empty() || id.contains([' ', '\n', '\r']) {
+            return false;
+        }
+        for part in [subject, " ", token, " ", id, "\n"] {
+            self.body.extend_from_slice(part.as_bytes());
+        }
+        true
+    }
+
+    /// The batch's size in bytes.
+    pub fn len(&self) -> usize {
+        self.body.len()
+    }
+
+    /// Whether it holds no offer.
+    pub fn is_empty(&self) -> bool {
+        self.body.is_empty()
+    }
+
+    /// The message body.
+    pub fn into_body(self) -> Vec<u8> {
+        self.body
+    }
+}
+
+/// One offer of an [`OfferBatch`], borrowed from the received body.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Offer<'a> {
+    /// The chat subject it was published on.
+    pub subject: &'a str,
+    /// What `backstop-ack` acknowledges and `backstop-want` asks for.
+    pub token: &'a str,
+    /// The message's `id`.
+    pub id: &'a str,
+}
+
+/// The offers of a batch body, in order.
+pub fn offers(body: &[u8]) -> Result<Vec<Offer<'_>>, CopyBatchError> {
+    let text =
+        std::str::from_utf8(body).map_err(|_| CopyBatchError("offers that are not UTF-8"))?;
+    text.lines()
+        .map(|line| {
+            let mut fields = line.split(' ');
+            match (fields.next(), fields.next(), fields.next(), fields.next()) {
+                (Some(subject), Some(token), Some(id), None) if !id.is_empty() => {
+                    Ok(Offer { subject, token, id })
+                }
+                _ => Err(CopyBatchError("an offer without subject, token and id")),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -828,6 +923,39 @@ mod tests {
             b"a b c d\n",
         ] {
             assert!(copies(body).is_err(), "{body:?}");
+        }
+    }
+
+    #[test]
+    fn offers_round_trip_and_an_id_the_framing_cannot_carry_is_refused() {
+        let mut batch = OfferBatch::default();
+        assert!(batch.push("cotal.main.chat.UA.general", "f7", "m-1"));
+        assert!(batch.push("cotal.main.chat.UB.general", "f9", "m-2"));
+        for id in ["", "a b", "a\nb"] {
+            assert!(
+                !batch.push("cotal.main.chat.UA.general", "f10", id),
+                "{id:?}"
+            );
+        }
+        let body = batch.into_body();
+        assert_eq!(
+            offers(&body).unwrap(),
+            [
+                Offer {
+                    subject: "cotal.main.chat.UA.general",
+                    token: "f7",
+                    id: "m-1"
+                },
+                Offer {
+                    subject: "cotal.main.chat.UB.general",
+                    token: "f9",
+                    id: "m-2"
+                }
+            ]
+        );
+        assert_eq!(offers(b"").unwrap(), []);
+        for body in [&b"a b\n"[..], b"a b c d\n", b"a b \n", b"\xff"] {
+            assert!(offers(body).is_err(), "{body:?}");
         }
     }
 }

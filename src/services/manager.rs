@@ -167,7 +167,9 @@ impl Manager {
             Request::DurableLeave(req) => json(&self.durable_leave(&caller, req).await?),
             Request::Memberships => json(&self.memberships(&caller.id)),
             Request::Resume(req) => {
-                self.backstop.resume(&caller.id, &req.session).await?;
+                self.backstop
+                    .resume(&caller.id, &req.session, req.offers)
+                    .await?;
                 json(&Resumed {
                     session: req.session,
                     memberships: self.memberships(&caller.id),
@@ -175,6 +177,10 @@ impl Manager {
             }
             Request::BackstopAck(req) => {
                 self.backstop.ack(&caller.id, &req.tokens).await;
+                serde_json::Value::Null
+            }
+            Request::BackstopWant(req) => {
+                self.backstop.want(&caller.id, &req.tokens).await;
                 serde_json::Value::Null
             }
             Request::ReplayMark(req) => {

@@ -988,3 +988,56 @@ async fn a_returning_member_does_not_replay_the_history_it_read() {
     }
     c.stop().await;
 }
+
+/// An online member that surfaces nothing live (it holds the durable membership, not the live
+/// half) follows its channel once its consumer caught up: the entries offered to it are ones it
+/// has not surfaced, so it asks for each, and each arrives as a copy, once, in order, well
+/// before an unconfirmed offer would be handed over again. Its position is saved when its
+/// session ends: the next session gets nothing of it again.
+#[tokio::test]
+async fn a_follower_asks_for_what_it_did_not_surface_live_and_gets_each_once() {
+    // Shorter than the handoff timeout (30 s), after which an offer is handed over as a copy
+    // even if nothing asked for it.
+    const WANTED_WITHIN: Duration = Duration::from_secs(10);
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    join_durable_and_leave_the_room(&bob, "general").await;
+    let mut b = endpoint(&bob, |_| {}).await;
+    publish(&a, "general", "first", 0..1).await;
+    assert_eq!(receive(&mut b, 1).await, ["first0"]);
+
+    // Caught up and acknowledged: the interval leaves its consumer for the channel's feed.
+    let js = operator(&c, tmp.path()).await;
+    let stream = js.get_stream("CHAT_main").await.unwrap();
+    let consumer = interval_consumer(&bob.id, "general", 1);
+    eventually("bob follows the feed", || {
+        let (stream, consumer) = (&stream, &consumer);
+        async move { stream.consumer_info(consumer).await.is_err().then_some(()) }
+    })
+    .await;
+
+    let sent = publish(&a, "general", "followed", 0..20).await;
+    let mut got = Vec::new();
+    while got.len() < sent.len() {
+        let d = tokio::time::timeout(WANTED_WITHIN, b.deliveries.next())
+            .await
+            .expect("a wanted copy before the handoff timeout")
+            .expect("deliveries open");
+        assert!(d.durable && d.needs_ack(), "a durable copy: {d:?}");
+        got.push(text(&d));
+        d.ack().await.unwrap();
+    }
+    assert_eq!(got, sent, "each once, in order");
+    b.client.close().await;
+
+    let mut again = endpoint(&bob, |_| {}).await;
+    publish(&a, "general", "after", 0..1).await;
+    assert_eq!(receive(&mut again, 1).await, ["after0"], "nothing again");
+    for conn in [a, again] {
+        conn.client.close().await;
+    }
+    c.stop().await;
+}

@@ -35,9 +35,14 @@
 //! **Only for members that are there.** Nothing is pulled for a member without a session: a
 //! session starts with the member's `resume` and ends when its heartbeats stop.
 //!
-//! **Batched for members that are following.** A pump that has caught up waits `LINGER`
+//! **One read for the members that follow.** A pump that has caught up waits `LINGER`
 //! before it reads on, so a member online on a busy channel gets its durable copies (the net
-//! under the live copies it already surfaced) a batch at a time, not one per message.
+//! under the live copies it already surfaced) a batch at a time. A member that takes offers
+//! (`resume` with `offers`) then leaves its consumer and follows the channel's feed
+//! ([`follow`]): one read of the channel for every such member, with offers in place of
+//! copies, so what an online member costs does not grow with every message.
+
+mod follow;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -47,9 +52,11 @@ use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use self::follow::{Demoted, Feeds, Stopped};
 use super::presence::PresenceView;
 use super::{Context, Health, Service, ServiceError};
 use crate::binding::backstop_inbox;
@@ -152,6 +159,8 @@ struct Held {
 /// One member's delivery session.
 struct Session {
     name: String,
+    /// Whether the member takes offers, so that it may follow its channels' feeds.
+    offers: bool,
     token: CancellationToken,
     started: Instant,
     held: Arc<Mutex<HashMap<String, Held>>>,
@@ -175,6 +184,10 @@ pub struct Backstop {
     sessions: tokio::sync::Mutex<HashMap<String, Arc<Session>>>,
     /// Set while running: the token sessions hang under, the tracker their pumps run on.
     running: Mutex<Option<(CancellationToken, TaskTracker)>>,
+    /// The channels' feeds, for members that follow.
+    feeds: Arc<Feeds>,
+    /// Followers that went back to their consumers (taken by `run`).
+    demoted: Mutex<Option<mpsc::UnboundedReceiver<Demoted>>>,
 }
 
 impl Backstop {
@@ -185,6 +198,8 @@ impl Backstop {
         members: Arc<Members>,
         presence: Arc<PresenceView>,
     ) -> Self {
+        let (demote, demoted) = mpsc::unbounded_channel();
+        let feeds = Feeds::new(space.clone(), identities.clone(), members.clone(), demote);
         Backstop {
             space,
             identities,
@@ -192,6 +207,8 @@ impl Backstop {
             presence,
             sessions: Default::default(),
             running: Mutex::new(None),
+            feeds: Arc::new(feeds),
+            demoted: Mutex::new(Some(demoted)),
         }
     }
 
@@ -265,6 +282,7 @@ impl Backstop {
     /// Deletes one interval's consumer (its backlog was delivered, or the identity is gone).
     pub async fn delete_interval(&self, member: &str, channel: &str, generation: u64) {
         let name = interval_consumer(member, channel, generation);
+        self.feeds.unfollow(member, channel);
         self.stop_pump(member, &name).await;
         if let Some(stream) = self.chat().await {
             let _ = stream.delete_consumer(&name).await;
@@ -276,6 +294,12 @@ impl Backstop {
     /// so anything pending is newer, and the interval is kept to be safe).
     pub async fn drained_at_leave(&self, member: &str, channel: &str, interval: &Interval) -> bool {
         let name = interval_consumer(member, channel, interval.generation);
+        // A follower's interval goes back to its consumer, which keeps the leave boundary.
+        if let Some(stopped) = self.feeds.unfollow(member, channel) {
+            self.save(member, &stopped).await;
+            self.restart_pump(member, None, channel, stopped.generation)
+                .await;
+        }
         let Some(stream) = self.chat().await else {
             return false;
         };
@@ -287,7 +311,12 @@ impl Backstop {
 
     /// `resume`: starts a new delivery session for `member` named `session`, ending the
     /// previous one (whose unacknowledged copies are delivered again).
-    pub async fn resume(&self, member: &str, session: &str) -> Result<(), BackstopError> {
+    pub async fn resume(
+        &self,
+        member: &str,
+        session: &str,
+        offers: bool,
+    ) -> Result<(), BackstopError> {
         let (root, tracker) = self
             .running
             .lock()
@@ -297,6 +326,7 @@ impl Backstop {
         self.ensure_mentions(member).await?;
         let fresh = Arc::new(Session {
             name: session.to_owned(),
+            offers,
             token: root.child_token(),
             started: Instant::now(),
             held: Arc::default(),
@@ -310,7 +340,7 @@ impl Backstop {
         if let Some(old) = old {
             self.end_session(member, &old).await;
         }
-        self.start_pumps(member, &fresh, &tracker).await;
+        self.start_pumps(member, &fresh).await;
         // Held copies get their `ack_wait` extended while the session lasts.
         let held = fresh.held.clone();
         let token = fresh.token.clone();
@@ -359,7 +389,10 @@ impl Backstop {
     }
 
     /// Starts a pump for every consumer of `member` that has none in `session`.
-    async fn start_pumps(&self, member: &str, session: &Arc<Session>, tracker: &TaskTracker) {
+    async fn start_pumps(&self, member: &str, session: &Arc<Session>) {
+        let Some(run) = self.running.lock().ok().and_then(|r| r.clone()) else {
+            return;
+        };
         let mut wanted = vec![(mention_consumer(member), Source::Mention)];
         for record in self.members.of(member) {
             for interval in &record.intervals {
@@ -414,8 +447,11 @@ impl Backstop {
                 max_payload: self.space.nats().server_info().max_payload,
                 held: session.held.clone(),
                 inbox: backstop_inbox(member),
+                session: session.offers.then(|| session.name.clone()),
+                feeds: self.feeds.clone(),
+                run: run.clone(),
             };
-            tracker.spawn(async move { pump.run(token).await });
+            run.1.spawn(async move { pump.run(token).await });
         }
     }
 
@@ -431,19 +467,71 @@ impl Backstop {
     /// The member's memberships changed: pump the consumers of new intervals.
     pub async fn memberships_changed(&self, member: &str) {
         let session = self.sessions.lock().await.get(member).cloned();
-        let tracker = self
-            .running
-            .lock()
-            .ok()
-            .and_then(|r| r.clone())
-            .map(|(_, t)| t);
-        if let (Some(session), Some(tracker)) = (session, tracker) {
-            self.start_pumps(member, &session, &tracker).await;
+        if let Some(session) = session {
+            self.start_pumps(member, &session).await;
+        }
+    }
+
+    /// Makes the consumer of one of `member`'s intervals again, from its saved position, and
+    /// pumps it (a follower that stopped following while its session goes on). With
+    /// `session`, only if that session is still the member's.
+    async fn restart_pump(
+        &self,
+        member: &str,
+        session: Option<&str>,
+        channel: &str,
+        generation: u64,
+    ) {
+        let Some(current) = self.sessions.lock().await.get(member).cloned() else {
+            return;
+        };
+        if session.is_some_and(|s| s != current.name) || current.token.is_cancelled() {
+            return;
+        }
+        let consumer = interval_consumer(member, channel, generation);
+        if let Ok(mut pumps) = current.pumps.lock()
+            && let Some(pump) = pumps.remove(&consumer)
+        {
+            pump.token.cancel();
+        }
+        self.start_pumps(member, &current).await;
+    }
+
+    /// Saves where a follower stood.
+    async fn save(&self, member: &str, stopped: &Stopped) {
+        self.feeds
+            .save(
+                member,
+                &stopped.channel,
+                stopped.generation,
+                stopped.position,
+            )
+            .await;
+    }
+
+    /// `backstop-want`: the member asks for the content of offers it has not surfaced.
+    pub async fn want(&self, member: &str, tokens: &[String]) {
+        let seqs: Vec<u64> = tokens
+            .iter()
+            .filter_map(|t| t.strip_prefix('f')?.parse().ok())
+            .collect();
+        for (inbox, body) in self.feeds.want(member, &seqs) {
+            if let Err(e) = self.space.nats().publish(inbox, body.into()).await {
+                // Handed over again after the handoff timeout.
+                tracing::debug!(member, error = %e, "wanted copies not sent");
+            }
         }
     }
 
     /// `backstop-ack`: the member handled these copies; their stored entries are acknowledged.
     pub async fn ack(&self, member: &str, tokens: &[String]) {
+        let offered: Vec<u64> = tokens
+            .iter()
+            .filter_map(|t| t.strip_prefix('f')?.parse().ok())
+            .collect();
+        if !offered.is_empty() {
+            self.feeds.confirm(member, &offered);
+        }
         let Some(session) = self.sessions.lock().await.get(member).cloned() else {
             return;
         };
@@ -465,6 +553,7 @@ impl Backstop {
         if let Some(session) = self.sessions.lock().await.remove(member) {
             self.end_session(member, &session).await;
         }
+        self.feeds.unfollow_all(member);
         for record in self.members.of(member) {
             for interval in &record.intervals {
                 self.delete_interval(member, &record.channel, interval.generation)
@@ -493,6 +582,9 @@ impl Backstop {
     /// nothing).
     async fn end_session(&self, member: &str, session: &Session) {
         session.token.cancel();
+        for stopped in self.feeds.unfollow_all(member) {
+            self.save(member, &stopped).await;
+        }
         let held: Vec<Held> = session
             .held
             .lock()
@@ -600,11 +692,18 @@ impl Service for Backstop {
         }
         ctx.report(Health::Running);
         let mut sweep = tokio::time::interval(SWEEP_EVERY);
+        let mut demoted = self.demoted.lock().ok().and_then(|mut d| d.take());
         loop {
             tokio::select! {
                 () = ctx.cancelled() => break,
                 _ = sweep.tick() => self.sweep().await,
+                Some(d) = async { demoted.as_mut()?.recv().await } => {
+                    self.restart_pump(&d.member, Some(&d.session), &d.channel, d.generation).await;
+                }
             }
+        }
+        if let Ok(mut slot) = self.demoted.lock() {
+            *slot = demoted;
         }
         if let Ok(mut running) = self.running.lock() {
             *running = None;
@@ -631,6 +730,12 @@ struct Pump {
     max_payload: usize,
     held: Arc<Mutex<HashMap<String, Held>>>,
     inbox: String,
+    /// The session's name when the member takes offers: the pump may then hand its interval
+    /// over to the channel's feed once it has caught up.
+    session: Option<String>,
+    feeds: Arc<Feeds>,
+    /// The reader's token and tracker, for a feed the pump starts.
+    run: (CancellationToken, TaskTracker),
 }
 
 /// The member's identity and parsed read ACL, re-read whenever the identities changed.
@@ -641,6 +746,15 @@ struct Acl {
 }
 
 impl Acl {
+    /// Not read yet: the first [`Acl::refresh`] reads it.
+    fn unread() -> Self {
+        Acl {
+            version: u64::MAX,
+            record: None,
+            read: Vec::new(),
+        }
+    }
+
     fn refresh(&mut self, identities: &Identities, member: &str) {
         let version = identities.version();
         if self.version != version {
@@ -657,11 +771,7 @@ impl Acl {
 
 impl Pump {
     async fn run(self, token: CancellationToken) {
-        let mut acl = Acl {
-            version: u64::MAX,
-            record: None,
-            read: Vec::new(),
-        };
+        let mut acl = Acl::unread();
         while !token.is_cancelled() {
             let consumer = match self
                 .space
@@ -725,15 +835,79 @@ impl Pump {
                     return;
                 }
                 // Caught up: the member is following live, so its durable copies are a safety
-                // net that can wait to be read in a batch (see LINGER).
+                // net that can wait to be read in a batch (see LINGER), or follow the feed.
                 if caught_up {
                     tokio::select! {
                         () = token.cancelled() => return,
                         () = tokio::time::sleep(LINGER) => {}
                     }
+                    if self.follow(&token).await {
+                        return;
+                    }
                 }
             }
         }
+    }
+
+    /// Hands a caught-up open interval over to its channel's feed when the member takes
+    /// offers and has acknowledged everything its consumer handed over (so that the position
+    /// is exact and nothing is outstanding on two paths): its position saved, its consumer
+    /// deleted. True when it did.
+    async fn follow(&self, token: &CancellationToken) -> bool {
+        let (Some(session), Source::Chat { channel, interval }) = (&self.session, &self.source)
+        else {
+            return false;
+        };
+        // A closed interval is drained by its consumer, which keeps the leave boundary.
+        let open = self
+            .members
+            .get(&self.member, channel)
+            .and_then(|r| {
+                r.intervals
+                    .into_iter()
+                    .find(|i| i.generation == interval.generation)
+            })
+            .filter(|i| i.leave_cursor.is_none());
+        let Some(open) = open else { return false };
+        let Ok(stream) = self.space.jetstream().get_stream(&self.stream).await else {
+            return false;
+        };
+        let Ok(info) = stream.consumer_info(&self.consumer).await else {
+            return false;
+        };
+        if info.num_ack_pending > 0 || info.num_pending > 0 {
+            return false;
+        }
+        let position = info
+            .ack_floor
+            .stream_sequence
+            .max(open.join_cursor)
+            .max(open.delivered);
+        let run = (&self.run.0, &self.run.1);
+        let (member, generation) = (self.member.as_str(), open.generation);
+        if !self.feeds.follow(
+            member,
+            session,
+            channel,
+            generation,
+            position,
+            self.inbox.clone(),
+            run,
+        ) {
+            return false;
+        }
+        self.feeds.save(member, channel, generation, position).await;
+        let _ = stream.delete_consumer(&self.consumer).await;
+        // The session ended meanwhile: its end may have come before this follower did.
+        if token.is_cancelled()
+            && let Some(stopped) = self.feeds.unfollow(member, channel)
+        {
+            self.feeds
+                .save(member, channel, generation, stopped.position)
+                .await;
+        }
+        tracing::debug!(member, channel, position, "following the channel's feed");
+        true
     }
 
     /// Authorizes one entry and adds it to `batch`, or acknowledges it away.

@@ -1,0 +1,733 @@
+//! Members that follow (§8): one read of a durable channel for all of its members that have
+//! caught up, and offers instead of copies.
+//!
+//! A member with a session is online: it surfaces each message of a durable channel from its
+//! live copy, and the durable copy is the net under that. Read through the member's own
+//! consumer, the net cost the broker one delivery per message per online member, and the
+//! appliance a check, a handoff and two acks for each (`docs/benchmarks.md`, *The default
+//! path at team scale*). So once a member's consumer has caught up, the member *follows* the
+//! channel's [`Feed`] instead, and its consumer is deleted:
+//!
+//! - **One read per channel.** The feed reads the channel once, through an ordered consumer,
+//!   for every follower, and validates each entry once (§5 receive checks; an anomaly is due to
+//!   no one).
+//! - **Re-authorized per member, per entry** (§9 item 5), as on the member's own consumer:
+//!   against its *current* identity record and read ACL, and its membership interval (a
+//!   post-leave entry is not due); and again before any content leaves for it.
+//! - **Offers, not copies.** A follower is offered the entries due to it as subject, token and
+//!   message `id` ([`OfferBatch`]), a batch every [`super::LINGER`]. It acknowledges the token
+//!   of what it surfaced already (as it acks a duplicate copy: once the application handled
+//!   it) and asks for the content of the rest (`backstop-want`), which is handed over as a copy
+//!   with the same token. Nothing is confirmed for it that it did not confirm.
+//! - **Positions, not acks.** A follower's position is the highest sequence such that every
+//!   entry up to it was confirmed by the member or was not due. It is saved in the members
+//!   registry (`delivered`) every [`CHECKPOINT_EVERY`] and when the follower stops following;
+//!   its consumer is made again from there: when its session ends and it comes back, when it
+//!   leaves the channel, or when it falls behind (more than [`MAX_OUTSTANDING`] offers
+//!   unconfirmed, or the feed would have to hold more than [`MAX_BUFFER`] entries for it).
+//!   An unconfirmed offer is handed over again as a copy after [`super::HANDOFF_TIMEOUT`]. A
+//!   crash of the appliance loses at most what was confirmed since the last checkpoint, which
+//!   is delivered again: at-least-once holds.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_nats::HeaderMap;
+use async_nats::jetstream;
+use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::{Acl, BATCH, HANDOFF_TIMEOUT, LINGER, WINDOW};
+use crate::ops::{BATCH_KIND, CopyBatch, OFFERS, OfferBatch};
+use crate::protocol::{Channel, DeliveryKind, accept_delivery, is_covered};
+use crate::space::members::{Interval, Members};
+use crate::space::{Identities, Space};
+
+/// A follower with this many offers unconfirmed goes back to its own consumer (the window its
+/// consumer would have had).
+const MAX_OUTSTANDING: usize = WINDOW as usize;
+/// The most entries a feed holds for its slowest follower before that follower goes back to
+/// its own consumer.
+const MAX_BUFFER: usize = 4 * WINDOW as usize;
+/// How often a follower's position is saved while it moves.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
+
+/// A follower that stopped following while its session goes on: its consumer is to be made
+/// again from its saved position.
+#[derive(Debug)]
+pub(super) struct Demoted {
+    pub member: String,
+    pub session: String,
+    pub channel: String,
+    pub generation: u64,
+}
+
+/// Where a member stood when it stopped following a channel.
+pub(super) struct Stopped {
+    pub channel: String,
+    pub generation: u64,
+    pub position: u64,
+}
+
+/// The feeds of one space, by channel.
+pub(super) struct Feeds {
+    space: Arc<Space>,
+    identities: Arc<Identities>,
+    members: Arc<Members>,
+    feeds: Mutex<HashMap<String, Arc<Feed>>>,
+    demoted: mpsc::UnboundedSender<Demoted>,
+}
+
+/// One channel's feed.
+struct Feed {
+    channel: String,
+    name: Channel,
+    token: CancellationToken,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Entries read and not yet passed by every follower's position, in order.
+    buffer: VecDeque<Entry>,
+    /// Every entry of the channel from this sequence on is in the buffer or still to be read.
+    covered_from: u64,
+    followers: HashMap<String, Follower>,
+    /// Set when the feed stopped: no follower may join it any more.
+    closed: bool,
+}
+
+/// One entry as read, validated once.
+#[derive(Clone)]
+struct Entry {
+    seq: u64,
+    subject: String,
+    payload: Bytes,
+    /// (sender, `id`) when it passed the receive checks of §5 as a channel message; `None`
+    /// makes it due to no one.
+    valid: Option<(String, String)>,
+}
+
+/// One member following the feed.
+struct Follower {
+    session: String,
+    generation: u64,
+    inbox: String,
+    acl: Acl,
+    /// The interval as last read from the registry; `None` once it is gone.
+    interval: Option<Interval>,
+    /// Every entry up to this one was offered or was not due.
+    processed: u64,
+    /// Offered and not confirmed: sequence → when it was last sent.
+    outstanding: BTreeMap<u64, Instant>,
+    /// Due and not offered yet.
+    fresh: Vec<u64>,
+    /// The position last saved in the registry.
+    saved: u64,
+}
+
+impl Follower {
+    /// Every entry up to this sequence is confirmed or was not due.
+    fn position(&self) -> u64 {
+        self.outstanding
+            .keys()
+            .next()
+            .map_or(self.processed, |first| first - 1)
+    }
+
+    /// Re-reads the member's identity and interval.
+    fn refresh(&mut self, identities: &Identities, members: &Members, member: &str, channel: &str) {
+        self.acl.refresh(identities, member);
+        self.interval = members.get(member, channel).and_then(|r| {
+            r.intervals
+                .into_iter()
+                .find(|i| i.generation == self.generation)
+        });
+    }
+
+    /// Whether `entry` is due to `member` now (§9 item 5): a valid message of someone else,
+    /// inside the interval, on a channel the current read ACL covers.
+    fn due(&self, member: &str, channel: &Channel, entry: &Entry) -> bool {
+        let Some((sender, _)) = &entry.valid else {
+            return false;
+        };
+        self.acl.record.is_some()
+            && sender != member
+            && self
+                .interval
+                .as_ref()
+                .is_some_and(|i| i.contains(entry.seq))
+            && is_covered(&self.acl.read, channel)
+    }
+}
+
+/// What a pass over the followers leaves to do once the feed's lock is released.
+#[derive(Default)]
+struct Outbox {
+    /// (inbox, offers or copies, whether they are offers).
+    sends: Vec<(String, Vec<u8>, bool)>,
+    /// (member, generation, position) to save.
+    saves: Vec<(String, u64, u64)>,
+    /// Followers that stop: (member, session, generation, position).
+    demote: Vec<(String, String, u64, u64)>,
+}
+
+impl Feeds {
+    pub(super) fn new(
+        space: Arc<Space>,
+        identities: Arc<Identities>,
+        members: Arc<Members>,
+        demoted: mpsc::UnboundedSender<Demoted>,
+    ) -> Self {
+        Feeds {
+            space,
+            identities,
+            members,
+            feeds: Mutex::default(),
+            demoted,
+        }
+    }
+
+    /// Makes `member` (session `session`) follow `channel` from `position` on (every entry up
+    /// to it handled); false when the channel's feed is already past it (the member stays on
+    /// its own consumer).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn follow(
+        self: &Arc<Self>,
+        member: &str,
+        session: &str,
+        channel: &str,
+        generation: u64,
+        position: u64,
+        inbox: String,
+        run: (&CancellationToken, &TaskTracker),
+    ) -> bool {
+        let (Ok(name), Ok(mut feeds)) = (Channel::new(channel), self.feeds.lock()) else {
+            return false;
+        };
+        let feed = match feeds.get(channel) {
+            Some(feed) if feed.state.lock().is_ok_and(|s| !s.closed) => feed.clone(),
+            _ => {
+                let feed = Arc::new(Feed {
+                    channel: channel.to_owned(),
+                    name: name.clone(),
+                    token: run.0.child_token(),
+                    state: Mutex::new(State {
+                        covered_from: position + 1,
+                        ..State::default()
+                    }),
+                });
+                feeds.insert(channel.to_owned(), feed.clone());
+                let feeds = self.clone();
+                let reader = feed.clone();
+                run.1
+                    .spawn(async move { feeds.read(reader, position + 1).await });
+                feed
+            }
+        };
+        drop(feeds);
+        let Ok(mut state) = feed.state.lock() else {
+            return false;
+        };
+        if position + 1 < state.covered_from {
+            return false;
+        }
+        let mut follower = Follower {
+            session: session.to_owned(),
+            generation,
+            inbox,
+            acl: Acl::unread(),
+            interval: None,
+            processed: position,
+            outstanding: BTreeMap::new(),
+            fresh: Vec::new(),
+            saved: position,
+        };
+        follower.refresh(&self.identities, &self.members, member, channel);
+        let now = Instant::now();
+        for entry in state.buffer.iter().filter(|e| e.seq > position) {
+            consider(&mut follower, member, &name, entry, now);
+        }
+        state.followers.insert(member.to_owned(), follower);
+        true
+    }
+
+    /// Stops `member` following `channel`; where it stood, if it did.
+    pub(super) fn unfollow(&self, member: &str, channel: &str) -> Option<Stopped> {
+        let feed = self.feeds.lock().ok()?.get(channel).cloned()?;
+        let follower = feed.state.lock().ok()?.followers.remove(member)?;
+        Some(Stopped {
+            channel: channel.to_owned(),
+            generation: follower.generation,
+            position: follower.position(),
+        })
+    }
+
+    /// Stops `member` following every channel; where it stood in each.
+    pub(super) fn unfollow_all(&self, member: &str) -> Vec<Stopped> {
+        let channels: Vec<String> = self
+            .feeds
+            .lock()
+            .map(|f| f.keys().cloned().collect())
+            .unwrap_or_default();
+        channels
+            .iter()
+            .filter_map(|c| self.unfollow(member, c))
+            .collect()
+    }
+
+    fn each(&self) -> Vec<Arc<Feed>> {
+        self.feeds
+            .lock()
+            .map(|f| f.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The member confirmed these offers (`backstop-ack` of their tokens).
+    pub(super) fn confirm(&self, member: &str, seqs: &[u64]) {
+        for feed in self.each() {
+            if let Ok(mut state) = feed.state.lock()
+                && let Some(follower) = state.followers.get_mut(member)
+            {
+                for seq in seqs {
+                    follower.outstanding.remove(seq);
+                }
+            }
+        }
+    }
+
+    /// The member asks for the content of these offers: copies of those still due to it, for
+    /// its inbox.
+    pub(super) fn want(&self, member: &str, seqs: &[u64]) -> Vec<(String, Vec<u8>)> {
+        let max_payload = self.space.nats().server_info().max_payload;
+        let mut out = Vec::new();
+        for feed in self.each() {
+            let Ok(mut state) = feed.state.lock() else {
+                continue;
+            };
+            let state = &mut *state;
+            let Some(follower) = state.followers.get_mut(member) else {
+                continue;
+            };
+            follower.refresh(&self.identities, &self.members, member, &feed.channel);
+            let asked = seqs
+                .iter()
+                .copied()
+                .filter(|s| follower.outstanding.contains_key(s));
+            let batches = copies(
+                follower,
+                member,
+                &feed.name,
+                &state.buffer,
+                asked.collect(),
+                max_payload,
+            );
+            out.extend(batches.into_iter().map(|b| (follower.inbox.clone(), b)));
+        }
+        out
+    }
+
+    async fn open(&self, channel: &str, start: u64) -> Result<pull::Ordered, String> {
+        let names = self.space.names();
+        self.space
+            .jetstream()
+            .get_stream(names.chat_stream())
+            .await
+            .map_err(|e| e.to_string())?
+            .create_consumer(pull::OrderedConfig {
+                filter_subject: format!("{}.chat.*.{channel}", names.prefix()),
+                deliver_policy: DeliverPolicy::ByStartSequence {
+                    start_sequence: start,
+                },
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .messages()
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// The feed's task: reads the channel from `start`, offers every [`LINGER`], and stops when
+    /// no one follows any more (or the reader stops).
+    async fn read(self: Arc<Self>, feed: Arc<Feed>, start: u64) {
+        let messages = match self.open(&feed.channel, start).await {
+            Ok(m) => Some(m),
+            Err(error) => {
+                tracing::warn!(
+                    channel = feed.channel,
+                    error,
+                    "feed not opened: its followers go back to their consumers"
+                );
+                None
+            }
+        };
+        if let Some(messages) = messages {
+            let mut ready = messages.ready_chunks(BATCH);
+            let mut tick = tokio::time::interval(LINGER);
+            let mut checkpoint = Instant::now();
+            loop {
+                tokio::select! {
+                    () = feed.token.cancelled() => break,
+                    next = ready.next() => match next {
+                        Some(chunk) => self.take(&feed, chunk),
+                        None => break,
+                    },
+                    _ = tick.tick() => {
+                        let save = checkpoint.elapsed() >= CHECKPOINT_EVERY;
+                        if save {
+                            checkpoint = Instant::now();
+                        }
+                        if !self.flush(&feed, save).await {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+        // Stopped with followers: each goes back to its own consumer from where it stood.
+        let outbox = {
+            let Ok(mut state) = feed.state.lock() else {
+                return;
+            };
+            state.closed = true;
+            let mut outbox = Outbox::default();
+            for (member, f) in state.followers.drain() {
+                let position = f.position();
+                outbox
+                    .demote
+                    .push((member, f.session, f.generation, position));
+            }
+            outbox
+        };
+        self.deliver(&feed, outbox).await;
+    }
+
+    /// Takes a chunk of entries: each validated once, and considered for every follower.
+    fn take(&self, feed: &Feed, chunk: Vec<Result<jetstream::Message, pull::OrderedError>>) {
+        let max_payload = self.space.nats().server_info().max_payload;
+        let Ok(mut state) = feed.state.lock() else {
+            return;
+        };
+        let state = &mut *state;
+        for (member, follower) in state.followers.iter_mut() {
+            follower.refresh(&self.identities, &self.members, member, &feed.channel);
+        }
+        let channel = &feed.name;
+        let now = Instant::now();
+        for msg in chunk {
+            let msg = match msg {
+                Ok(msg) => msg,
+                Err(e) => {
+                    tracing::debug!(channel = feed.channel, error = %e, "feed read error");
+                    continue;
+                }
+            };
+            let Ok(info) = msg.info() else { continue };
+            let seq = info.stream_sequence;
+            let subject = msg.subject.as_str().to_owned();
+            let valid = accept_delivery(&subject, &msg.payload, max_payload)
+                .ok()
+                .filter(|a| a.kind == DeliveryKind::Channel)
+                .map(|a| (a.sender, a.message.id));
+            let entry = Entry {
+                seq,
+                subject,
+                payload: msg.payload.clone(),
+                valid,
+            };
+            for (member, follower) in state.followers.iter_mut() {
+                consider(follower, member, channel, &entry, now);
+            }
+            state.buffer.push_back(entry);
+        }
+    }
+
+    /// Every [`LINGER`]: offers what is fresh, hands over again what waited too long, saves
+    /// positions that moved (when `save`), lets go of entries every follower passed, and
+    /// stops followers that fell behind or left. False when no one follows any more.
+    async fn flush(&self, feed: &Feed, save: bool) -> bool {
+        let max_payload = self.space.nats().server_info().max_payload;
+        let (outbox, alive) = {
+            let Ok(mut state) = feed.state.lock() else {
+                return false;
+            };
+            let state = &mut *state;
+            let channel = &feed.name;
+            let mut outbox = Outbox::default();
+            let mut stopping = Vec::new();
+            for (member, follower) in state.followers.iter_mut() {
+                follower.refresh(&self.identities, &self.members, member, &feed.channel);
+                match &follower.interval {
+                    // Gone (delivered, or the identity forgotten): nothing to save.
+                    None => {
+                        stopping.push((member.clone(), false));
+                        continue;
+                    }
+                    // Left: the leave boundary is kept by its consumer, from where it stood.
+                    Some(i) if i.leave_cursor.is_some() => {
+                        stopping.push((member.clone(), true));
+                        continue;
+                    }
+                    Some(_) => {}
+                }
+                if follower.outstanding.len() > MAX_OUTSTANDING {
+                    stopping.push((member.clone(), true));
+                    continue;
+                }
+                offer(
+                    follower,
+                    member,
+                    channel,
+                    &state.buffer,
+                    max_payload,
+                    &mut outbox,
+                );
+                let position = follower.position();
+                if save && position > follower.saved {
+                    follower.saved = position;
+                    outbox
+                        .saves
+                        .push((member.clone(), follower.generation, position));
+                }
+            }
+            // The slowest followers go back to their consumers rather than the feed holding
+            // without bound what they have not confirmed.
+            let mut behind = Vec::new();
+            loop {
+                let slowest = state
+                    .followers
+                    .iter()
+                    .filter(|(m, _)| !stopping.iter().any(|(s, _)| s == *m))
+                    .map(|(m, f)| (f.position(), m.clone()))
+                    .min();
+                let Some((position, member)) = slowest else {
+                    break;
+                };
+                let held = state.buffer.len() - state.buffer.partition_point(|e| e.seq <= position);
+                if held <= MAX_BUFFER {
+                    break;
+                }
+                behind.push(member.clone());
+                stopping.push((member, true));
+            }
+            for (member, restart) in stopping {
+                if let Some(f) = state.followers.remove(&member) {
+                    let position = f.position();
+                    match restart {
+                        true => outbox
+                            .demote
+                            .push((member, f.session, f.generation, position)),
+                        false => tracing::debug!(
+                            member,
+                            channel = feed.channel,
+                            "follower's interval is gone"
+                        ),
+                    }
+                }
+            }
+            if !behind.is_empty() {
+                tracing::debug!(
+                    channel = feed.channel,
+                    ?behind,
+                    "followers behind go back to their consumers"
+                );
+            }
+            let floor = state
+                .followers
+                .values()
+                .map(Follower::position)
+                .min()
+                .unwrap_or(u64::MAX);
+            while state.buffer.front().is_some_and(|e| e.seq <= floor) {
+                if let Some(e) = state.buffer.pop_front() {
+                    state.covered_from = state.covered_from.max(e.seq + 1);
+                }
+            }
+            let alive = !state.followers.is_empty();
+            if !alive {
+                state.closed = true;
+            }
+            (outbox, alive)
+        };
+        if !alive
+            && let Ok(mut feeds) = self.feeds.lock()
+            && feeds
+                .get(&feed.channel)
+                .is_some_and(|f| std::ptr::eq(Arc::as_ptr(f), feed))
+        {
+            feeds.remove(&feed.channel);
+        }
+        self.deliver(feed, outbox).await;
+        alive
+    }
+
+    /// Sends, saves and demotes what a pass left to do.
+    async fn deliver(&self, feed: &Feed, outbox: Outbox) {
+        for (inbox, body, offers) in outbox.sends {
+            let sent = match offers {
+                true => {
+                    let mut headers = HeaderMap::new();
+                    headers.insert(BATCH_KIND, OFFERS);
+                    self.space
+                        .nats()
+                        .publish_with_headers(inbox, headers, body.into())
+                        .await
+                }
+                false => self.space.nats().publish(inbox, body.into()).await,
+            };
+            if let Err(e) = sent {
+                // Offered again as a copy after the handoff timeout.
+                tracing::debug!(channel = feed.channel, error = %e, "offers not sent");
+            }
+        }
+        for (member, generation, position) in outbox.saves {
+            self.save(&member, &feed.channel, generation, position)
+                .await;
+        }
+        for (member, session, generation, position) in outbox.demote {
+            self.save(&member, &feed.channel, generation, position)
+                .await;
+            let _ = self.demoted.send(Demoted {
+                member,
+                session,
+                channel: feed.channel.clone(),
+                generation,
+            });
+        }
+    }
+
+    /// Saves a follower's position as its interval's `delivered`.
+    pub(super) async fn save(&self, member: &str, channel: &str, generation: u64, position: u64) {
+        let saved = self
+            .members
+            .update(member, channel, |stored| {
+                stored.map(|mut r| {
+                    for i in r
+                        .intervals
+                        .iter_mut()
+                        .filter(|i| i.generation == generation)
+                    {
+                        i.delivered = i.delivered.max(position);
+                    }
+                    r
+                })
+            })
+            .await;
+        if let Err(e) = saved {
+            tracing::warn!(member, channel, error = %e, "backstop position not saved; entries will be handed over again");
+        }
+    }
+}
+
+/// Considers one entry for one follower: due ones wait to be offered.
+fn consider(follower: &mut Follower, member: &str, channel: &Channel, entry: &Entry, now: Instant) {
+    if entry.seq <= follower.processed {
+        return;
+    }
+    follower.processed = entry.seq;
+    if follower.due(member, channel, entry) {
+        follower.fresh.push(entry.seq);
+        follower.outstanding.insert(entry.seq, now);
+    }
+}
+
+/// Fills `outbox` with the follower's fresh offers, and copies of what waited too long.
+fn offer(
+    follower: &mut Follower,
+    member: &str,
+    channel: &Channel,
+    buffer: &VecDeque<Entry>,
+    max_payload: usize,
+    outbox: &mut Outbox,
+) {
+    let now = Instant::now();
+    let mut carried = Vec::new();
+    let mut batch = OfferBatch::default();
+    for seq in std::mem::take(&mut follower.fresh) {
+        let Some(entry) = find(buffer, seq) else {
+            continue;
+        };
+        let Some((_, id)) = &entry.valid else {
+            continue;
+        };
+        let token = format!("f{seq}");
+        if batch.len() + entry.subject.len() + token.len() + id.len() + 3 > max_payload {
+            outbox.sends.push((
+                follower.inbox.clone(),
+                std::mem::take(&mut batch).into_body(),
+                true,
+            ));
+        }
+        if !batch.push(&entry.subject, &token, id) {
+            carried.push(seq);
+        }
+    }
+    if !batch.is_empty() {
+        outbox
+            .sends
+            .push((follower.inbox.clone(), batch.into_body(), true));
+    }
+    carried.extend(
+        follower
+            .outstanding
+            .iter()
+            .filter(|(_, sent)| now.duration_since(**sent) >= HANDOFF_TIMEOUT)
+            .map(|(seq, _)| *seq),
+    );
+    let inbox = follower.inbox.clone();
+    for body in copies(follower, member, channel, buffer, carried, max_payload) {
+        outbox.sends.push((inbox.clone(), body, false));
+    }
+}
+
+/// Copies of the entries `seqs` still due to the follower, in batches that fit the broker's
+/// payload; each is sent again only after [`HANDOFF_TIMEOUT`]. One no longer due is confirmed
+/// for it (as its consumer acknowledged an entry away).
+fn copies(
+    follower: &mut Follower,
+    member: &str,
+    channel: &Channel,
+    buffer: &VecDeque<Entry>,
+    seqs: Vec<u64>,
+    max_payload: usize,
+) -> Vec<Vec<u8>> {
+    let now = Instant::now();
+    let mut out = Vec::new();
+    let mut batch = CopyBatch::default();
+    for seq in seqs {
+        let entry = find(buffer, seq);
+        let Some(entry) = entry.filter(|e| follower.due(member, channel, e)) else {
+            follower.outstanding.remove(&seq);
+            continue;
+        };
+        let token = format!("f{seq}");
+        let framed = CopyBatch::framed_len(&entry.subject, &token, &entry.payload);
+        if framed > max_payload {
+            follower.outstanding.remove(&seq);
+            continue;
+        }
+        if !batch.is_empty() && batch.len() + framed > max_payload {
+            out.push(std::mem::take(&mut batch).into_body());
+        }
+        batch.push(&entry.subject, &token, &entry.payload);
+        follower.outstanding.insert(seq, now);
+    }
+    if !batch.is_empty() {
+        out.push(batch.into_body());
+    }
+    out
+}
+
+/// The buffered entry of sequence `seq`.
+fn find(buffer: &VecDeque<Entry>, seq: u64) -> Option<&Entry> {
+    buffer
+        .binary_search_by_key(&seq, |e| e.seq)
+        .ok()
+        .and_then(|i| buffer.get(i))
+}
