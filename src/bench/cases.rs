@@ -1141,11 +1141,25 @@ async fn backstop_pending(raw: &async_nats::Client) -> anyhow::Result<u64> {
         .sum())
 }
 
+/// Waits until every durable copy or offer of what `clients` surfaced is acknowledged.
+async fn acknowledged(bench: &Bench, clients: &[crate::client::Client]) -> anyhow::Result<()> {
+    // A member that follows the feed: every message it handled live has had its offer,
+    // acknowledged.
+    for client in clients {
+        while client.inner.out.settle(Duration::from_secs(1)).await > 0 {}
+    }
+    // A member on its own consumer: nothing pending or unacknowledged.
+    while backstop_pending(&bench.raw).await? > 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
 /// N members online on a durable channel against the same N on a live one, for N in
 /// [`FAN_MEMBERS`]: one sender posts [`Sizes::samples`]/10 messages one at a time (as agents
 /// talk); the time until every member surfaced every message (on the durable side also until
-/// every durable copy is acknowledged), as msg/s, and the appliance's CPU per message per
-/// online member on each side.
+/// every durable copy or offer is acknowledged), as msg/s, and the appliance's CPU per message
+/// per online member on each side.
 async fn durable_fanout(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
     let n = (sizes.samples / 10).max(20);
     set_class(bench, CH_FAN_LIVE, "live").await?;
@@ -1164,10 +1178,12 @@ async fn durable_fanout(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseR
     let surfaced = Arc::new(Surfaced::default());
     let stop = CancellationToken::new();
     let mut tasks = Vec::new();
+    let mut clients = Vec::new();
     let mut results = Vec::new();
     for online in FAN_MEMBERS {
         while tasks.len() < online {
             let conn = fan_member_joined(bench, tasks.len()).await?;
+            clients.push(conn.client.clone());
             tasks.push(tokio::spawn(fan_member(
                 conn,
                 surfaced.clone(),
@@ -1176,7 +1192,7 @@ async fn durable_fanout(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseR
         }
         let cpu_us = std::sync::Mutex::new([Vec::new(), Vec::new()]);
         let fan = |ch: &'static str, warm: bool| {
-            let (sender, surfaced, cpu_us) = (&sender, &surfaced, &cpu_us);
+            let (sender, surfaced, cpu_us, clients) = (&sender, &surfaced, &cpu_us, &clients);
             async move {
                 let n = if warm { n / 4 } else { n };
                 let route = Routing::channel(&channel(ch)?);
@@ -1190,12 +1206,10 @@ async fn durable_fanout(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseR
                 bounded("every member to surface", surfaced.reach(ch, target)).await?;
                 let took = start.elapsed();
                 if ch == CH_FAN_DURABLE {
-                    bounded("every durable copy acknowledged", async {
-                        while backstop_pending(&bench.raw).await? > 0 {
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                        }
-                        anyhow::Ok(())
-                    })
+                    bounded(
+                        "every durable copy acknowledged",
+                        acknowledged(bench, clients),
+                    )
                     .await??;
                 }
                 let cpu = (proc_usage(appliance).0 - before) / clock_ticks();

@@ -102,6 +102,42 @@ struct State {
     closed: bool,
 }
 
+impl State {
+    /// The slowest followers, beside those already `stopping`, for which the feed would hold
+    /// more than [`MAX_BUFFER`] entries: they go back to their consumers rather than the feed
+    /// holding without bound what they have not confirmed.
+    fn behind(&self, stopping: &[(String, bool)]) -> Vec<String> {
+        let mut positions: Vec<(u64, &String)> = self
+            .followers
+            .iter()
+            .filter(|(m, _)| !stopping.iter().any(|(s, _)| s == *m))
+            .map(|(m, f)| (f.position(), m))
+            .collect();
+        positions.sort();
+        positions
+            .into_iter()
+            .take_while(|(position, _)| {
+                self.buffer.len() - self.buffer.partition_point(|e| e.seq <= *position) > MAX_BUFFER
+            })
+            .map(|(_, m)| m.clone())
+            .collect()
+    }
+
+    /// Lets go of the entries every follower passed.
+    fn trim(&mut self) {
+        let floor = self
+            .followers
+            .values()
+            .map(Follower::position)
+            .min()
+            .unwrap_or(u64::MAX);
+        let passed = self.buffer.partition_point(|e| e.seq <= floor);
+        if let Some(last) = self.buffer.drain(..passed).last() {
+            self.covered_from = self.covered_from.max(last.seq + 1);
+        }
+    }
+}
+
 /// One entry as read, validated once.
 #[derive(Clone)]
 struct Entry {
@@ -210,12 +246,16 @@ impl Feeds {
         let (Ok(name), Ok(mut feeds)) = (Channel::new(channel), self.feeds.lock()) else {
             return false;
         };
-        let feed = match feeds.get(channel) {
-            Some(feed) if feed.state.lock().is_ok_and(|s| !s.closed) => feed.clone(),
-            _ => {
+        let open = feeds
+            .get(channel)
+            .filter(|f| f.state.lock().is_ok_and(|s| !s.closed))
+            .cloned();
+        let (feed, created) = match open {
+            Some(feed) => (feed, false),
+            None => {
                 let feed = Arc::new(Feed {
                     channel: channel.to_owned(),
-                    name: name.clone(),
+                    name,
                     token: run.0.child_token(),
                     state: Mutex::new(State {
                         covered_from: position + 1,
@@ -223,18 +263,15 @@ impl Feeds {
                     }),
                 });
                 feeds.insert(channel.to_owned(), feed.clone());
-                let feeds = self.clone();
-                let reader = feed.clone();
-                run.1
-                    .spawn(async move { feeds.read(reader, position + 1).await });
-                feed
+                (feed, true)
             }
         };
-        drop(feeds);
+        // The follower is in before the feed's task runs, and a feed that closed meanwhile is
+        // not joined (it is closed under the same lock).
         let Ok(mut state) = feed.state.lock() else {
             return false;
         };
-        if position + 1 < state.covered_from {
+        if state.closed || position + 1 < state.covered_from {
             return false;
         }
         let mut follower = Follower {
@@ -251,9 +288,16 @@ impl Feeds {
         follower.refresh(&self.identities, &self.members, member, channel);
         let now = Instant::now();
         for entry in state.buffer.iter().filter(|e| e.seq > position) {
-            consider(&mut follower, member, &name, entry, now);
+            consider(&mut follower, member, &feed.name, entry, now);
         }
         state.followers.insert(member.to_owned(), follower);
+        drop(state);
+        drop(feeds);
+        if created {
+            let feeds = self.clone();
+            run.1
+                .spawn(async move { feeds.read(feed, position + 1).await });
+        }
         true
     }
 
@@ -369,7 +413,7 @@ impl Feeds {
         };
         if let Some(messages) = messages {
             let mut ready = messages.ready_chunks(BATCH);
-            let mut tick = tokio::time::interval(LINGER);
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + LINGER, LINGER);
             let mut checkpoint = Instant::now();
             loop {
                 tokio::select! {
@@ -496,26 +540,15 @@ impl Feeds {
                         .push((member.clone(), follower.generation, position));
                 }
             }
-            // The slowest followers go back to their consumers rather than the feed holding
-            // without bound what they have not confirmed.
-            let mut behind = Vec::new();
-            loop {
-                let slowest = state
-                    .followers
-                    .iter()
-                    .filter(|(m, _)| !stopping.iter().any(|(s, _)| s == *m))
-                    .map(|(m, f)| (f.position(), m.clone()))
-                    .min();
-                let Some((position, member)) = slowest else {
-                    break;
-                };
-                let held = state.buffer.len() - state.buffer.partition_point(|e| e.seq <= position);
-                if held <= MAX_BUFFER {
-                    break;
-                }
-                behind.push(member.clone());
-                stopping.push((member, true));
+            let behind = state.behind(&stopping);
+            if !behind.is_empty() {
+                tracing::debug!(
+                    channel = feed.channel,
+                    ?behind,
+                    "followers behind go back to their consumers"
+                );
             }
+            stopping.extend(behind.into_iter().map(|m| (m, true)));
             for (member, restart) in stopping {
                 if let Some(f) = state.followers.remove(&member) {
                     let position = f.position();
@@ -531,24 +564,7 @@ impl Feeds {
                     }
                 }
             }
-            if !behind.is_empty() {
-                tracing::debug!(
-                    channel = feed.channel,
-                    ?behind,
-                    "followers behind go back to their consumers"
-                );
-            }
-            let floor = state
-                .followers
-                .values()
-                .map(Follower::position)
-                .min()
-                .unwrap_or(u64::MAX);
-            while state.buffer.front().is_some_and(|e| e.seq <= floor) {
-                if let Some(e) = state.buffer.pop_front() {
-                    state.covered_from = state.covered_from.max(e.seq + 1);
-                }
-            }
+            state.trim();
             let alive = !state.followers.is_empty();
             if !alive {
                 state.closed = true;

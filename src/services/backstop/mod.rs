@@ -39,7 +39,7 @@
 //! before it reads on, so a member online on a busy channel gets its durable copies (the net
 //! under the live copies it already surfaced) a batch at a time. A member that takes offers
 //! (`resume` with `offers`) then leaves its consumer and follows the channel's feed
-//! ([`follow`]): one read of the channel for every such member, with offers in place of
+//! (`follow.rs`): one read of the channel for every such member, with offers in place of
 //! copies, so what an online member costs does not grow with every message.
 
 mod follow;
