@@ -618,7 +618,8 @@ impl Feeds {
         }
     }
 
-    /// Saves a follower's position as its interval's `delivered`.
+    /// Saves a member's position in one interval as its `delivered` (a follower's, or a parked
+    /// consumer's ack floor); a failure only means entries are handed over again.
     pub(super) async fn save(&self, member: &str, channel: &str, generation: u64, position: u64) {
         let saved = self
             .members

@@ -615,24 +615,7 @@ impl Backstop {
             return;
         };
         let floor = info.ack_floor.stream_sequence;
-        let saved = self
-            .members
-            .update(member, channel, |stored| {
-                stored.map(|mut r| {
-                    for i in r
-                        .intervals
-                        .iter_mut()
-                        .filter(|i| i.generation == generation)
-                    {
-                        i.delivered = i.delivered.max(floor);
-                    }
-                    r
-                })
-            })
-            .await;
-        if let Err(e) = saved {
-            tracing::warn!(member, channel, error = %e, "backstop position not saved; entries will be handed over again");
-        }
+        self.feeds.save(member, channel, generation, floor).await;
         let _ = stream.delete_consumer(&name).await;
     }
 
