@@ -8,9 +8,12 @@
 //! path at team scale*). So once a member's consumer has caught up, the member *follows* the
 //! channel's [`Feed`] instead, and its consumer is deleted:
 //!
-//! - **One read per channel.** The feed reads the channel once, through an ordered consumer,
-//!   for every follower, and validates each entry once (§5 receive checks; an anomaly is due to
-//!   no one).
+//! - **One read per channel, headers only.** The feed reads the channel once, through an
+//!   ordered consumer that delivers subject and headers without the payload, for every
+//!   follower: what an offer needs is the sender (from the subject, §3) and the message's
+//!   `Nats-Msg-Id` (which publishers set to its `id`, §8). Content is fetched by sequence only
+//!   for what a member asks for, and validated then (§5 receive checks; an anomaly is handed
+//!   to no one and counts as handled, as on a member's own consumer).
 //! - **Re-authorized per member, per entry** (§9 item 5), as on the member's own consumer:
 //!   against its *current* identity record and read ACL, and its membership interval (a
 //!   post-leave entry is not due); and again before any content leaves for it.
@@ -36,7 +39,6 @@ use std::time::{Duration, Instant};
 use async_nats::HeaderMap;
 use async_nats::jetstream;
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
-use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -44,7 +46,9 @@ use tokio_util::task::TaskTracker;
 
 use super::{Acl, BATCH, HANDOFF_TIMEOUT, LINGER, WINDOW};
 use crate::ops::{BATCH_KIND, CopyBatch, OFFERS, OfferBatch};
-use crate::protocol::{Channel, DeliveryKind, accept_delivery, is_covered};
+use crate::protocol::{
+    Channel, DeliveryKind, SubjectKind, accept_delivery, is_covered, parse_subject,
+};
 use crate::space::members::{Interval, Members};
 use crate::space::{Identities, Space};
 
@@ -132,21 +136,20 @@ impl State {
             .min()
             .unwrap_or(u64::MAX);
         let passed = self.buffer.partition_point(|e| e.seq <= floor);
-        if let Some(last) = self.buffer.drain(..passed).last() {
+        if let Some(last) = self.buffer.drain(..passed).next_back() {
             self.covered_from = self.covered_from.max(last.seq + 1);
         }
     }
 }
 
-/// One entry as read, validated once.
-#[derive(Clone)]
+/// One entry as read: its subject and headers, not its content.
 struct Entry {
     seq: u64,
     subject: String,
-    payload: Bytes,
-    /// (sender, `id`) when it passed the receive checks of §5 as a channel message; `None`
-    /// makes it due to no one.
-    valid: Option<(String, String)>,
+    /// The sender of a chat subject (§3); `None` makes the entry due to no one.
+    sender: Option<String>,
+    /// Its `Nats-Msg-Id`, what it is offered by; without one it is handed over as a copy.
+    id: Option<String>,
 }
 
 /// One member following the feed.
@@ -189,7 +192,7 @@ impl Follower {
     /// Whether `entry` is due to `member` now (§9 item 5): a valid message of someone else,
     /// inside the interval, on a channel the current read ACL covers.
     fn due(&self, member: &str, channel: &Channel, entry: &Entry) -> bool {
-        let Some((sender, _)) = &entry.valid else {
+        let Some(sender) = &entry.sender else {
             return false;
         };
         self.acl.record.is_some()
@@ -202,11 +205,16 @@ impl Follower {
     }
 }
 
+/// Entries to hand over to one member as copies: (member, its inbox, (sequence, subject)s).
+type Carry = (String, String, Vec<(u64, String)>);
+
 /// What a pass over the followers leaves to do once the feed's lock is released.
 #[derive(Default)]
 struct Outbox {
-    /// (inbox, offers or copies, whether they are offers).
-    sends: Vec<(String, Vec<u8>, bool)>,
+    /// (inbox, offers).
+    offers: Vec<(String, Vec<u8>)>,
+    /// Entries to hand over as copies.
+    carry: Vec<Carry>,
     /// (member, generation, position) to save.
     saves: Vec<(String, u64, u64)>,
     /// Followers that stop: (member, session, generation, position).
@@ -345,11 +353,10 @@ impl Feeds {
         }
     }
 
-    /// The member asks for the content of these offers: copies of those still due to it, for
-    /// its inbox.
-    pub(super) fn want(&self, member: &str, seqs: &[u64]) -> Vec<(String, Vec<u8>)> {
-        let max_payload = self.space.nats().server_info().max_payload;
-        let mut out = Vec::new();
+    /// The member asks for the content of these offers: those still due to it are handed over
+    /// as copies.
+    pub(super) async fn want(&self, member: &str, seqs: &[u64]) {
+        let mut carry = Vec::new();
         for feed in self.each() {
             let Ok(mut state) = feed.state.lock() else {
                 continue;
@@ -362,18 +369,73 @@ impl Feeds {
             let asked = seqs
                 .iter()
                 .copied()
-                .filter(|s| follower.outstanding.contains_key(s));
-            let batches = copies(
-                follower,
-                member,
-                &feed.name,
-                &state.buffer,
-                asked.collect(),
-                max_payload,
-            );
-            out.extend(batches.into_iter().map(|b| (follower.inbox.clone(), b)));
+                .filter(|s| follower.outstanding.contains_key(s))
+                .collect();
+            let items = still_due(follower, member, &feed.name, &state.buffer, asked);
+            carry.push((member.to_owned(), follower.inbox.clone(), items));
         }
-        out
+        for c in carry {
+            self.hand_over(c).await;
+        }
+    }
+
+    /// Hands entries over to a member as copies: each fetched by sequence and checked as a
+    /// delivery (§5) first; one that fails the checks, or is too large to hand over, is handled
+    /// for the member (as its own consumer acknowledges an anomaly away).
+    async fn hand_over(&self, (member, inbox, items): Carry) {
+        if items.is_empty() {
+            return;
+        }
+        let Ok(stream) = self
+            .space
+            .jetstream()
+            .get_stream_no_info(self.space.names().chat_stream())
+            .await
+        else {
+            return;
+        };
+        let max_payload = self.space.nats().server_info().max_payload;
+        let mut handled = Vec::new();
+        let mut batches = Vec::new();
+        let mut batch = CopyBatch::default();
+        for (seq, subject) in items {
+            let Ok(stored) = stream.direct_get(seq).await else {
+                // Handed over again after the handoff timeout.
+                continue;
+            };
+            let token = format!("f{seq}");
+            let framed = CopyBatch::framed_len(&subject, &token, &stored.payload);
+            let valid = accept_delivery(&subject, &stored.payload, max_payload)
+                .is_ok_and(|a| a.kind == DeliveryKind::Channel);
+            if !valid || framed > max_payload {
+                handled.push(seq);
+                continue;
+            }
+            if !batch.is_empty() && batch.len() + framed > max_payload {
+                batches.push(std::mem::take(&mut batch));
+            }
+            batch.push(&subject, &token, &stored.payload);
+        }
+        if !handled.is_empty() {
+            tracing::debug!(
+                member,
+                ?handled,
+                "entries not handed over: anomalies (§5) or too large"
+            );
+            self.confirm(&member, &handled);
+        }
+        batches.push(batch);
+        for batch in batches.into_iter().filter(|b| !b.is_empty()) {
+            if let Err(e) = self
+                .space
+                .nats()
+                .publish(inbox.clone(), batch.into_body().into())
+                .await
+            {
+                // Handed over again after the handoff timeout.
+                tracing::debug!(member, error = %e, "copies not sent");
+            }
+        }
     }
 
     async fn open(&self, channel: &str, start: u64) -> Result<pull::Ordered, String> {
@@ -385,6 +447,7 @@ impl Feeds {
             .map_err(|e| e.to_string())?
             .create_consumer(pull::OrderedConfig {
                 filter_subject: format!("{}.chat.*.{channel}", names.prefix()),
+                headers_only: true,
                 deliver_policy: DeliverPolicy::ByStartSequence {
                     start_sequence: start,
                 },
@@ -452,9 +515,8 @@ impl Feeds {
         self.deliver(&feed, outbox).await;
     }
 
-    /// Takes a chunk of entries: each validated once, and considered for every follower.
+    /// Takes a chunk of entries (subjects and headers): each considered for every follower.
     fn take(&self, feed: &Feed, chunk: Vec<Result<jetstream::Message, pull::OrderedError>>) {
-        let max_payload = self.space.nats().server_info().max_payload;
         let Ok(mut state) = feed.state.lock() else {
             return;
         };
@@ -474,16 +536,21 @@ impl Feeds {
             };
             let Ok(info) = msg.info() else { continue };
             let seq = info.stream_sequence;
-            let subject = msg.subject.as_str().to_owned();
-            let valid = accept_delivery(&subject, &msg.payload, max_payload)
+            let subject = msg.subject.as_str();
+            let sender = parse_subject(subject)
                 .ok()
-                .filter(|a| a.kind == DeliveryKind::Channel)
-                .map(|a| (a.sender, a.message.id));
+                .filter(|p| p.kind == SubjectKind::Chat)
+                .map(|p| p.sender.to_owned());
+            let id = msg
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+                .map(|id| id.as_str().to_owned());
             let entry = Entry {
                 seq,
-                subject,
-                payload: msg.payload.clone(),
-                valid,
+                subject: subject.to_owned(),
+                sender,
+                id,
             };
             for (member, follower) in state.followers.iter_mut() {
                 consider(follower, member, channel, &entry, now);
@@ -585,22 +652,21 @@ impl Feeds {
 
     /// Sends, saves and demotes what a pass left to do.
     async fn deliver(&self, feed: &Feed, outbox: Outbox) {
-        for (inbox, body, offers) in outbox.sends {
-            let sent = match offers {
-                true => {
-                    let mut headers = HeaderMap::new();
-                    headers.insert(BATCH_KIND, OFFERS);
-                    self.space
-                        .nats()
-                        .publish_with_headers(inbox, headers, body.into())
-                        .await
-                }
-                false => self.space.nats().publish(inbox, body.into()).await,
-            };
+        for (inbox, body) in outbox.offers {
+            let mut headers = HeaderMap::new();
+            headers.insert(BATCH_KIND, OFFERS);
+            let sent = self
+                .space
+                .nats()
+                .publish_with_headers(inbox, headers, body.into())
+                .await;
             if let Err(e) = sent {
-                // Offered again as a copy after the handoff timeout.
+                // Handed over as copies after the handoff timeout.
                 tracing::debug!(channel = feed.channel, error = %e, "offers not sent");
             }
+        }
+        for carry in outbox.carry {
+            self.hand_over(carry).await;
         }
         for (member, generation, position) in outbox.saves {
             self.save(&member, &feed.channel, generation, position)
@@ -654,7 +720,8 @@ fn consider(follower: &mut Follower, member: &str, channel: &Channel, entry: &En
     }
 }
 
-/// Fills `outbox` with the follower's fresh offers, and copies of what waited too long.
+/// Fills `outbox` with the follower's fresh offers, and the entries to hand over as copies:
+/// those without an id the offers can carry, and offers that waited too long.
 fn offer(
     follower: &mut Follower,
     member: &str,
@@ -670,16 +737,11 @@ fn offer(
         let Some(entry) = find(buffer, seq) else {
             continue;
         };
-        let Some((_, id)) = &entry.valid else {
-            continue;
-        };
         let token = format!("f{seq}");
+        let id = entry.id.as_deref().unwrap_or_default();
         if batch.len() + entry.subject.len() + token.len() + id.len() + 3 > max_payload {
-            outbox.sends.push((
-                follower.inbox.clone(),
-                std::mem::take(&mut batch).into_body(),
-                true,
-            ));
+            let full = std::mem::take(&mut batch).into_body();
+            outbox.offers.push((follower.inbox.clone(), full));
         }
         if !batch.push(&entry.subject, &token, id) {
             carried.push(seq);
@@ -687,8 +749,8 @@ fn offer(
     }
     if !batch.is_empty() {
         outbox
-            .sends
-            .push((follower.inbox.clone(), batch.into_body(), true));
+            .offers
+            .push((follower.inbox.clone(), batch.into_body()));
     }
     carried.extend(
         follower
@@ -697,46 +759,36 @@ fn offer(
             .filter(|(_, sent)| now.duration_since(**sent) >= HANDOFF_TIMEOUT)
             .map(|(seq, _)| *seq),
     );
-    let inbox = follower.inbox.clone();
-    for body in copies(follower, member, channel, buffer, carried, max_payload) {
-        outbox.sends.push((inbox.clone(), body, false));
+    if !carried.is_empty() {
+        let items = still_due(follower, member, channel, buffer, carried);
+        outbox
+            .carry
+            .push((member.to_owned(), follower.inbox.clone(), items));
     }
 }
 
-/// Copies of the entries `seqs` still due to the follower, in batches that fit the broker's
-/// payload; each is sent again only after [`HANDOFF_TIMEOUT`]. One no longer due is confirmed
-/// for it (as its consumer acknowledged an entry away).
-fn copies(
+/// The entries of `seqs` still due to the follower, as (sequence, subject), each marked as
+/// sent now (sent again only after [`HANDOFF_TIMEOUT`]). One no longer due is handled for it
+/// (as its own consumer acknowledged such an entry away).
+fn still_due(
     follower: &mut Follower,
     member: &str,
     channel: &Channel,
     buffer: &VecDeque<Entry>,
     seqs: Vec<u64>,
-    max_payload: usize,
-) -> Vec<Vec<u8>> {
+) -> Vec<(u64, String)> {
     let now = Instant::now();
     let mut out = Vec::new();
-    let mut batch = CopyBatch::default();
     for seq in seqs {
-        let entry = find(buffer, seq);
-        let Some(entry) = entry.filter(|e| follower.due(member, channel, e)) else {
-            follower.outstanding.remove(&seq);
-            continue;
-        };
-        let token = format!("f{seq}");
-        let framed = CopyBatch::framed_len(&entry.subject, &token, &entry.payload);
-        if framed > max_payload {
-            follower.outstanding.remove(&seq);
-            continue;
+        match find(buffer, seq).filter(|e| follower.due(member, channel, e)) {
+            Some(entry) => {
+                follower.outstanding.insert(seq, now);
+                out.push((seq, entry.subject.clone()));
+            }
+            None => {
+                follower.outstanding.remove(&seq);
+            }
         }
-        if !batch.is_empty() && batch.len() + framed > max_payload {
-            out.push(std::mem::take(&mut batch).into_body());
-        }
-        batch.push(&entry.subject, &token, &entry.payload);
-        follower.outstanding.insert(seq, now);
-    }
-    if !batch.is_empty() {
-        out.push(batch.into_body());
     }
     out
 }

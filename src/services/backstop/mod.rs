@@ -515,12 +515,7 @@ impl Backstop {
             .iter()
             .filter_map(|t| t.strip_prefix('f')?.parse().ok())
             .collect();
-        for (inbox, body) in self.feeds.want(member, &seqs) {
-            if let Err(e) = self.space.nats().publish(inbox, body.into()).await {
-                // Handed over again after the handoff timeout.
-                tracing::debug!(member, error = %e, "wanted copies not sent");
-            }
-        }
+        self.feeds.want(member, &seqs).await;
     }
 
     /// `backstop-ack`: the member handled these copies; their stored entries are acknowledged.
@@ -800,9 +795,14 @@ impl Pump {
                     .is_some_and(|info| info.pending == 0);
                 let mut batch = Batch::default();
                 let mut finished = false;
+                // A leave recorded while the pump runs is a boundary at once.
+                let current = self.current_interval();
                 for entry in entries {
                     finished = match entry {
-                        Ok(msg) => self.handle(msg, &mut acl, &mut batch).await == Flow::Finished,
+                        Ok(msg) => {
+                            let flow = self.handle(msg, &mut acl, current.as_ref(), &mut batch);
+                            flow.await == Flow::Finished
+                        }
                         Err(e) => {
                             tracing::debug!(consumer = self.consumer, error = %e, "backstop pull error");
                             matches!(e.kind(), pull::MessagesErrorKind::ConsumerDeleted)
@@ -832,25 +832,29 @@ impl Pump {
         }
     }
 
+    /// The interval this pump reads, as the registry has it now (a leave sets its cursor while
+    /// the pump runs); `None` for the mention pump, or once the interval is gone.
+    fn current_interval(&self) -> Option<Interval> {
+        let Source::Chat { channel, interval } = &self.source else {
+            return None;
+        };
+        self.members.get(&self.member, channel).and_then(|r| {
+            r.intervals
+                .into_iter()
+                .find(|i| i.generation == interval.generation)
+        })
+    }
+
     /// Hands a caught-up open interval over to its channel's feed when the member takes
     /// offers and has acknowledged everything its consumer handed over (so that the position
     /// is exact and nothing is outstanding on two paths): its position saved, its consumer
     /// deleted. True when it did.
     async fn follow(&self, token: &CancellationToken) -> bool {
-        let (Some(session), Source::Chat { channel, interval }) = (&self.session, &self.source)
-        else {
+        let (Some(session), Source::Chat { channel, .. }) = (&self.session, &self.source) else {
             return false;
         };
         // A closed interval is drained by its consumer, which keeps the leave boundary.
-        let open = self
-            .members
-            .get(&self.member, channel)
-            .and_then(|r| {
-                r.intervals
-                    .into_iter()
-                    .find(|i| i.generation == interval.generation)
-            })
-            .filter(|i| i.leave_cursor.is_none());
+        let open = self.current_interval().filter(|i| i.leave_cursor.is_none());
         let Some(open) = open else { return false };
         let Ok(stream) = self.space.jetstream().get_stream(&self.stream).await else {
             return false;
@@ -894,7 +898,13 @@ impl Pump {
     }
 
     /// Authorizes one entry and adds it to `batch`, or acknowledges it away.
-    async fn handle(&self, msg: jetstream::Message, acl: &mut Acl, batch: &mut Batch) -> Flow {
+    async fn handle(
+        &self,
+        msg: jetstream::Message,
+        acl: &mut Acl,
+        current: Option<&Interval>,
+        batch: &mut Batch,
+    ) -> Flow {
         let Ok(info) = msg.info() else {
             let _ = msg.ack_with(AckKind::Term).await;
             return Flow::Continue;
@@ -911,7 +921,7 @@ impl Pump {
             },
         };
         acl.refresh(&self.identities, &self.member);
-        let verdict = self.authorize(&subject, &msg.payload, seq, acl);
+        let verdict = self.authorize(&subject, &msg.payload, seq, acl, current);
         match verdict {
             Verdict::Deliver => {}
             Verdict::Skip(why) => {
@@ -927,7 +937,7 @@ impl Pump {
             Verdict::PastLeave => {
                 // Confirmed, so that the floor read next includes it.
                 let _ = msg.double_ack().await;
-                return self.finish_if_drained().await;
+                return self.finish_if_drained(current).await;
             }
         }
         let token = match self.source {
@@ -996,7 +1006,14 @@ impl Pump {
 
     /// The re-authorization of §9 item 5: membership interval, current read ACL, and the
     /// receive checks of §5 (an anomaly is terminated here, never handed over).
-    fn authorize(&self, subject: &str, payload: &[u8], seq: u64, acl: &Acl) -> Verdict {
+    fn authorize(
+        &self,
+        subject: &str,
+        payload: &[u8],
+        seq: u64,
+        acl: &Acl,
+        current: Option<&Interval>,
+    ) -> Verdict {
         if acl.record.is_none() {
             return Verdict::Skip("the identity is revoked");
         }
@@ -1009,14 +1026,17 @@ impl Pump {
         if parsed.sender == self.member {
             return Verdict::Skip("the member's own message");
         }
-        if let Source::Chat { interval, .. } = &self.source
-            && !interval.contains(seq)
-        {
-            return if seq <= interval.join_cursor {
-                Verdict::Skip("before the join cursor")
-            } else {
-                Verdict::PastLeave
+        if let Source::Chat { .. } = &self.source {
+            let Some(interval) = current else {
+                return Verdict::Skip("the membership interval is gone");
             };
+            if !interval.contains(seq) {
+                return if seq <= interval.join_cursor {
+                    Verdict::Skip("before the join cursor")
+                } else {
+                    Verdict::PastLeave
+                };
+            }
         }
         if !Channel::new(parsed.rest).is_ok_and(|c| is_covered(&acl.read, &c)) {
             return Verdict::Skip("outside the member's current read ACL");
@@ -1029,8 +1049,8 @@ impl Pump {
 
     /// After an entry past the leave cursor: once every entry up to it is acknowledged, the
     /// interval is done; its consumer is deleted and it leaves the member's record.
-    async fn finish_if_drained(&self) -> Flow {
-        let Source::Chat { channel, interval } = &self.source else {
+    async fn finish_if_drained(&self, current: Option<&Interval>) -> Flow {
+        let (Source::Chat { channel, .. }, Some(interval)) = (&self.source, current) else {
             return Flow::Continue;
         };
         let Some(leave) = interval.leave_cursor else {
