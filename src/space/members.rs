@@ -125,6 +125,8 @@ pub struct Members {
     kv: Store,
     records: RwLock<BTreeMap<String, (MemberRecord, u64)>>,
     changed: Arc<Notify>,
+    /// Grows with every change of the records held.
+    version: std::sync::atomic::AtomicU64,
 }
 
 const CAS_ATTEMPTS: usize = 8;
@@ -160,6 +162,7 @@ impl Members {
             kv,
             records: RwLock::new(records),
             changed: Arc::default(),
+            version: Default::default(),
         })
     }
 
@@ -188,6 +191,8 @@ impl Members {
         if let Ok(mut held) = self.records.write() {
             *held = records;
         }
+        self.version
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         self.changed.notify_waiters();
         Ok(())
     }
@@ -239,6 +244,11 @@ impl Members {
     /// Resolves when a record changed (the trusted reader then re-reads its member's).
     pub fn changed(&self) -> Arc<Notify> {
         self.changed.clone()
+    }
+
+    /// Grows with every change: a reader caching a record re-reads it when this moved.
+    pub fn version(&self) -> u64 {
+        self.version.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The records of `member`.
@@ -340,6 +350,8 @@ impl Members {
                             None => records.remove(&key),
                         };
                     }
+                    self.version
+                        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
                     self.changed.notify_waiters();
                     return Ok(Ok(next));
                 }

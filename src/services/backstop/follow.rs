@@ -158,8 +158,12 @@ struct Follower {
     generation: u64,
     inbox: String,
     acl: Acl,
+    /// Whether the read ACL covers the channel, for `acl`'s version.
+    covered: bool,
     /// The interval as last read from the registry; `None` once it is gone.
     interval: Option<Interval>,
+    /// The registry's version it was read at.
+    read_at: u64,
     /// Every entry up to this one was offered or was not due.
     processed: u64,
     /// Offered and not confirmed: sequence → when it was last sent.
@@ -179,29 +183,43 @@ impl Follower {
             .map_or(self.processed, |first| first - 1)
     }
 
-    /// Re-reads the member's identity and interval.
-    fn refresh(&mut self, identities: &Identities, members: &Members, member: &str, channel: &str) {
+    /// Re-reads the member's identity and interval, when they changed.
+    fn refresh(
+        &mut self,
+        identities: &Identities,
+        members: &Members,
+        member: &str,
+        channel: &Channel,
+    ) {
+        let acl = self.acl.version;
         self.acl.refresh(identities, member);
-        self.interval = members.get(member, channel).and_then(|r| {
-            r.intervals
-                .into_iter()
-                .find(|i| i.generation == self.generation)
-        });
+        if self.acl.version != acl {
+            self.covered = is_covered(&self.acl.read, channel);
+        }
+        let version = members.version();
+        if version != self.read_at {
+            self.read_at = version;
+            self.interval = members.get(member, channel.as_str()).and_then(|r| {
+                r.intervals
+                    .into_iter()
+                    .find(|i| i.generation == self.generation)
+            });
+        }
     }
 
     /// Whether `entry` is due to `member` now (§9 item 5): a valid message of someone else,
     /// inside the interval, on a channel the current read ACL covers.
-    fn due(&self, member: &str, channel: &Channel, entry: &Entry) -> bool {
+    fn due(&self, member: &str, entry: &Entry) -> bool {
         let Some(sender) = &entry.sender else {
             return false;
         };
         self.acl.record.is_some()
+            && self.covered
             && sender != member
             && self
                 .interval
                 .as_ref()
                 .is_some_and(|i| i.contains(entry.seq))
-            && is_covered(&self.acl.read, channel)
     }
 }
 
@@ -287,16 +305,18 @@ impl Feeds {
             generation,
             inbox,
             acl: Acl::unread(),
+            covered: false,
             interval: None,
+            read_at: u64::MAX,
             processed: position,
             outstanding: BTreeMap::new(),
             fresh: Vec::new(),
             saved: position,
         };
-        follower.refresh(&self.identities, &self.members, member, channel);
+        follower.refresh(&self.identities, &self.members, member, &feed.name);
         let now = Instant::now();
         for entry in state.buffer.iter().filter(|e| e.seq > position) {
-            consider(&mut follower, member, &feed.name, entry, now);
+            consider(&mut follower, member, entry, now);
         }
         state.followers.insert(member.to_owned(), follower);
         drop(state);
@@ -365,13 +385,13 @@ impl Feeds {
             let Some(follower) = state.followers.get_mut(member) else {
                 continue;
             };
-            follower.refresh(&self.identities, &self.members, member, &feed.channel);
+            follower.refresh(&self.identities, &self.members, member, &feed.name);
             let asked = seqs
                 .iter()
                 .copied()
                 .filter(|s| follower.outstanding.contains_key(s))
                 .collect();
-            let items = still_due(follower, member, &feed.name, &state.buffer, asked);
+            let items = still_due(follower, member, &state.buffer, asked);
             carry.push((member.to_owned(), follower.inbox.clone(), items));
         }
         for c in carry {
@@ -522,9 +542,8 @@ impl Feeds {
         };
         let state = &mut *state;
         for (member, follower) in state.followers.iter_mut() {
-            follower.refresh(&self.identities, &self.members, member, &feed.channel);
+            follower.refresh(&self.identities, &self.members, member, &feed.name);
         }
-        let channel = &feed.name;
         let now = Instant::now();
         for msg in chunk {
             let msg = match msg {
@@ -553,7 +572,7 @@ impl Feeds {
                 id,
             };
             for (member, follower) in state.followers.iter_mut() {
-                consider(follower, member, channel, &entry, now);
+                consider(follower, member, &entry, now);
             }
             state.buffer.push_back(entry);
         }
@@ -569,11 +588,10 @@ impl Feeds {
                 return false;
             };
             let state = &mut *state;
-            let channel = &feed.name;
             let mut outbox = Outbox::default();
             let mut stopping = Vec::new();
             for (member, follower) in state.followers.iter_mut() {
-                follower.refresh(&self.identities, &self.members, member, &feed.channel);
+                follower.refresh(&self.identities, &self.members, member, &feed.name);
                 match &follower.interval {
                     // Gone (delivered, or the identity forgotten): nothing to save.
                     None => {
@@ -591,14 +609,7 @@ impl Feeds {
                     stopping.push((member.clone(), true));
                     continue;
                 }
-                offer(
-                    follower,
-                    member,
-                    channel,
-                    &state.buffer,
-                    max_payload,
-                    &mut outbox,
-                );
+                offer(follower, member, &state.buffer, max_payload, &mut outbox);
                 let position = follower.position();
                 if save && position > follower.saved {
                     follower.saved = position;
@@ -709,12 +720,12 @@ impl Feeds {
 }
 
 /// Considers one entry for one follower: due ones wait to be offered.
-fn consider(follower: &mut Follower, member: &str, channel: &Channel, entry: &Entry, now: Instant) {
+fn consider(follower: &mut Follower, member: &str, entry: &Entry, now: Instant) {
     if entry.seq <= follower.processed {
         return;
     }
     follower.processed = entry.seq;
-    if follower.due(member, channel, entry) {
+    if follower.due(member, entry) {
         follower.fresh.push(entry.seq);
         follower.outstanding.insert(entry.seq, now);
     }
@@ -725,7 +736,6 @@ fn consider(follower: &mut Follower, member: &str, channel: &Channel, entry: &En
 fn offer(
     follower: &mut Follower,
     member: &str,
-    channel: &Channel,
     buffer: &VecDeque<Entry>,
     max_payload: usize,
     outbox: &mut Outbox,
@@ -760,7 +770,7 @@ fn offer(
             .map(|(seq, _)| *seq),
     );
     if !carried.is_empty() {
-        let items = still_due(follower, member, channel, buffer, carried);
+        let items = still_due(follower, member, buffer, carried);
         outbox
             .carry
             .push((member.to_owned(), follower.inbox.clone(), items));
@@ -773,14 +783,13 @@ fn offer(
 fn still_due(
     follower: &mut Follower,
     member: &str,
-    channel: &Channel,
     buffer: &VecDeque<Entry>,
     seqs: Vec<u64>,
 ) -> Vec<(u64, String)> {
     let now = Instant::now();
     let mut out = Vec::new();
     for seq in seqs {
-        match find(buffer, seq).filter(|e| follower.due(member, channel, e)) {
+        match find(buffer, seq).filter(|e| follower.due(member, e)) {
             Some(entry) => {
                 follower.outstanding.insert(seq, now);
                 out.push((seq, entry.subject.clone()));
