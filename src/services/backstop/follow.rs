@@ -29,8 +29,8 @@
 //!   leaves the channel, or when it falls behind (more than [`MAX_OUTSTANDING`] offers
 //!   unconfirmed, or the feed would have to hold more than [`MAX_BUFFER`] entries for it).
 //!   An unconfirmed offer is handed over again as a copy after [`super::HANDOFF_TIMEOUT`]. A
-//!   crash of the appliance loses at most what was confirmed since the last checkpoint, which
-//!   is delivered again: at-least-once holds.
+//!   crash of the appliance forgets at most the confirmations since the last save: those
+//!   entries are delivered again, so at-least-once holds.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
