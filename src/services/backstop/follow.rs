@@ -71,6 +71,18 @@ pub(super) struct Demoted {
     pub generation: u64,
 }
 
+/// Where a member's consumer stood when the member went on to follow its channel.
+pub(super) struct Handoff {
+    /// The interval's generation.
+    pub generation: u64,
+    /// Every entry up to this one is handled (the consumer's ack floor).
+    pub position: u64,
+    /// The highest entry the consumer's pump took: what comes after it is offered.
+    pub taken: u64,
+    /// Entries after `position` the pump handed over as copies, not acknowledged yet.
+    pub held: Vec<u64>,
+}
+
 /// Where a member stood when it stopped following a channel.
 pub(super) struct Stopped {
     pub channel: String,
@@ -255,20 +267,18 @@ impl Feeds {
         }
     }
 
-    /// Makes `member` (session `session`) follow `channel` from `position` on (every entry up
-    /// to it handled); false when the channel's feed is already past it (the member stays on
-    /// its own consumer).
-    #[allow(clippy::too_many_arguments)]
+    /// Makes `member` (session `session`) follow `channel` where its consumer stood; false
+    /// when the channel's feed is already past it (the member stays on its own consumer).
     pub(super) fn follow(
         self: &Arc<Self>,
         member: &str,
         session: &str,
         channel: &str,
-        generation: u64,
-        position: u64,
+        handoff: &Handoff,
         inbox: String,
         run: (&CancellationToken, &TaskTracker),
     ) -> bool {
+        let position = handoff.position;
         let (Ok(name), Ok(mut feeds)) = (Channel::new(channel), self.feeds.lock()) else {
             return false;
         };
@@ -300,22 +310,22 @@ impl Feeds {
         if state.closed || position + 1 < state.covered_from {
             return false;
         }
+        let now = Instant::now();
         let mut follower = Follower {
             session: session.to_owned(),
-            generation,
+            generation: handoff.generation,
             inbox,
             acl: Acl::unread(),
             covered: false,
             interval: None,
             read_at: u64::MAX,
-            processed: position,
-            outstanding: BTreeMap::new(),
+            processed: handoff.taken,
+            outstanding: handoff.held.iter().map(|seq| (*seq, now)).collect(),
             fresh: Vec::new(),
             saved: position,
         };
         follower.refresh(&self.identities, &self.members, member, &feed.name);
-        let now = Instant::now();
-        for entry in state.buffer.iter().filter(|e| e.seq > position) {
+        for entry in state.buffer.iter().filter(|e| e.seq > handoff.taken) {
             consider(&mut follower, member, entry, now);
         }
         state.followers.insert(member.to_owned(), follower);

@@ -45,6 +45,7 @@
 mod follow;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -450,6 +451,8 @@ impl Backstop {
                 session: session.offers.then(|| session.name.clone()),
                 feeds: self.feeds.clone(),
                 run: run.clone(),
+                taken: AtomicU64::new(0),
+                unsent: AtomicBool::new(false),
             };
             run.1.spawn(async move { pump.run(token).await });
         }
@@ -520,9 +523,11 @@ impl Backstop {
 
     /// `backstop-ack`: the member handled these copies; their stored entries are acknowledged.
     pub async fn ack(&self, member: &str, tokens: &[String]) {
+        // An offer's token, or a copy's that a pump handed over before its member went on to
+        // follow the feed.
         let offered: Vec<u64> = tokens
             .iter()
-            .filter_map(|t| t.strip_prefix('f')?.parse().ok())
+            .filter_map(|t| t.strip_prefix(['f', 'c'])?.parse().ok())
             .collect();
         if !offered.is_empty() {
             self.feeds.confirm(member, &offered);
@@ -714,6 +719,11 @@ struct Pump {
     feeds: Arc<Feeds>,
     /// The reader's token and tracker, for a feed the pump starts.
     run: (CancellationToken, TaskTracker),
+    /// The highest sequence this pump took (handed over, or handled as not due).
+    taken: AtomicU64,
+    /// Set when copies could not be sent (they were nak'ed, for the consumer to deliver
+    /// again): the interval then stays on its consumer for the session.
+    unsent: AtomicBool,
 }
 
 /// The member's identity and parsed read ACL, re-read whenever the identities changed.
@@ -846,9 +856,9 @@ impl Pump {
     }
 
     /// Hands a caught-up open interval over to its channel's feed when the member takes
-    /// offers and has acknowledged everything its consumer handed over (so that the position
-    /// is exact and nothing is outstanding on two paths): its position saved, its consumer
-    /// deleted. True when it did.
+    /// offers: its position (the consumer's ack floor) saved, its consumer deleted. The copies
+    /// it handed over and the member has not acknowledged are confirmed by the member's acks
+    /// of them, or handed over again by the feed. True when it did.
     async fn follow(&self, token: &CancellationToken) -> bool {
         let (Some(session), Source::Chat { channel, .. }) = (&self.session, &self.source) else {
             return false;
@@ -862,7 +872,7 @@ impl Pump {
         let Ok(info) = stream.consumer_info(&self.consumer).await else {
             return false;
         };
-        if info.num_ack_pending > 0 || info.num_pending > 0 {
+        if info.num_pending > 0 || self.unsent.load(Ordering::Acquire) {
             return false;
         }
         let position = info
@@ -870,17 +880,36 @@ impl Pump {
             .stream_sequence
             .max(open.join_cursor)
             .max(open.delivered);
+        // What this pump handed over and the member has not acknowledged yet stays with the
+        // member's acks of those copies: the feed waits for them, and offers only what comes
+        // after what the pump took.
+        let held: Vec<u64> = self
+            .held
+            .lock()
+            .map(|h| {
+                h.iter()
+                    .filter(|(_, held)| {
+                        held.message
+                            .info()
+                            .is_ok_and(|i| i.consumer == self.consumer)
+                    })
+                    .filter_map(|(token, _)| token.strip_prefix('c')?.parse().ok())
+                    .filter(|seq| *seq > position)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let handoff = follow::Handoff {
+            generation: open.generation,
+            position,
+            taken: self.taken.load(Ordering::Acquire).max(position),
+            held,
+        };
         let run = (&self.run.0, &self.run.1);
         let (member, generation) = (self.member.as_str(), open.generation);
-        if !self.feeds.follow(
-            member,
-            session,
-            channel,
-            generation,
-            position,
-            self.inbox.clone(),
-            run,
-        ) {
+        if !self
+            .feeds
+            .follow(member, session, channel, &handoff, self.inbox.clone(), run)
+        {
             return false;
         }
         self.feeds.save(member, channel, generation, position).await;
@@ -910,6 +939,7 @@ impl Pump {
             return Flow::Continue;
         };
         let seq = info.stream_sequence;
+        self.taken.fetch_max(seq, Ordering::AcqRel);
         let subject = match self.source {
             Source::Chat { .. } => msg.subject.as_str().to_owned(),
             Source::Mention => match msg.headers.as_ref().and_then(|h| h.get(COPY_SUBJECT)) {
@@ -996,6 +1026,7 @@ impl Pump {
                 }
             }
             Err(e) => {
+                self.unsent.store(true, Ordering::Release);
                 tracing::debug!(member = self.member, error = %e, "backstop copies not sent");
                 for (_, message) in batch.entries {
                     let _ = message.ack_with(AckKind::Nak(None)).await;
