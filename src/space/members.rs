@@ -268,6 +268,16 @@ impl Members {
             .map(|(r, _)| r.clone())
     }
 
+    /// One interval of (member, channel), by generation; `None` once it is gone.
+    pub fn interval(&self, member: &str, channel: &str, generation: u64) -> Option<Interval> {
+        self.read().get(&key(member, channel)).and_then(|(r, _)| {
+            r.intervals
+                .iter()
+                .find(|i| i.generation == generation)
+                .cloned()
+        })
+    }
+
     /// Every record.
     pub fn all(&self) -> Vec<MemberRecord> {
         self.read().values().map(|(r, _)| r.clone()).collect()

@@ -211,11 +211,7 @@ impl Follower {
         let version = members.version();
         if version != self.read_at {
             self.read_at = version;
-            self.interval = members.get(member, channel.as_str()).and_then(|r| {
-                r.intervals
-                    .into_iter()
-                    .find(|i| i.generation == self.generation)
-            });
+            self.interval = members.interval(member, channel.as_str(), self.generation);
         }
     }
 

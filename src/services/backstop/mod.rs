@@ -848,11 +848,8 @@ impl Pump {
         let Source::Chat { channel, interval } = &self.source else {
             return None;
         };
-        self.members.get(&self.member, channel).and_then(|r| {
-            r.intervals
-                .into_iter()
-                .find(|i| i.generation == interval.generation)
-        })
+        self.members
+            .interval(&self.member, channel, interval.generation)
     }
 
     /// Hands a caught-up open interval over to its channel's feed when the member takes
