@@ -9,9 +9,11 @@
 //! cotald/baseline as measured (lower is better). It asserts nothing about time: the figures
 //! are for reading (`docs/benchmarks.md` keeps the last ones with the machine described).
 //!
-//! Cases (`cases.rs`): `live_throughput`, `live_latency_p50`/`_p99`, the same on the shipped
-//! profile's durable channel with its member online (`default_profile_throughput`,
-//! `default_profile_latency_p50`/`_p99`), `dm_throughput`,
+//! Cases (`cases.rs`): `live_throughput`, `live_serial` (one send at a time),
+//! `live_latency_p50`/`_p99`, the same on the shipped profile's durable channel with its member
+//! online (`default_profile_throughput`, `default_profile_serial`,
+//! `default_profile_latency_p50`/`_p99`), `dm_throughput`, `dm_pipelined_100k` (no window: the
+//! pair's bound is backpressure; a refused send fails it),
 //! `durable_publish_100_members` (100 absent durable members vs 1), `catchup_10k` (a returning
 //! durable member's backlog vs a raw pull of the same range), `replay_10k` (a late joiner's
 //! history vs an ordered consumer), `durable_fanout_online_{1,10,50}` (N online members of a
@@ -73,6 +75,8 @@ struct Sizes {
     runs: usize,
     /// Messages per throughput measurement.
     messages: usize,
+    /// DMs of the pipelined DM case.
+    dms: usize,
     /// One-at-a-time samples per latency measurement.
     samples: usize,
     /// Absent durable members in the crowded publish case.
@@ -92,6 +96,7 @@ impl Sizes {
             Sizes {
                 runs,
                 messages: 4_000,
+                dms: 20_000,
                 samples: 500,
                 members: 100,
                 backlog: 2_000,
@@ -102,6 +107,7 @@ impl Sizes {
             Sizes {
                 runs,
                 messages: 20_000,
+                dms: 100_000,
                 samples: 2_000,
                 members: 100,
                 backlog: 10_000,

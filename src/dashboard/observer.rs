@@ -1,20 +1,25 @@
 //! One space as the dashboard sees it: a client connected with the appliance's **observer**
 //! identity of that space (Appendix B: chat and CHAT history, presence, the channel registry;
-//! no DM, no application publish), joined to every channel (`>`) without replay, and the last
+//! no DM, no application publish), subscribed to every channel's live subject, and the last
 //! [`FEED_KEEP`] channel messages: read from CHAT history when it starts (within each
 //! channel's replay rule, §7), then as they arrive. Pages render from it; event streams
 //! subscribe to it.
+//!
+//! An arrival is kept as it came (subject and payload) and checked like any delivery (§5) only
+//! when something shows it: a page, or an event stream that is open when it arrives. A space
+//! busy with agents and watched by nobody costs the appliance a copy per message, not a parse.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use tokio::sync::broadcast;
 
 use super::SpaceAccess;
 use crate::binding::SpaceNames;
-use crate::client::{Client, Connection, Replay};
-use crate::protocol::{CotalMessage, Routing};
+use crate::client::{Client, Connection};
+use crate::protocol::{ChannelPattern, CotalMessage, DeliveryKind, Routing, accept_delivery};
 use crate::services::ServiceError;
 use crate::services::membership::MembershipEntry;
 
@@ -36,28 +41,126 @@ pub struct FeedItem {
     pub message: CotalMessage,
 }
 
-#[derive(Default)]
+/// A kept message: as read from history, or as it arrived until something shows it.
+enum Kept {
+    Raw {
+        seq: u64,
+        subject: String,
+        payload: bytes::Bytes,
+    },
+    /// Checked: `None` when it is not to be shown (an anomaly, or a message the history read
+    /// returned as well).
+    Checked(Option<Arc<FeedItem>>),
+}
+
 struct Feed {
-    items: VecDeque<Arc<FeedItem>>,
+    items: VecDeque<Kept>,
     next_seq: u64,
+    /// The `id`s the history read returned: their live copies are not shown again.
+    from_history: HashSet<String>,
+    max_payload: usize,
 }
 
 impl Feed {
-    fn push(&mut self, message: CotalMessage) -> Option<Arc<FeedItem>> {
+    fn new(max_payload: usize) -> Self {
+        Feed {
+            items: VecDeque::new(),
+            next_seq: 0,
+            from_history: HashSet::new(),
+            max_payload,
+        }
+    }
+
+    fn keep(&mut self, kept: Kept) {
+        if self.items.len() == FEED_KEEP {
+            self.items.pop_front();
+        }
+        self.items.push_back(kept);
+    }
+
+    fn item(&mut self, message: CotalMessage) -> Option<Arc<FeedItem>> {
         let Routing::Channel(channel) = &message.routing else {
             return None;
         };
         self.next_seq += 1;
-        let item = Arc::new(FeedItem {
+        Some(Arc::new(FeedItem {
             seq: self.next_seq,
             channel: channel.clone(),
             message,
-        });
-        if self.items.len() == FEED_KEEP {
-            self.items.pop_front();
+        }))
+    }
+
+    /// A message of the history read.
+    fn push(&mut self, message: CotalMessage) {
+        self.from_history.insert(message.id.clone());
+        let item = self.item(message);
+        self.keep(Kept::Checked(item));
+    }
+
+    /// A live arrival, kept as it came; checked at once (and returned) when `show` is set.
+    fn arrive(
+        &mut self,
+        subject: String,
+        payload: bytes::Bytes,
+        show: bool,
+    ) -> Option<Arc<FeedItem>> {
+        self.next_seq += 1;
+        let seq = self.next_seq;
+        let item = match show {
+            true => self.check(seq, &subject, &payload),
+            false => {
+                self.keep(Kept::Raw {
+                    seq,
+                    subject,
+                    payload,
+                });
+                return None;
+            }
+        };
+        self.keep(Kept::Checked(item.clone()));
+        item
+    }
+
+    /// The receive checks of a channel delivery (§5), and the history's duplicates left out.
+    fn check(&self, seq: u64, subject: &str, payload: &[u8]) -> Option<Arc<FeedItem>> {
+        let accepted = match accept_delivery(subject, payload, self.max_payload) {
+            Ok(a) if a.kind == DeliveryKind::Channel => a,
+            Ok(_) => return None,
+            Err(e) => {
+                tracing::debug!(subject, error = %e, "a message not shown on the dashboard");
+                return None;
+            }
+        };
+        if self.from_history.contains(&accepted.message.id) {
+            return None;
         }
-        self.items.push_back(item.clone());
-        Some(item)
+        Some(Arc::new(FeedItem {
+            seq,
+            channel: accepted.route,
+            message: accepted.message,
+        }))
+    }
+
+    /// Every kept message to be shown, each checked once.
+    fn shown(&mut self) -> Vec<Arc<FeedItem>> {
+        for i in 0..self.items.len() {
+            if let Kept::Raw {
+                seq,
+                subject,
+                payload,
+            } = &self.items[i]
+            {
+                let checked = self.check(*seq, subject, payload);
+                self.items[i] = Kept::Checked(checked);
+            }
+        }
+        self.items
+            .iter()
+            .filter_map(|k| match k {
+                Kept::Checked(item) => item.clone(),
+                Kept::Raw { .. } => None,
+            })
+            .collect()
     }
 }
 
@@ -87,19 +190,30 @@ impl Observer {
             .await
             .map_err(|e| ServiceError::new(at("connecting as the observer"), e))?;
         let prepared = async {
-            client
-                .join(">", Replay::Off)
+            // Every channel's live subject, read raw: see the module doc.
+            let every = ChannelPattern::new(">").expect("`>` is a channel pattern");
+            let subject = client.inner.subjects.chat_subscription(&every);
+            let live = client
+                .inner
+                .nats
+                .subscribe(subject)
                 .await
-                .map_err(|e| ServiceError::new(at("joining every channel"), e))?;
+                .map_err(|e| ServiceError::new(at("subscribing to every channel"), e))?;
+            client
+                .inner
+                .nats
+                .flush()
+                .await
+                .map_err(|e| ServiceError::new(at("subscribing to every channel"), e))?;
             let recent = client
                 .recent(FEED_KEEP)
                 .await
                 .map_err(|e| ServiceError::new(at("reading the recent history"), e))?;
             let _ = tokio::time::timeout(ROSTER_LOAD, client.roster().loaded()).await;
-            Ok::<_, ServiceError>(recent)
+            Ok::<_, ServiceError>((live, recent))
         };
-        let recent = match prepared.await {
-            Ok(recent) => recent,
+        let (mut live_copies, recent) = match prepared.await {
+            Ok(prepared) => prepared,
             Err(e) => {
                 client.close().await;
                 return Err(e);
@@ -115,9 +229,8 @@ impl Observer {
                 ));
             }
         };
-        let mut feed = Feed::default();
-        // What the history read returned may arrive live as well (it was joined first).
-        let seen: HashSet<String> = recent.iter().map(|m| m.id.clone()).collect();
+        let mut feed = Feed::new(client.inner.nats.server_info().max_payload);
+        // What the history read returned may arrive live as well (it was subscribed first).
         for message in recent {
             feed.push(message);
         }
@@ -127,16 +240,20 @@ impl Observer {
             let feed = feed.clone();
             let live = live.clone();
             tokio::spawn(async move {
-                while let Some(event) = deliveries.next_event().await {
-                    let crate::client::deliver::Event::Message(delivery) = event else {
-                        continue;
-                    };
-                    if seen.contains(&delivery.message.id) {
-                        continue;
-                    }
-                    let mut feed = feed.lock().unwrap_or_else(|e| e.into_inner());
-                    if let Some(item) = feed.push(delivery.message) {
-                        let _ = live.send(item);
+                loop {
+                    tokio::select! {
+                        copy = live_copies.next() => {
+                            let Some(copy) = copy else { return };
+                            let mut feed = feed.lock().unwrap_or_else(|e| e.into_inner());
+                            // Checked now only for an event stream that is open.
+                            let show = live.receiver_count() > 0;
+                            let subject = copy.subject.to_string();
+                            if let Some(item) = feed.arrive(subject, copy.payload, show) {
+                                let _ = live.send(item);
+                            }
+                        }
+                        // The client's notices (roster and the like) are not shown from here.
+                        event = deliveries.next_event() => if event.is_none() { return },
                     }
                 }
             })
@@ -187,13 +304,9 @@ impl Observer {
     /// The kept messages after feed position `after`, and the arrivals from then on: taken
     /// together, so that none is missed and none is seen twice.
     pub fn follow(&self, after: u64) -> (Vec<Arc<FeedItem>>, broadcast::Receiver<Arc<FeedItem>>) {
-        let feed = self.feed.lock().unwrap_or_else(|e| e.into_inner());
-        let kept = feed
-            .items
-            .iter()
-            .filter(|i| i.seq > after)
-            .cloned()
-            .collect();
+        let mut feed = self.feed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut kept = feed.shown();
+        kept.retain(|i| i.seq > after);
         (kept, self.live.subscribe())
     }
 
@@ -207,5 +320,71 @@ impl Observer {
         self.pump.abort();
         self.client.close().await;
         self.voice.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(sender: &str, id: &str, channel: &str) -> (String, bytes::Bytes) {
+        let payload = serde_json::json!({
+            "id": id, "ts": 1, "space": "main",
+            "from": {"id": sender, "name": "alice"},
+            "channel": channel, "parts": [{"kind": "text", "text": "hi"}]
+        });
+        (
+            format!("cotal.main.chat.{sender}.{channel}"),
+            serde_json::to_vec(&payload).unwrap().into(),
+        )
+    }
+
+    #[test]
+    fn an_arrival_is_checked_when_shown_and_anomalies_and_history_duplicates_stay_out() {
+        let alice = nkeys::KeyPair::new_user().public_key();
+        let bob = nkeys::KeyPair::new_user().public_key();
+        let mut feed = Feed::new(1 << 20);
+        let (subject, payload) = chat(&alice, "m1", "team");
+        let historical = accept_delivery(&subject, &payload, 1 << 20).unwrap();
+        feed.push(historical.message);
+        // Its live copy, a valid arrival, and one whose `from.id` is not its subject's sender.
+        assert!(feed.arrive(subject, payload, false).is_none());
+        let (subject, payload) = chat(&alice, "m2", "team");
+        assert!(feed.arrive(subject, payload, false).is_none());
+        let (_, forged) = chat(&alice, "m3", "team");
+        assert!(
+            feed.arrive(format!("cotal.main.chat.{bob}.team"), forged, false)
+                .is_none()
+        );
+        assert!(matches!(feed.items[2], Kept::Raw { .. }), "not parsed yet");
+        let shown: Vec<(u64, String)> = feed
+            .shown()
+            .iter()
+            .map(|i| (i.seq, i.message.id.clone()))
+            .collect();
+        assert_eq!(shown, [(1, "m1".to_owned()), (3, "m2".to_owned())]);
+        // Shown at once to an open stream, checked the same way.
+        let (subject, payload) = chat(&alice, "m4", "team");
+        let item = feed.arrive(subject, payload, true).expect("shown");
+        assert_eq!((item.seq, item.channel.as_str()), (5, "team"));
+        let (_, forged) = chat(&alice, "m5", "team");
+        assert!(
+            feed.arrive(format!("cotal.main.chat.{bob}.team"), forged, true)
+                .is_none()
+        );
+        assert_eq!(feed.shown().len(), 3);
+    }
+
+    #[test]
+    fn the_feed_keeps_the_last_messages() {
+        let alice = nkeys::KeyPair::new_user().public_key();
+        let mut feed = Feed::new(1 << 20);
+        for i in 0..FEED_KEEP + 10 {
+            let (subject, payload) = chat(&alice, &format!("m{i}"), "team");
+            feed.arrive(subject, payload, false);
+        }
+        let shown = feed.shown();
+        assert_eq!(shown.len(), FEED_KEEP);
+        assert_eq!(shown[0].message.id, "m10");
     }
 }

@@ -13,7 +13,7 @@ async fn bench_reports_each_case_beside_its_baseline() {
     let child = tokio::process::Command::new(cotald_bin())
         .args([
             "bench", "--quick", "--runs", "1", "--json", "-v", "--case", "dm", "--case", "latency",
-            "--case", "fanout",
+            "--case", "fanout", "--case", "serial",
         ])
         .stdout(std::process::Stdio::piped())
         .stderr(log.reopen().unwrap())
@@ -42,11 +42,14 @@ async fn bench_reports_each_case_beside_its_baseline() {
     assert_eq!(
         names,
         [
+            "live_serial",
             "live_latency_p50",
             "live_latency_p99",
+            "default_profile_serial",
             "default_profile_latency_p50",
             "default_profile_latency_p99",
             "dm_throughput",
+            "dm_pipelined_100k",
             "durable_fanout_online_1",
             "durable_fanout_online_10",
             "durable_fanout_online_50",

@@ -63,9 +63,14 @@ const TRIM_AT: i64 = DM_MAX_MSGS_PER_PAIR / 2;
 /// When DM holds this share (percent) of its byte limit, every agent's read DMs are trimmed:
 /// a full store drops what has been read before it refuses what has not.
 const FULL_PERCENT: u64 = 90;
-/// A pair that stays full after a trim (its target reads nothing) is trimmed again at most this
+/// A pair that stays full after trims (its target reads nothing) is trimmed again at most this
 /// often, and DM is checked for being nearly full at most this often.
 const TRIM_EVERY: Duration = Duration::from_secs(1);
+/// A trim that removed nothing (the target had read nothing since the last) is tried again,
+/// at a publish to the pair, after this at the earliest, then after twice as long each time
+/// it removes nothing, up to [`TRIM_EVERY`]: a target that keeps reading frees its waiting
+/// sender within milliseconds, one that reads nothing costs a trim a second.
+const TRIM_RETRY_FIRST: Duration = Duration::from_millis(10);
 /// A sender estimated past its share but measured under it is measured again after this: a
 /// flood goes on meanwhile, and a second of it can fill the store.
 const REMEASURE_AFTER: Duration = Duration::from_millis(100);
@@ -578,12 +583,42 @@ struct Watch {
     unpushed: bool,
     /// When DM was last checked for being nearly full.
     fullness_checked: Option<Instant>,
-    /// Per DM pair: how many it may hold (publishes seen since it was last counted), and when
-    /// it was last trimmed.
-    pairs: HashMap<String, (i64, Option<Instant>)>,
+    /// Per DM pair subject.
+    pairs: HashMap<String, Pair>,
     /// Purged within the current window, and waiting for its end.
     recent: BTreeSet<String>,
     purges: BTreeSet<String>,
+}
+
+/// A DM pair as the warden counts it.
+#[derive(Default)]
+struct Pair {
+    /// How many it may hold: publishes seen since it was last counted.
+    held: i64,
+    /// After a trim that removed nothing: when it was, and how long until the next may run.
+    idle: Option<(Instant, Duration)>,
+}
+
+impl Pair {
+    fn due(&self) -> bool {
+        self.held >= TRIM_AT && self.idle.is_none_or(|(at, wait)| at.elapsed() >= wait)
+    }
+
+    /// Records a trim's outcome: `None` when it failed.
+    fn trimmed(&mut self, outcome: Option<(u64, i64)>) {
+        let now = Instant::now();
+        self.idle = match (outcome, self.idle) {
+            (Some((purged, held)), idle) => {
+                self.held = held;
+                match (purged, idle) {
+                    (0, None) => Some((now, TRIM_RETRY_FIRST)),
+                    (0, Some((_, wait))) => Some((now, (wait * 2).min(TRIM_EVERY))),
+                    _ => None,
+                }
+            }
+            (None, _) => Some((now, TRIM_EVERY)),
+        };
+    }
 }
 
 impl Warden {
@@ -740,19 +775,13 @@ impl Warden {
                 }
             }
         }
-        let (held, trimmed) = w.pairs.entry(subject.clone()).or_default();
-        *held += 1;
-        if *held >= TRIM_AT && trimmed.is_none_or(|t| t.elapsed() >= TRIM_EVERY) {
-            // A target that keeps reading is trimmed at every publish past the mark, so that a
-            // busy pair is not refused for what was read; one that read nothing since is
-            // looked at again only after TRIM_EVERY.
-            match self.trim(target, &subject).await {
-                Some((purged, now)) => {
-                    *held = now;
-                    *trimmed = (purged == 0).then(Instant::now);
-                }
-                None => *trimmed = Some(Instant::now()),
-            }
+        let pair = w.pairs.entry(subject.clone()).or_default();
+        pair.held += 1;
+        // A target that keeps reading is trimmed at every publish past the mark, so that a
+        // busy pair is not refused for what was read; one that read nothing since is looked
+        // at again after a wait that grows to TRIM_EVERY.
+        if pair.due() {
+            pair.trimmed(self.trim(target, &subject).await);
         }
     }
 }
@@ -832,6 +861,34 @@ mod tests {
             agents: ["UBOB".to_owned()].into(),
             roles: ["reviewer".to_owned()].into(),
         }
+    }
+
+    #[test]
+    fn a_trim_that_removes_nothing_waits_longer_each_time_and_one_that_removes_resets() {
+        let mut pair = Pair {
+            held: TRIM_AT,
+            idle: None,
+        };
+        assert!(pair.due());
+        let waits = |pair: &mut Pair, outcome| {
+            pair.trimmed(outcome);
+            pair.idle.map(|(_, wait)| wait)
+        };
+        let ms = Duration::from_millis;
+        assert_eq!(waits(&mut pair, Some((0, 1_000))), Some(ms(10)));
+        assert!(!pair.due(), "not at once after a trim that removed nothing");
+        assert_eq!(waits(&mut pair, Some((0, 1_000))), Some(ms(20)));
+        for _ in 0..10 {
+            pair.trimmed(Some((0, 1_000)));
+        }
+        assert_eq!(pair.idle.map(|(_, wait)| wait), Some(TRIM_EVERY));
+        // The target read: what it read is gone, and the next trim is due at the mark.
+        assert_eq!(waits(&mut pair, Some((600, 400))), None);
+        assert_eq!(pair.held, 400);
+        assert!(!pair.due());
+        pair.held = TRIM_AT;
+        assert!(pair.due());
+        assert_eq!(waits(&mut pair, None), Some(TRIM_EVERY));
     }
 
     #[test]
