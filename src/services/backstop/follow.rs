@@ -52,12 +52,15 @@ use crate::protocol::{
 use crate::space::members::{Interval, Members};
 use crate::space::{Identities, Space};
 
-/// A follower with this many offers unconfirmed goes back to its own consumer (the window its
-/// consumer would have had).
+/// A follower with this many offers sent and unconfirmed goes back to its own consumer (the
+/// window its consumer would have had). What arrived since the last offers is not counted: a
+/// burst is offered at the next flush, and a member that keeps up confirms it well before the
+/// one after.
 const MAX_OUTSTANDING: usize = WINDOW as usize;
 /// The most entries a feed holds for its slowest follower before that follower goes back to
-/// its own consumer.
-const MAX_BUFFER: usize = 4 * WINDOW as usize;
+/// its own consumer: a burst of 40,000 msg/s over one [`LINGER`] (a few MiB of subjects and
+/// ids); a follower that does not confirm stops at [`MAX_OUTSTANDING`] long before.
+const MAX_BUFFER: usize = 16 * WINDOW as usize;
 /// How often a follower's position is saved while it moves.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
 
@@ -187,6 +190,11 @@ struct Follower {
 }
 
 impl Follower {
+    /// Offers sent and not confirmed: what arrived since the last offers is not counted.
+    fn unconfirmed(&self) -> usize {
+        self.outstanding.len().saturating_sub(self.fresh.len())
+    }
+
     /// Every entry up to this sequence is confirmed or was not due.
     fn position(&self) -> u64 {
         self.outstanding
@@ -611,7 +619,14 @@ impl Feeds {
                     }
                     Some(_) => {}
                 }
-                if follower.outstanding.len() > MAX_OUTSTANDING {
+                let unconfirmed = follower.unconfirmed();
+                if unconfirmed > MAX_OUTSTANDING {
+                    tracing::debug!(
+                        member,
+                        channel = feed.channel,
+                        unconfirmed,
+                        "a follower that does not confirm goes back to its consumer"
+                    );
                     stopping.push((member.clone(), true));
                     continue;
                 }
@@ -814,4 +829,41 @@ fn find(buffer: &VecDeque<Entry>, seq: u64) -> Option<&Entry> {
         .binary_search_by_key(&seq, |e| e.seq)
         .ok()
         .and_then(|i| buffer.get(i))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_burst_not_offered_yet_is_not_counted_as_unconfirmed() {
+        let mut follower = Follower {
+            session: "s".into(),
+            generation: 1,
+            inbox: "_INBOX_x.backstop".into(),
+            acl: Acl::unread(),
+            covered: true,
+            interval: None,
+            read_at: 0,
+            processed: 0,
+            outstanding: BTreeMap::new(),
+            fresh: Vec::new(),
+            saved: 0,
+        };
+        let now = Instant::now();
+        // A burst of four windows arrived since the last offers: due, not offered yet.
+        for seq in 1..=4 * WINDOW as u64 {
+            follower.processed = seq;
+            follower.fresh.push(seq);
+            follower.outstanding.insert(seq, now);
+        }
+        assert_eq!(follower.unconfirmed(), 0);
+        assert_eq!(follower.position(), 0);
+        // Offered and never confirmed: that member goes back to its consumer.
+        follower.fresh.clear();
+        assert!(follower.unconfirmed() > MAX_OUTSTANDING);
+        // Confirmed up to the last: its position is the last entry.
+        follower.outstanding.clear();
+        assert_eq!(follower.position(), 4 * WINDOW as u64);
+    }
 }
