@@ -105,12 +105,12 @@ pub(super) const ALL: &[Case] = &[
     Case {
         names: &["dm_throughput"],
         throughput: true,
-        run: |b, s| Box::pin(dm_throughput(b, s)),
+        run: |b, s| Box::pin(dm_case(b, s.runs, s.messages / 2, DM_THROUGHPUT)),
     },
     Case {
         names: &["dm_pipelined_100k"],
         throughput: false,
-        run: |b, s| Box::pin(dm_pipelined(b, s)),
+        run: |b, s| Box::pin(dm_case(b, s.runs, s.dms, DM_PIPELINED)),
     },
     Case {
         names: &["durable_publish_100_members"],
@@ -650,32 +650,29 @@ fn percentiles(mut lat: Vec<Duration>) -> (f64, f64) {
 // ---------------------------------------------------------------------------------------------
 // Direct messages.
 
-async fn dm_throughput(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
-    let pace = DmPace {
-        name: "dm_throughput",
-        tag: "dm",
-        baseline_is: "JetStream publish -> pull consumer, each message acked; both sides 64 in flight, 400 per window",
-        goal: ">= 0.8",
-        in_flight: DM_IN_FLIGHT,
-        window: DM_WINDOW,
-    };
-    dm_case(bench, sizes.runs, sizes.messages / 2, pace).await
-}
+/// `dm_throughput`: DMs in windows the pair's bound never fills.
+const DM_THROUGHPUT: DmPace = DmPace {
+    name: "dm_throughput",
+    tag: "dm",
+    baseline_is: "JetStream publish -> pull consumer, each message acked; both sides 64 in flight, 400 per window",
+    goal: ">= 0.8",
+    in_flight: DM_IN_FLIGHT,
+    window: DM_WINDOW,
+};
 
-/// DMs pipelined with no window to a reader that keeps up: the client absorbs the pair's
-/// bound as backpressure, so every send is accepted (a refused one fails the case).
-async fn dm_pipelined(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
-    let pace = DmPace {
-        name: "dm_pipelined_100k",
-        tag: "dmp",
-        baseline_is: "JetStream publish -> pull consumer, each message acked; 256 in flight, no window (subjects spread: nothing refuses a raw sender)",
-        goal: "0 refused",
-        in_flight: IN_FLIGHT,
-        window: usize::MAX,
-    };
-    dm_case(bench, sizes.runs, sizes.dms, pace).await
-}
+/// `dm_pipelined_100k`: DMs pipelined with no window to a reader that keeps up; the client
+/// absorbs the pair's bound as backpressure, so every send is accepted (a refused one fails
+/// the case).
+const DM_PIPELINED: DmPace = DmPace {
+    name: "dm_pipelined_100k",
+    tag: "dmp",
+    baseline_is: "JetStream publish -> pull consumer, each message acked; 256 in flight, no window (subjects spread: nothing refuses a raw sender)",
+    goal: "0 refused",
+    in_flight: IN_FLIGHT,
+    window: usize::MAX,
+};
 
+/// A DM case: `n` DMs to a reader that acks each, through cotald and raw, paced as `pace`.
 async fn dm_case(
     bench: &Bench,
     runs: usize,
@@ -727,51 +724,13 @@ async fn dm_case(
         },
         |warm| {
             let n = if warm { n / 10 } else { n };
-            let (raw_js, raw_subject, raw_payload) = (&raw_js, &raw_subject, &raw_payload);
-            let filter = format!("cotal.{SPACE}.inst.{}.*", raw_target.id);
-            async move {
-                // A fresh consumer from the next message on: the earlier runs are not read.
-                let stream = raw_js.get_stream(format!("DM_{SPACE}")).await?;
-                let name = format!("bench_dm_{}", crate::protocol::new_message_id());
-                let consumer = stream
-                    .create_consumer(pull::Config {
-                        name: Some(name.clone()),
-                        filter_subject: filter,
-                        deliver_policy: jetstream::consumer::DeliverPolicy::New,
-                        ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                        inactive_threshold: Duration::from_secs(60),
-                        ..Default::default()
-                    })
-                    .await?;
-                let start = Instant::now();
-                let mut messages = consumer.messages().await?;
-                for chunk in windows(n, pace.window) {
-                    let sending = raw_publish(
-                        raw_js,
-                        raw_subject,
-                        raw_payload,
-                        chunk,
-                        pace.in_flight,
-                        true,
-                    );
-                    let receiving = async {
-                        for _ in 0..chunk {
-                            let msg = bounded("a raw DM", messages.next())
-                                .await?
-                                .context("raw consumer closed")?
-                                .map_err(|e| anyhow::anyhow!("{e}"))?;
-                            msg.ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
-                        }
-                        anyhow::Ok(())
-                    };
-                    let (sent, received) = tokio::join!(sending, receiving);
-                    sent?;
-                    received?;
-                }
-                let elapsed = start.elapsed();
-                let _ = stream.delete_consumer(&name).await;
-                Ok(rate(n, elapsed))
-            }
+            let raw = RawDms {
+                js: &raw_js,
+                subject: &raw_subject,
+                payload: &raw_payload,
+                filter: format!("cotal.{SPACE}.inst.{}.*", raw_target.id),
+            };
+            async move { raw.run(n, pace).await }
         },
     )
     .await?;
@@ -785,6 +744,62 @@ async fn dm_case(
         pace.baseline_is,
         pace.goal,
     )])
+}
+
+/// The raw side of a DM case: the operator publishes to a target of its own, a pull consumer
+/// of that target reads and acks.
+struct RawDms<'a> {
+    js: &'a jetstream::Context,
+    subject: &'a str,
+    payload: &'a bytes::Bytes,
+    filter: String,
+}
+
+impl RawDms<'_> {
+    /// `n` DMs paced as `pace`; the rate until the last is read and acked.
+    async fn run(self, n: usize, pace: DmPace) -> anyhow::Result<f64> {
+        // A fresh consumer from the next message on: the earlier runs are not read.
+        let stream = self.js.get_stream(format!("DM_{SPACE}")).await?;
+        let name = format!("bench_dm_{}", crate::protocol::new_message_id());
+        let consumer = stream
+            .create_consumer(pull::Config {
+                name: Some(name.clone()),
+                filter_subject: self.filter,
+                deliver_policy: jetstream::consumer::DeliverPolicy::New,
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                inactive_threshold: Duration::from_secs(60),
+                ..Default::default()
+            })
+            .await?;
+        let start = Instant::now();
+        let mut messages = consumer.messages().await?;
+        for chunk in windows(n, pace.window) {
+            let sending = raw_publish(
+                self.js,
+                self.subject,
+                self.payload,
+                chunk,
+                pace.in_flight,
+                true,
+            );
+            let receiving = async {
+                for _ in 0..chunk {
+                    let msg = bounded("a raw DM", messages.next())
+                        .await?
+                        .context("raw consumer closed")?
+                        .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    msg.ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+                }
+                anyhow::Ok(())
+            };
+            let (sent, received) = tokio::join!(sending, receiving);
+            sent?;
+            received?;
+        }
+        let elapsed = start.elapsed();
+        let _ = stream.delete_consumer(&name).await;
+        Ok(rate(n, elapsed))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
