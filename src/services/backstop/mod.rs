@@ -127,6 +127,12 @@ pub fn mention_subject(space: &Space, target: &str) -> String {
     format!("{}.backstop.{target}.m", space.names().prefix())
 }
 
+/// The stream sequence a token names, when it is of one of `kinds`: `c` a channel copy from a
+/// member's consumer, `f` an entry of a channel's feed, `m` a mention copy.
+fn token_seq(token: &str, kinds: &[char]) -> Option<u64> {
+    token.strip_prefix(kinds)?.parse().ok()
+}
+
 /// What one consumer of a member reads.
 #[derive(Debug, Clone)]
 enum Source {
@@ -514,10 +520,7 @@ impl Backstop {
 
     /// `backstop-want`: the member asks for the content of offers it has not surfaced.
     pub async fn want(&self, member: &str, tokens: &[String]) {
-        let seqs: Vec<u64> = tokens
-            .iter()
-            .filter_map(|t| t.strip_prefix('f')?.parse().ok())
-            .collect();
+        let seqs: Vec<u64> = tokens.iter().filter_map(|t| token_seq(t, &['f'])).collect();
         self.feeds.want(member, &seqs).await;
     }
 
@@ -527,7 +530,7 @@ impl Backstop {
         // follow the feed.
         let offered: Vec<u64> = tokens
             .iter()
-            .filter_map(|t| t.strip_prefix(['f', 'c'])?.parse().ok())
+            .filter_map(|t| token_seq(t, &['f', 'c']))
             .collect();
         if !offered.is_empty() {
             self.feeds.confirm(member, &offered);
@@ -890,7 +893,7 @@ impl Pump {
                             .info()
                             .is_ok_and(|i| i.consumer == self.consumer)
                     })
-                    .filter_map(|(token, _)| token.strip_prefix('c')?.parse().ok())
+                    .filter_map(|(token, _)| token_seq(token, &['c']))
                     .filter(|seq| *seq > position)
                     .collect()
             })
@@ -1130,6 +1133,16 @@ enum Flow {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_names_a_sequence_of_its_kind_only() {
+        assert_eq!(token_seq("c12", &['c']), Some(12));
+        assert_eq!(token_seq("f12", &['f', 'c']), Some(12));
+        assert_eq!(token_seq("f12", &['c']), None);
+        assert_eq!(token_seq("m3", &['f', 'c']), None);
+        assert_eq!(token_seq("c", &['c']), None);
+        assert_eq!(token_seq("c1x", &['c']), None);
+    }
 
     #[test]
     fn consumer_names_are_valid_and_distinct() {

@@ -604,20 +604,17 @@ impl Pair {
         self.held >= TRIM_AT && self.idle.is_none_or(|(at, wait)| at.elapsed() >= wait)
     }
 
-    /// Records a trim's outcome: `None` when it failed.
+    /// Records a trim's outcome, (purged, held now); `None` when it failed.
     fn trimmed(&mut self, outcome: Option<(u64, i64)>) {
-        let now = Instant::now();
-        self.idle = match (outcome, self.idle) {
-            (Some((purged, held)), idle) => {
+        let wait = match outcome {
+            None => Some(TRIM_EVERY),
+            Some((purged, held)) => {
                 self.held = held;
-                match (purged, idle) {
-                    (0, None) => Some((now, TRIM_RETRY_FIRST)),
-                    (0, Some((_, wait))) => Some((now, (wait * 2).min(TRIM_EVERY))),
-                    _ => None,
-                }
+                let longer = |(_, wait): (Instant, Duration)| (wait * 2).min(TRIM_EVERY);
+                (purged == 0).then(|| self.idle.map_or(TRIM_RETRY_FIRST, longer))
             }
-            (None, _) => Some((now, TRIM_EVERY)),
         };
+        self.idle = wait.map(|wait| (Instant::now(), wait));
     }
 }
 
