@@ -18,7 +18,7 @@ use std::fmt::{self, Display, Write as _};
 use std::future::{self, Future};
 use std::io::IoSlice;
 use std::pin::Pin;
-use std::str::{self, FromStr};
+use std::str;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -35,8 +35,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{self, AsyncRead, AsyncReadExt, AsyncWrite};
 use tracing::trace;
 
-use crate::header::{HeaderMap, HeaderName, IntoHeaderValue};
-use crate::status::StatusCode;
+use crate::header::HeaderMap;
 use crate::subject::Subject;
 use crate::{ClientOp, ServerError, ServerOp, Statistics};
 
@@ -177,8 +176,10 @@ impl Connection {
         }
 
         if self.read_buf.starts_with(b"MSG ") {
-            let line = str::from_utf8(&self.read_buf[4..len])
-                .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
+            // cotald patch: a subject's bytes are the publisher's; read them lossily rather
+            // than closing the connection (`PATCHES.md`).
+            let line = control_line(&self.read_buf[4..len]);
+            let line = line.as_ref();
             let mut args = line.split(' ').filter(|s| !s.is_empty());
 
             // Parse the operation syntax: MSG <subject> <sid> [reply-to] <#bytes>
@@ -251,8 +252,8 @@ impl Connection {
 
         if self.read_buf.starts_with(b"HMSG ") {
             // Extract whitespace-delimited arguments that come after "HMSG".
-            let line = std::str::from_utf8(&self.read_buf[5..len])
-                .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
+            // cotald patch: lossily, as for `MSG` above.
+            let line = control_line(&self.read_buf[5..len]);
             let mut args = line.split_whitespace().filter(|s| !s.is_empty());
 
             // <subject> <sid> [reply-to] <# header bytes><# total bytes>
@@ -331,68 +332,20 @@ impl Connection {
             let payload = self.read_buf.split_to(total_len - header_len).freeze();
             self.read_buf.advance(2);
 
-            let mut lines = std::str::from_utf8(&header)
-                .map_err(|_| {
-                    io::Error::new(io::ErrorKind::InvalidInput, "header isn't valid utf-8")
-                })?
-                .lines()
-                .peekable();
-            let version_line = lines.next().ok_or_else(|| {
-                io::Error::new(io::ErrorKind::InvalidInput, "no header version line found")
-            })?;
-
-            let version_line_suffix = version_line
-                .strip_prefix("NATS/1.0")
-                .map(str::trim)
-                .ok_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        "header version line does not begin with `NATS/1.0`",
-                    )
-                })?;
-
-            let (status, description) = version_line_suffix
-                .split_once(' ')
-                .map(|(status, description)| (status.trim(), description.trim()))
-                .unwrap_or((version_line_suffix, ""));
-            let status = if !status.is_empty() {
-                Some(
-                    status
-                        .parse::<StatusCode>()
-                        .map_err(|_| std::io::Error::other("could not parse status parameter"))?,
-                )
-            } else {
-                None
-            };
-            let description = if !description.is_empty() {
-                Some(description.to_owned())
-            } else {
-                None
-            };
-
-            let mut headers = HeaderMap::new();
-            while let Some(line) = lines.next() {
-                if line.is_empty() {
-                    continue;
-                }
-
-                let (name, value) = line.split_once(':').ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::InvalidInput, "no header version line found")
-                })?;
-
-                let name = HeaderName::from_str(name)
-                    .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
-
-                // Read the header value, which might have been split into multiple lines
-                // `trim_start` and `trim_end` do the same job as doing `value.trim().to_owned()` at the end, but without a reallocation
-                let mut value = value.trim_start().to_owned();
-                while let Some(v) = lines.next_if(|s| s.starts_with(char::is_whitespace)) {
-                    value.push_str(v);
-                }
-                value.truncate(value.trim_end().len());
-
-                headers.append(name, value.into_header_value());
+            // cotald patch: the header block is the publisher's, passed through by the server;
+            // read it whatever its bytes, and mark it when it breaks the grammar, rather than
+            // closing the connection (`PATCHES.md`).
+            let mut block = crate::header::parse_block(&header);
+            if block.status.is_some() && from_stream(reply.as_ref(), &block.headers) {
+                block.mark(crate::header::MalformedHeader::StatusOnStoredMessage);
+                block.status = None;
+                block.description = None;
             }
+            let crate::header::HeaderBlock {
+                status,
+                description,
+                headers,
+            } = block;
 
             trace!(
                 subject = %subject,
@@ -862,6 +815,20 @@ where
     }
 }
 
+/// A `MSG`/`HMSG` control line as text: lossily where its subject bytes are not UTF-8 (such a
+/// subject then matches nothing its reader expects; cotald patch, `PATCHES.md`).
+fn control_line(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
+    String::from_utf8_lossy(bytes)
+}
+
+/// Whether a message was read from a stream: a consumer's delivery carries its `$JS.ACK.` reply
+/// subject, a direct get's answer the `Nats-Sequence` the server adds. The server writes no
+/// status line on either, so a status there is the publisher's (cotald patch, `PATCHES.md`).
+fn from_stream(reply: Option<&Subject>, headers: &HeaderMap) -> bool {
+    reply.is_some_and(|r| r.starts_with("$JS.ACK."))
+        || headers.get(crate::header::NATS_SEQUENCE).is_some()
+}
+
 #[cfg(test)]
 mod read_op {
     use std::sync::Arc;
@@ -1180,25 +1147,26 @@ mod read_op {
         connection.read_op().await.unwrap();
     }
 
-    // Regression for https://github.com/nats-io/nats.rs/issues/1572:
-    // nats-server forwards arbitrary bytes in subjects (no UTF-8 enforcement),
-    // so a publisher sending `balance.\xFF` reaches a `balance.*` subscriber.
-    // The parser must surface an io::Error rather than panicking, otherwise the
-    // ConnectionHandler task dies and the client never reconnects.
+    // nats-server forwards arbitrary bytes in subjects (no UTF-8 enforcement), so a publisher
+    // sending `balance.\xFF` reaches a `balance.*` subscriber (nats.rs issue 1572). cotald
+    // patch: the subject is read lossily and the connection goes on.
     #[tokio::test]
-    async fn msg_with_non_utf8_subject_returns_error() {
+    async fn msg_with_non_utf8_subject_is_read_lossily() {
         let (stream, mut server) = io::duplex(128);
         let mut connection = Connection::new(Box::new(stream), 0, Arc::new(Statistics::default()));
 
         server.write_all(b"MSG balance.\xFF 1 2\r\n").await.unwrap();
-        server.write_all(b"hi\r\n").await.unwrap();
+        server.write_all(b"hi\r\nPING\r\n").await.unwrap();
 
-        let err = connection.read_op().await.unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        let Some(ServerOp::Message { subject, .. }) = connection.read_op().await.unwrap() else {
+            panic!("a message");
+        };
+        assert_eq!(subject.as_str(), "balance.\u{FFFD}");
+        assert_eq!(connection.read_op().await.unwrap(), Some(ServerOp::Ping));
     }
 
     #[tokio::test]
-    async fn hmsg_with_non_utf8_subject_returns_error() {
+    async fn hmsg_with_non_utf8_subject_is_read_lossily() {
         let (stream, mut server) = io::duplex(128);
         let mut connection = Connection::new(Box::new(stream), 0, Arc::new(Statistics::default()));
 
@@ -1208,8 +1176,75 @@ mod read_op {
             .unwrap();
         server.write_all(b"NATS/1.0\r\n\r\nhi\r\n").await.unwrap();
 
-        let err = connection.read_op().await.unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        let Some(ServerOp::Message { subject, .. }) = connection.read_op().await.unwrap() else {
+            panic!("a message");
+        };
+        assert_eq!(subject.as_str(), "balance.\u{FFFD}");
+    }
+
+    // cotald patch: every header block a publisher can write is read, marked, and the
+    // connection goes on to the next operation.
+    #[tokio::test]
+    async fn malformed_header_blocks_are_marked_and_the_connection_goes_on() {
+        use crate::header::MalformedHeader;
+        let cases: [(&[u8], Option<&str>, MalformedHeader); 8] = [
+            (b"NATS/1.0\r\nX: a\rb\r\n\r\n", None, MalformedHeader::LineBreak),
+            (b"NATS/1.0\r\nX: \xff\xfe\r\n\r\n", None, MalformedHeader::NotUtf8),
+            (b"NATS/1.0\r\nX\r\n\r\n", None, MalformedHeader::NoColon),
+            (b"NATS/1.0\r\nX Y: 1\r\n\r\n", None, MalformedHeader::BadName),
+            (b"NATS/1.0 abc\r\n\r\n", None, MalformedHeader::BadStatus),
+            (b"HTTP/1.1\r\n\r\n", None, MalformedHeader::NoVersionLine),
+            (b"", None, MalformedHeader::NoVersionLine),
+            (
+                b"NATS/1.0 409 Consumer Deleted\r\n\r\n",
+                Some("$JS.ACK.S.C.1.1.1.1.0"),
+                MalformedHeader::StatusOnStoredMessage,
+            ),
+        ];
+        for (block, reply, why) in cases {
+            let (stream, mut server) = io::duplex(1024);
+            let mut connection =
+                Connection::new(Box::new(stream), 0, Arc::new(Statistics::default()));
+            let reply = reply.map(|r| format!(" {r}")).unwrap_or_default();
+            let head = format!("HMSG a.b 1{reply} {} {}\r\n", block.len(), block.len() + 2);
+            server.write_all(head.as_bytes()).await.unwrap();
+            server.write_all(block).await.unwrap();
+            server.write_all(b"hi\r\nPING\r\n").await.unwrap();
+            let Some(ServerOp::Message {
+                headers,
+                status,
+                payload,
+                ..
+            }) = connection.read_op().await.unwrap()
+            else {
+                panic!("{why:?}: a message");
+            };
+            assert_eq!(headers.unwrap().malformed(), Some(why));
+            assert_eq!(status, None, "{why:?}");
+            assert_eq!(payload, "hi");
+            assert_eq!(connection.read_op().await.unwrap(), Some(ServerOp::Ping));
+        }
+    }
+
+    // cotald patch: a status the server writes (no `$JS.ACK.` reply, no `Nats-Sequence`) is
+    // kept, and a well-formed block is not marked.
+    #[tokio::test]
+    async fn a_server_status_is_kept() {
+        let (stream, mut server) = io::duplex(1024);
+        let mut connection = Connection::new(Box::new(stream), 0, Arc::new(Statistics::default()));
+        let block = b"NATS/1.0 408 Request Timeout\r\nNats-Pending-Messages: 1\r\n\r\n";
+        let head = format!("HMSG _INBOX.x 1 {} {}\r\n", block.len(), block.len());
+        server.write_all(head.as_bytes()).await.unwrap();
+        server.write_all(block).await.unwrap();
+        server.write_all(b"\r\n").await.unwrap();
+        let Some(ServerOp::Message {
+            headers, status, ..
+        }) = connection.read_op().await.unwrap()
+        else {
+            panic!("a message");
+        };
+        assert_eq!(status, Some(StatusCode::TIMEOUT));
+        assert_eq!(headers.unwrap().malformed(), None);
     }
 }
 

@@ -47,6 +47,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct HeaderMap {
     inner: HashMap<HeaderName, Vec<HeaderValue>>,
+    // cotald patch: how the received block this map was read from broke the grammar.
+    malformed: Option<MalformedHeader>,
 }
 
 /// Helper enum for backward-compatible deserialization using serde's untagged feature
@@ -72,8 +74,14 @@ impl<'de> Deserialize<'de> for HeaderMap {
         let helper = HeaderMapHelper::deserialize(deserializer)?;
 
         Ok(match helper {
-            HeaderMapHelper::Legacy { inner } => HeaderMap { inner },
-            HeaderMapHelper::Current(inner) => HeaderMap { inner },
+            HeaderMapHelper::Legacy { inner } => HeaderMap {
+                inner,
+                malformed: None,
+            },
+            HeaderMapHelper::Current(inner) => HeaderMap {
+                inner,
+                malformed: None,
+            },
         })
     }
 }
@@ -152,6 +160,14 @@ impl HeaderMap {
 
     pub fn len(&self) -> usize {
         self.inner.len()
+    }
+
+    /// How the received header block this map was read from broke the NATS header grammar,
+    /// if it did (cotald patch, see `PATCHES.md`). Such a block is read as far as it can be:
+    /// its well-formed lines are here, the others are not. `None` for a well-formed block
+    /// and for every map built in code.
+    pub fn malformed(&self) -> Option<MalformedHeader> {
+        self.malformed
     }
 
     /// Serialized byte length of this header block (as [`HeaderMap::to_bytes`]
@@ -889,6 +905,126 @@ fn validate_header_name(s: &str) -> Result<(), ParseHeaderNameError> {
     } else {
         Ok(())
     }
+}
+
+/// How a received header block broke the NATS header grammar (ADR-4: a `NATS/1.0` line with an
+/// optional three-digit status, then `Name: value` lines of printable ASCII, each ended by CRLF).
+/// The broker passes a publisher's header block through untouched, so any of these can reach
+/// a subscriber from any client allowed to publish on its subject (cotald patch, `PATCHES.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MalformedHeader {
+    /// The block does not begin with `NATS/1.0` (or is empty).
+    NoVersionLine,
+    /// The block's bytes are not UTF-8.
+    NotUtf8,
+    /// What follows `NATS/1.0` is not a three-digit status.
+    BadStatus,
+    /// A status line on a message read from a stream (a consumer's delivery, a direct get):
+    /// the server writes none there, so the message's publisher did.
+    StatusOnStoredMessage,
+    /// A line with no colon.
+    NoColon,
+    /// A header name with a character a name cannot hold.
+    BadName,
+    /// A CR or LF that does not end a line.
+    LineBreak,
+}
+
+impl fmt::Display for MalformedHeader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MalformedHeader::NoVersionLine => "no NATS/1.0 version line",
+            MalformedHeader::NotUtf8 => "bytes that are not UTF-8",
+            MalformedHeader::BadStatus => "a status that is not three digits",
+            MalformedHeader::StatusOnStoredMessage => "a status line on a stored message",
+            MalformedHeader::NoColon => "a line with no colon",
+            MalformedHeader::BadName => "an invalid header name",
+            MalformedHeader::LineBreak => "a CR or LF inside a line",
+        })
+    }
+}
+
+/// A received header block, read whatever its bytes (cotald patch, `PATCHES.md`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeaderBlock {
+    /// The status of the version line, when it has a well-formed one.
+    pub status: Option<crate::StatusCode>,
+    /// The text after the status.
+    pub description: Option<String>,
+    /// The well-formed lines, and [`HeaderMap::malformed`] when any part of the block was not.
+    pub headers: HeaderMap,
+}
+
+impl HeaderBlock {
+    /// Marks the block malformed (the first reason found is kept).
+    pub(crate) fn mark(&mut self, why: MalformedHeader) {
+        self.headers.malformed.get_or_insert(why);
+    }
+}
+
+/// Reads a received header block. It never fails: what breaks the grammar is left out and
+/// named in [`HeaderMap::malformed`], so that one publisher's bytes cost its own message only
+/// and never the connection that carries everyone's (cotald patch, `PATCHES.md`).
+pub fn parse_block(block: &[u8]) -> HeaderBlock {
+    let mut out = HeaderBlock::default();
+    let text = match std::str::from_utf8(block) {
+        Ok(text) => std::borrow::Cow::Borrowed(text),
+        Err(_) => {
+            out.mark(MalformedHeader::NotUtf8);
+            String::from_utf8_lossy(block)
+        }
+    };
+    // Every CR must begin a CRLF and every LF end one.
+    let bytes = text.as_bytes();
+    let stray = bytes.iter().enumerate().any(|(i, b)| match b {
+        b'\r' => bytes.get(i + 1) != Some(&b'\n'),
+        b'\n' => i == 0 || bytes[i - 1] != b'\r',
+        _ => false,
+    });
+    if stray {
+        out.mark(MalformedHeader::LineBreak);
+    }
+    let mut lines = text.lines().peekable();
+    let Some(suffix) = lines.next().and_then(|l| l.strip_prefix("NATS/1.0")) else {
+        out.mark(MalformedHeader::NoVersionLine);
+        return out;
+    };
+    let suffix = suffix.trim();
+    let (status, description) = suffix
+        .split_once(' ')
+        .map(|(status, description)| (status.trim(), description.trim()))
+        .unwrap_or((suffix, ""));
+    if !status.is_empty() {
+        match status.parse::<crate::StatusCode>() {
+            Ok(status) => {
+                out.status = Some(status);
+                out.description = (!description.is_empty()).then(|| description.to_owned());
+            }
+            Err(_) => out.mark(MalformedHeader::BadStatus),
+        }
+    }
+    while let Some(line) = lines.next() {
+        if line.is_empty() {
+            continue;
+        }
+        let Some((name, value)) = line.split_once(':') else {
+            out.mark(MalformedHeader::NoColon);
+            continue;
+        };
+        let Ok(name) = HeaderName::from_str(name) else {
+            out.mark(MalformedHeader::BadName);
+            continue;
+        };
+        // A value may go on over lines that begin with white space.
+        let mut value = value.trim_start().to_owned();
+        while let Some(more) = lines.next_if(|s| s.starts_with(char::is_whitespace)) {
+            value.push_str(more);
+        }
+        value.truncate(value.trim_end().len());
+        out.headers.append(name, HeaderValue::from_lossy(&value));
+    }
+    out
 }
 
 #[cfg(test)]
