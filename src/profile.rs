@@ -169,6 +169,30 @@ impl DeploymentProfile {
     }
 }
 
+/// `[spaces.<name>.delivery]`: when delivery to a durable member counts as stalled.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeliveryConfig {
+    /// An online member that has copies waiting and has acknowledged none of them for this
+    /// long makes `cotald status` say `DEGRADED`, naming it (`"60s"`, `"5m"`).
+    #[serde(default = "DeliveryConfig::default_stall_after")]
+    pub stall_after: ReplayWindow,
+}
+
+impl DeliveryConfig {
+    fn default_stall_after() -> ReplayWindow {
+        ReplayWindow::parse("60s").expect("a window")
+    }
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        DeliveryConfig {
+            stall_after: Self::default_stall_after(),
+        }
+    }
+}
+
 /// One space.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -188,6 +212,9 @@ pub struct SpaceConfig {
     /// Per-channel configs, keyed by concrete channel name (§7).
     #[serde(default)]
     pub channels: BTreeMap<String, ChannelToml>,
+    /// When delivery to a member counts as stalled.
+    #[serde(default)]
+    pub delivery: DeliveryConfig,
     /// Replicas of the space's streams and buckets: set from `[cluster]`, never written in a
     /// space's table (0 and 1 both mean one).
     #[serde(skip)]
@@ -203,6 +230,7 @@ impl SpaceConfig {
             retention: RetentionConfig::default(),
             defaults: DefaultsConfig::default(),
             channels: BTreeMap::new(),
+            delivery: DeliveryConfig::default(),
             replicas: 1,
         }
     }

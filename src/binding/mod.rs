@@ -1,10 +1,12 @@
 //! The NATS + JetStream binding (§8, §9, Appendix B) as pure functions: the names of a space's
 //! streams, buckets and durables, their exact configurations, and the permission sets of each
-//! credential profile, and a minted credential read back as data. Nothing here talks to a
-//! server; `space` applies these to one.
+//! credential profile, a minted credential read back as data, and a received frame judged
+//! whole (its header block, then its body). Nothing here talks to a server; `space` applies
+//! these to one.
 
 pub mod acl;
 pub mod credential;
+pub mod frame;
 mod names;
 pub mod streams;
 

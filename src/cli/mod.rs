@@ -235,8 +235,9 @@ pub enum Command {
     Up(up::UpArgs),
     /// Report whether the appliance of a data dir is running and healthy.
     ///
-    /// Exit 0 when it is running and its broker healthy; 1 when it is not running, still
-    /// starting, or unhealthy (the text says which).
+    /// Exit 0 when it is running and delivery progresses: its broker healthy, every service
+    /// running, no online durable member stalled; 1 when it is not running, still starting,
+    /// or degraded (the text says which, and why).
     Status(status::StatusArgs),
     /// Mint a credential (`.creds`) for an agent, observer or admin of a space.
     ///

@@ -9,6 +9,7 @@ use serde::Serialize;
 use super::DataDirArg;
 use crate::daemon::admin;
 use crate::datadir::RuntimeState;
+use crate::ops::status::DeliveryReport;
 use crate::ops::{BrokerHealth, Request};
 use crate::services::{Health, ServiceStatus};
 
@@ -32,15 +33,25 @@ pub struct StatusArgs {
 #[derive(Serialize)]
 struct Report {
     running: bool,
+    /// Running, the broker healthy, every service running and no online member stalled:
+    /// delivery progresses.
     healthy: bool,
     data_dir: String,
     #[serde(flatten)]
     state: Option<RuntimeState>,
+    /// Whether the broker and its JetStream say they are healthy.
+    broker_healthy: bool,
     /// The version the broker reports about itself (`VARZ`).
     reported_version: Option<String>,
     /// Why the broker is not healthy, as it says (or why it could not be asked).
     #[serde(skip_serializing_if = "Option::is_none")]
     unhealthy: Option<String>,
+    /// Each space's refusals and online durable members, as the appliance says; `None` when
+    /// it could not be asked (then it is not healthy: delivery is unknown).
+    delivery: Option<DeliveryReport>,
+    /// Why it is not healthy, each reason once (empty when it is).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    degraded: Vec<String>,
 }
 
 pub(super) async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
@@ -68,31 +79,98 @@ pub(super) async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// What the data dir says of its appliance, and what its broker says of itself.
+/// What the data dir says of its appliance, what its broker says of itself, and how delivery
+/// goes: healthy only when all of it is well.
 async fn report(dir: &crate::datadir::DataDir) -> anyhow::Result<Report> {
     let running = dir.is_locked()?;
     let state = if running { dir.read_state()? } else { None };
-    let health = match &state {
-        Some(s) if process_alive(s.broker_pid) => broker_health(dir).await,
-        Some(s) => BrokerHealth {
-            healthy: false,
-            reason: Some(format!("nats-server (pid {}) is not running", s.broker_pid)),
-            version: None,
-        },
-        None => BrokerHealth {
-            healthy: false,
-            reason: None,
-            version: None,
-        },
+    let (health, delivery) = match &state {
+        Some(s) if process_alive(s.broker_pid) => {
+            tokio::join!(broker_health(dir), delivery(dir))
+        }
+        Some(s) => (
+            BrokerHealth {
+                healthy: false,
+                reason: Some(format!("nats-server (pid {}) is not running", s.broker_pid)),
+                version: None,
+            },
+            None,
+        ),
+        None => (
+            BrokerHealth {
+                healthy: false,
+                reason: None,
+                version: None,
+            },
+            None,
+        ),
+    };
+    let degraded = match &state {
+        Some(s) if running => degraded(s, &health, delivery.as_ref()),
+        _ => Vec::new(),
     };
     Ok(Report {
         running,
-        healthy: health.healthy,
+        healthy: running && state.is_some() && degraded.is_empty(),
         data_dir: dir.root().display().to_string(),
         state,
+        broker_healthy: health.healthy,
         reported_version: health.version,
         unhealthy: health.reason,
+        delivery,
+        degraded,
     })
+}
+
+/// Every reason the appliance is not serving as it should: the broker, a service that is not
+/// running, delivery that could not be asked about, an online member whose delivery stalled.
+fn degraded(
+    state: &RuntimeState,
+    broker: &BrokerHealth,
+    delivery: Option<&DeliveryReport>,
+) -> Vec<String> {
+    let mut why = Vec::new();
+    if !broker.healthy {
+        why.push(format!(
+            "broker: {}",
+            broker.reason.as_deref().unwrap_or("unhealthy")
+        ));
+    }
+    for s in &state.services {
+        match &s.health {
+            Health::Running => {}
+            Health::Degraded(reason) => why.push(format!("{} {}: {reason}", s.scope, s.name)),
+            other => why.push(format!("{} {}: {other:?}", s.scope, s.name).to_lowercase()),
+        }
+    }
+    match delivery {
+        None => why.push("delivery: the appliance did not say how it goes (unknown)".into()),
+        Some(report) => {
+            for (space, d) in report {
+                for m in d.members.iter().filter(|m| m.stalled) {
+                    why.push(format!(
+                        "{space} delivery to {} ({}) stalled: {} copies unacknowledged for {} s",
+                        m.name.as_deref().unwrap_or("an identity"),
+                        m.id,
+                        m.unacknowledged,
+                        m.waiting_secs
+                    ));
+                }
+            }
+        }
+    }
+    why.dedup();
+    why
+}
+
+/// How delivery goes in each space, as the appliance says (`None` when it does not answer
+/// within [`ASK_WITHIN`]).
+async fn delivery(dir: &crate::datadir::DataDir) -> Option<DeliveryReport> {
+    let asked = tokio::time::timeout(ASK_WITHIN, admin::call(dir, &Request::Delivery)).await;
+    match asked {
+        Ok(Ok(Some(data))) => serde_json::from_value(data).ok(),
+        _ => None,
+    }
 }
 
 /// What the broker says of itself, asked by the appliance over the system account (the
@@ -124,14 +202,24 @@ fn print_text(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
         ),
         (None, true, _) => writeln!(out, "cotald is starting (data dir {})", r.data_dir),
         (Some(s), true, healthy) => {
+            let verdict = match healthy {
+                true => "healthy",
+                false => "DEGRADED",
+            };
+            writeln!(out, "cotald is running (pid {}): {verdict}", s.pid)?;
+            for why in &r.degraded {
+                writeln!(out, "  degraded    {why}")?;
+            }
             writeln!(
                 out,
-                "cotald is running (pid {}), broker {}",
-                s.pid,
-                match (healthy, &r.unhealthy) {
-                    (true, _) => "healthy".to_owned(),
-                    (false, Some(why)) => format!("UNHEALTHY ({why})"),
-                    (false, None) => "UNHEALTHY".to_owned(),
+                "  broker      {}",
+                match (
+                    &r.unhealthy,
+                    healthy || r.degraded.iter().all(|d| !d.starts_with("broker"))
+                ) {
+                    (_, true) => "healthy".to_owned(),
+                    (Some(why), false) => format!("UNHEALTHY ({why})"),
+                    (None, false) => "UNHEALTHY".to_owned(),
                 }
             )?;
             writeln!(out, "  listen      {} (TLS)", s.listen)?;
@@ -155,12 +243,53 @@ fn print_text(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
             for line in service_lines(&s.services) {
                 writeln!(out, "  {line}")?;
             }
+            for line in delivery_lines(r.delivery.as_ref()) {
+                writeln!(out, "  {line}")?;
+            }
             for line in cluster_lines(s) {
                 writeln!(out, "  {line}")?;
             }
             writeln!(out, "  data dir    {}", r.data_dir)
         }
     }
+}
+
+/// Per space: `delivery    main: 2 members online, 3 unacknowledged, oldest waiting 1 s; refused
+/// 2 (malformed-header 2)`, then a line for each stalled member.
+fn delivery_lines(delivery: Option<&DeliveryReport>) -> Vec<String> {
+    let Some(report) = delivery else {
+        return vec!["delivery    unknown (the appliance did not say)".to_owned()];
+    };
+    let mut lines = Vec::new();
+    for (space, d) in report {
+        let unacked: u64 = d.members.iter().map(|m| m.unacknowledged).sum();
+        let oldest = d.members.iter().map(|m| m.waiting_secs).max().unwrap_or(0);
+        let refused: u64 = d.refused.values().sum();
+        let mut line = format!(
+            "delivery    {space}: {} durable member{} online, {unacked} unacknowledged",
+            d.members.len(),
+            if d.members.len() == 1 { "" } else { "s" }
+        );
+        if unacked > 0 {
+            line.push_str(&format!(", oldest waiting {oldest} s"));
+        }
+        if refused > 0 {
+            let by: Vec<String> = d.refused.iter().map(|(r, n)| format!("{r} {n}")).collect();
+            line.push_str(&format!("; refused {refused} ({})", by.join(", ")));
+        }
+        lines.push(line);
+        for m in d.members.iter().filter(|m| m.stalled) {
+            lines.push(format!(
+                "  STALLED   {} ({}): {} unacknowledged for {} s (threshold {} s)",
+                m.name.as_deref().unwrap_or("an identity"),
+                m.id,
+                m.unacknowledged,
+                m.waiting_secs,
+                d.stall_after_secs
+            ));
+        }
+    }
+    lines
 }
 
 /// One line per scope: `services    main: presence running, backstop DEGRADED (why), …`.

@@ -156,7 +156,6 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
     let max_payload = nats.server_info().max_payload;
     let (sink, deliveries) = deliver::channel(max_payload, id.as_str().to_owned());
     let grants = &claims.permissions;
-    let barrier_refused = !grants.may_subscribe("_INBOX.cotal-barrier.probe");
     // Observers and admins hold no presence write (Appendix B): they watch, never announce.
     let announce = opts.presence
         && opts.announce
@@ -190,7 +189,7 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
         joined: tokio::sync::Mutex::new(Default::default()),
         history: tokio::sync::Mutex::new(()),
         marked: Default::default(),
-        barrier_refused,
+        grants: claims.permissions.clone(),
         tasks: Mutex::new(Vec::new()),
         roster: Roster::default(),
         declared: Mutex::new(Default::default()),

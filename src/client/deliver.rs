@@ -19,7 +19,8 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use super::{Client, ClientError, nats_err};
-use crate::protocol::{CotalMessage, DeliveryKind, RejectReason, accept_delivery, parse_subject};
+use crate::binding::frame::accept_delivery;
+use crate::protocol::{CotalMessage, DeliveryKind, RejectReason, parse_subject};
 
 /// How many DM or anycast copies are pulled ahead of the application.
 const PULL_BATCH: usize = 64;
@@ -375,15 +376,21 @@ impl Sink {
         }));
     }
 
-    /// A channel copy (live or backfill): see [`Sink::channel_delivery`].
-    pub(crate) async fn channel_copy(
-        &self,
-        subject: &str,
-        payload: &[u8],
-        historical: bool,
-    ) -> bool {
-        self.channel_delivery(subject, payload, historical, Ack::None)
-            .await
+    /// A channel copy read from the broker (live, or backfill): its header block judged, then
+    /// as [`Sink::channel_delivery`].
+    pub(crate) async fn channel_copy(&self, msg: &async_nats::Message, historical: bool) -> bool {
+        let frame = Frame {
+            headers: msg.headers.as_ref(),
+            status: msg.status,
+        };
+        self.channel_delivery(
+            msg.subject.as_str(),
+            frame,
+            &msg.payload,
+            historical,
+            Ack::None,
+        )
+        .await
     }
 
     /// A durable copy from the trusted reader (§8): surfaced with its ack handle; acknowledged
@@ -395,7 +402,9 @@ impl Sink {
         payload: &[u8],
         token: BackstopToken,
     ) -> bool {
-        self.channel_delivery(subject, payload, false, Ack::Backstop(token))
+        // The trusted reader judged the frame it read; the copy carries the body alone.
+        let frame = Frame::default();
+        self.channel_delivery(subject, frame, payload, false, Ack::Backstop(token))
             .await
     }
 
@@ -431,6 +440,7 @@ impl Sink {
     async fn channel_delivery(
         &self,
         subject: &str,
+        frame: Frame<'_>,
         payload: &[u8],
         historical: bool,
         ack: Ack,
@@ -440,7 +450,13 @@ impl Sink {
                 token.ack();
             }
         };
-        let accepted = match accept_delivery(subject, payload, self.max_payload) {
+        let accepted = match accept_delivery(
+            subject,
+            frame.headers,
+            frame.status,
+            payload,
+            self.max_payload,
+        ) {
             Ok(a) if a.kind == DeliveryKind::Channel => a,
             Ok(a) => {
                 self.reject(
@@ -529,7 +545,13 @@ impl Sink {
     /// A DM or anycast copy: validated; anomalies terminated; surfaced with its ack handle.
     async fn stream_copy(&self, msg: jetstream::Message) {
         let subject = msg.subject.to_string();
-        match accept_delivery(&subject, &msg.payload, self.max_payload) {
+        match accept_delivery(
+            &subject,
+            msg.headers.as_ref(),
+            msg.status,
+            &msg.payload,
+            self.max_payload,
+        ) {
             Ok(a) if a.kind != DeliveryKind::Channel => {
                 let _ = self
                     .messages
@@ -558,6 +580,13 @@ impl Sink {
             }
         }
     }
+}
+
+/// The header block a copy was read with, when it was read from the broker.
+#[derive(Default, Clone, Copy)]
+struct Frame<'a> {
+    headers: Option<&'a async_nats::HeaderMap>,
+    status: Option<async_nats::StatusCode>,
 }
 
 /// Binds a pre-created pull durable (`CONSUMER.INFO` only, never create: Appendix B) and

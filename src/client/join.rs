@@ -12,11 +12,14 @@
 //! to the frontier, so that a broker restart leaves no gap where history is readable; where it
 //! is not (`replay = false`), the gap is reported as a notice.
 //!
-//! A join is effective only once the broker accepted the subscribe. The broker reports a
-//! refusal only as an asynchronous permission-violation event; when the credential restricts
-//! subscriptions, a trailing subscribe to a subject it surely cannot read (`_INBOX.…`) is a
-//! barrier: the server handles a connection's operations in order, so once the barrier's
-//! refusal arrives, every earlier refusal has.
+//! A join is effective only once the broker accepted the subscribe. The credential's subscribe
+//! grants ride in its JWT, which the client holds: a channel they do not cover is refused here,
+//! before any SUB is sent (the broker would refuse it the same way, and log a violation for the
+//! operator to wonder about). A channel they cover is subscribed, and a round trip after the
+//! SUB proves the broker registered it (the server handles a connection's operations in
+//! order). A refusal the grants did not foresee still arrives, as an asynchronous
+//! permission-violation event: it is looked for when the round trip returns, and later by the
+//! late-refusal watch, which drops the channel (§7, §12 item 13).
 
 use std::time::Duration;
 
@@ -29,7 +32,7 @@ use crate::binding::chat_history_consumer;
 use crate::ops;
 use crate::protocol::{
     CHANNEL_DEFAULTS_KEY, Channel, ChannelConfig, ChannelDefaults, ChannelPattern, CotalMessage,
-    DeliveryClass, EffectiveChannelConfig, accept_delivery, resolve,
+    DeliveryClass, EffectiveChannelConfig, resolve,
 };
 
 /// How long a subscribe may wait for the broker's verdict.
@@ -234,10 +237,7 @@ impl Client {
         let inner = self.inner.clone();
         let pump = AbortOnDrop::new(tokio::spawn(async move {
             while let Some(msg) = sub.next().await {
-                inner
-                    .out
-                    .channel_copy(msg.subject.as_str(), &msg.payload, false)
-                    .await;
+                inner.out.channel_copy(&msg, false).await;
             }
         }));
         let effective = self.effective_config(&pattern).await?;
@@ -342,6 +342,11 @@ impl Client {
         ),
         JoinError,
     > {
+        if !self.inner.grants.may_subscribe(subject) {
+            return Err(JoinError::Refused {
+                channel: key.to_owned(),
+            });
+        }
         let mut violations = self.inner.violations.subscribe();
         let mut sub = self
             .inner
@@ -412,53 +417,34 @@ impl Client {
         .await
     }
 
-    /// Waits for the broker's verdict on the subscribe to `subject`.
+    /// Waits for the broker's verdict on the subscribe to `subject`, which the grants cover: a
+    /// round trip proves the SUB is registered, and a refusal the grants did not foresee that
+    /// arrived by then is the verdict.
     async fn confirm(
         &self,
         subject: &str,
         violations: &mut broadcast::Receiver<super::Violation>,
     ) -> Result<bool, ClientError> {
-        if !self.inner.barrier_refused {
-            // Nothing this credential subscribes to can be refused (or the barrier would not
-            // be): a round trip proves the SUB is registered.
-            self.inner
-                .js
-                .query_account()
-                .await
-                .map_err(nats_err("confirm subscribe"))?;
-            return Ok(true);
-        }
-        let barrier = format!("_INBOX.cotal-barrier.{}", crate::protocol::new_message_id());
-        let barrier_sub = self
-            .inner
-            .nats
-            .subscribe(barrier.clone())
+        tokio::time::timeout(CONFIRM_TIMEOUT, self.inner.js.query_account())
             .await
-            .map_err(nats_err("subscribe"))?;
-        let verdict = tokio::time::timeout(CONFIRM_TIMEOUT, async {
-            loop {
-                match violations.recv().await {
-                    Ok(v) if v.verb == "Subscription" && v.subject == subject => return Ok(false),
-                    Ok(v) if v.verb == "Subscription" && v.subject == barrier => return Ok(true),
-                    Ok(_) => {}
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
-                        return Err(nats_err("confirm subscribe")(
-                            "permission events were dropped; the broker's verdict is unknown, \
-                             retry the join",
-                        ));
-                    }
-                    Err(broadcast::error::RecvError::Closed) => {
-                        return Err(nats_err("confirm subscribe")("connection closed"));
-                    }
+            .map_err(|_| ClientError::Timeout {
+                what: format!("the broker's verdict on subscribing to {subject}"),
+                timeout: CONFIRM_TIMEOUT,
+            })?
+            .map_err(nats_err("confirm subscribe"))?;
+        loop {
+            match violations.try_recv() {
+                Ok(v) if v.verb == "Subscription" && v.subject == subject => return Ok(false),
+                Ok(_) => {}
+                Err(broadcast::error::TryRecvError::Lagged(_)) => {
+                    return Err(nats_err("confirm subscribe")(
+                        "permission events were dropped; the broker's verdict is unknown, \
+                         retry the join",
+                    ));
                 }
+                Err(_) => return Ok(true),
             }
-        })
-        .await;
-        drop(barrier_sub);
-        verdict.map_err(|_| ClientError::Timeout {
-            what: format!("the broker's verdict on subscribing to {subject}"),
-            timeout: CONFIRM_TIMEOUT,
-        })?
+        }
     }
 
     /// A refusal that arrives after the join drops the channel (§7), closes its durable
@@ -734,9 +720,13 @@ impl Client {
                 }
                 pending = info.pending;
                 // What fails the receive checks is not shown, as it would not be delivered.
-                if let Ok(accepted) =
-                    accept_delivery(msg.subject.as_str(), &msg.payload, max_payload)
-                    && accepted.kind == crate::protocol::DeliveryKind::Channel
+                if let Ok(accepted) = crate::binding::frame::accept_delivery(
+                    msg.subject.as_str(),
+                    msg.headers.as_ref(),
+                    msg.status,
+                    &msg.payload,
+                    max_payload,
+                ) && accepted.kind == crate::protocol::DeliveryKind::Channel
                 {
                     if kept.len() == limit {
                         kept.pop_front();
@@ -846,7 +836,7 @@ impl Client {
             if self
                 .inner
                 .out
-                .channel_copy(msg.subject.as_str(), &msg.payload, seq <= historical)
+                .channel_copy(&msg.message, seq <= historical)
                 .await
             {
                 surfaced += 1;

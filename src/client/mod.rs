@@ -424,9 +424,9 @@ pub(crate) struct Inner {
     pub(crate) history: tokio::sync::Mutex<()>,
     /// The CHAT frontier last sent as this session's replay mark.
     pub(crate) marked: std::sync::atomic::AtomicU64,
-    /// Whether the credential denies the barrier subject (then a refused barrier SUB confirms
-    /// every earlier SUB; otherwise nothing can be refused and a round trip confirms).
-    pub(crate) barrier_refused: bool,
+    /// What the credential may publish and subscribe to (its JWT's grants): a join the grants
+    /// refuse is refused before any SUB.
+    pub(crate) grants: crate::binding::UserPermissions,
     pub(crate) tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     pub(crate) roster: presence::Roster,
     pub(crate) declared: Mutex<presence::Declared>,

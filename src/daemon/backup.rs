@@ -154,7 +154,7 @@ impl Core {
             };
             for (stream, consumers) in streams_of(space.names()) {
                 let snap = dir.join(format!("{stream}.snap"));
-                let taken = snapshot::snapshot(space.nats(), &stream, consumers, &snap)
+                let taken = snapshot::snapshot(&space.nats(), &stream, consumers, &snap)
                     .await
                     .map_err(|source| BackupError::Stream {
                         space: space.name().to_owned(),
@@ -211,7 +211,7 @@ impl Core {
                     reason: e.to_string(),
                 })?;
             request["config"]["num_replicas"] = self.replicas.into();
-            let messages = snapshot::restore(space.nats(), &stream.stream, &request, &snap)
+            let messages = snapshot::restore(&space.nats(), &stream.stream, &request, &snap)
                 .await
                 .map_err(|source| BackupError::Stream {
                     space: space.name().to_owned(),

@@ -35,6 +35,7 @@ impl Core {
                 })
             }
             Request::BrokerHealth => json(self.broker_health().await),
+            Request::Delivery => json(self.delivery().await),
             Request::Backup(req) => json(self.backup(req).await?),
             Request::Mint(req) => json(self.mint(&req).await?),
             Request::Revoke(req) => json(self.revoke(&req).await?),
@@ -66,6 +67,30 @@ impl Core {
                 .ok()
                 .and_then(|v| v["version"].as_str().map(str::to_owned)),
         }
+    }
+
+    /// `delivery`: each served space's refusals, and its online durable members' delivery.
+    async fn delivery(&self) -> crate::ops::status::DeliveryReport {
+        let mut report = crate::ops::status::DeliveryReport::new();
+        let spaces: Vec<(String, Arc<Served>)> = self
+            .spaces
+            .lock()
+            .await
+            .iter()
+            .map(|(name, served)| (name.clone(), served.clone()))
+            .collect();
+        for (name, served) in spaces {
+            let backstop = served.manager.backstop();
+            report.insert(
+                name,
+                crate::ops::status::SpaceDelivery {
+                    refused: served.space.refusals().counts(),
+                    stall_after_secs: backstop.stall_after().as_secs(),
+                    members: backstop.delivery().await,
+                },
+            );
+        }
+        report
     }
 
     /// `space-add`: serve a new space at once; it is remembered (and served at every later

@@ -13,6 +13,7 @@ use crate::services::backstop::Backstop;
 use crate::services::consumers::ConsumerGuard;
 use crate::services::identity_sync::IdentitySync;
 use crate::services::lease::{LeaseKeeper, Starter};
+use crate::services::link::LinkWatch;
 use crate::services::manager::Manager;
 use crate::services::membership::{BrokerView, MembershipFeed};
 use crate::services::mentions::Mentions;
@@ -48,8 +49,8 @@ pub(super) struct Started {
 
 impl SpaceServices {
     /// Opens what the services share (the members registry, the roster the presence watch
-    /// keeps) and makes them; the presence watch is started in `set` at once, since the reader
-    /// and the router need the roster.
+    /// keeps) and makes them; the connection watch and the presence watch are started in `set`
+    /// at once, since the reader and the router need the roster.
     pub(super) async fn build(
         core: &Arc<Core>,
         space: &Arc<Space>,
@@ -58,7 +59,7 @@ impl SpaceServices {
     ) -> Result<SpaceServices, DaemonError> {
         let name = space.name();
         let members = Arc::new(
-            Members::open(space.jetstream(), space.names())
+            Members::open(space)
                 .await
                 .map_err(|e| service_error(name, e))?,
         );
@@ -76,6 +77,9 @@ impl SpaceServices {
             backstop.clone(),
         ));
         let view = broker_view(core, space)?;
+        set.start(Arc::new(LinkWatch::new(space.clone())))
+            .await
+            .map_err(|e| service_error(name, e))?;
         set.start(Arc::new(PresenceWatch::new(
             space.clone(),
             presence.clone(),

@@ -18,6 +18,7 @@ use tokio::sync::broadcast;
 
 use super::SpaceAccess;
 use crate::binding::SpaceNames;
+use crate::binding::frame::header_rejection;
 use crate::client::{Client, Connection};
 use crate::protocol::{ChannelPattern, CotalMessage, DeliveryKind, Routing, accept_delivery};
 use crate::services::ServiceError;
@@ -244,6 +245,13 @@ impl Observer {
                     tokio::select! {
                         copy = live_copies.next() => {
                             let Some(copy) = copy else { return };
+                            // A frame whose header block is refused is not shown (the
+                            // space's readers log and count it).
+                            if let Some(why) = header_rejection(copy.headers.as_ref(), copy.status) {
+                                tracing::debug!(subject = %copy.subject, error = %why,
+                                    "a message not shown on the dashboard");
+                                continue;
+                            }
                             let mut feed = feed.lock().unwrap_or_else(|e| e.into_inner());
                             // Checked now only for an event stream that is open.
                             let show = live.receiver_count() > 0;

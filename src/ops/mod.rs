@@ -15,6 +15,7 @@
 //! | `space-list` | — | ✓ | | `[SpaceInfo]` |
 //! | `shutdown` | — | ✓ | | [`Stopping`] |
 //! | `broker-health` | — | ✓ | | [`BrokerHealth`] |
+//! | `delivery` | — | ✓ | | [`status::DeliveryReport`] |
 //! | `backup` | [`BackupRequest`] | ✓ | | [`BackupReport`] |
 //! | `mint` | [`MintRequest`] | ✓ (also with no appliance running) | | [`MintReply`] |
 //! | `revoke` | [`Revoke`] | ✓ | | [`IdentityRecord`] |
@@ -73,6 +74,9 @@ pub enum Request {
     Shutdown,
     /// Ask the broker, over the system account, whether it and its JetStream are healthy.
     BrokerHealth,
+    /// How delivery goes in each space: what its readers refused, and each online durable
+    /// member's unacknowledged copies and how long they have waited.
+    Delivery,
     /// Write an archive of every served space: its streams and buckets as the broker
     /// snapshots them, and the keys, identities and profile they need.
     Backup(BackupRequest),
@@ -111,6 +115,7 @@ impl Request {
         "space-list",
         "shutdown",
         "broker-health",
+        "delivery",
         "backup",
         "mint",
         "revoke",
@@ -133,6 +138,7 @@ impl Request {
             Request::SpaceList => "space-list",
             Request::Shutdown => "shutdown",
             Request::BrokerHealth => "broker-health",
+            Request::Delivery => "delivery",
             Request::Backup(_) => "backup",
             Request::Mint(_) => "mint",
             Request::Revoke(_) => "revoke",
@@ -156,6 +162,7 @@ impl Request {
             | Request::SpaceList
             | Request::Shutdown
             | Request::BrokerHealth
+            | Request::Delivery
             | Request::Backup(_)
             | Request::Mint(_)
             | Request::Revoke(_) => transport == Transport::AdminSocket,

@@ -67,3 +67,34 @@ pub struct BrokerHealth {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
 }
+
+/// The reply to `delivery`: how delivery goes in each served space, as `cotald status` shows
+/// it.
+pub type DeliveryReport = std::collections::BTreeMap<String, SpaceDelivery>;
+
+/// How delivery goes in one space.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpaceDelivery {
+    /// How many messages the space's readers refused (§4, §5), by reason token.
+    pub refused: std::collections::BTreeMap<String, u64>,
+    /// After how many seconds an online member that acknowledges nothing counts as stalled.
+    pub stall_after_secs: u64,
+    /// Every durable member with a delivery session (online), by id.
+    pub members: Vec<MemberDelivery>,
+}
+
+/// One online durable member's delivery (§4 `durable`, §8 trusted reader).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberDelivery {
+    /// The instance id.
+    pub id: String,
+    /// The name it was minted with, when the appliance knows it.
+    pub name: Option<String>,
+    /// Copies handed over (or offered) and not acknowledged yet.
+    pub unacknowledged: u64,
+    /// How long the member has had copies waiting without acknowledging any (its oldest
+    /// pending copy's age while it was connected); 0 when nothing waits.
+    pub waiting_secs: u64,
+    /// Whether `waiting_secs` passed the space's stall threshold.
+    pub stalled: bool,
+}

@@ -60,8 +60,9 @@ impl fmt::Display for DeliveryKind {
     }
 }
 
-/// Advisory reason tokens (§5). The first three are the spec's; `payload-too-large` is ours,
-/// for payloads over the configured maximum (§5 "Messages MUST fit").
+/// Advisory reason tokens (§5). The first three are the spec's; `payload-too-large` (payloads
+/// over the configured maximum, §5 "Messages MUST fit") and `malformed-header` (a transport
+/// header block that breaks its grammar) are ours.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RejectReason {
     /// `malformed-subject`.
@@ -72,6 +73,8 @@ pub enum RejectReason {
     MalformedJson,
     /// `payload-too-large`.
     PayloadTooLarge,
+    /// `malformed-header`.
+    MalformedHeader,
 }
 
 impl RejectReason {
@@ -82,6 +85,7 @@ impl RejectReason {
             Self::SenderMismatch => "sender-mismatch",
             Self::MalformedJson => "malformed-json",
             Self::PayloadTooLarge => "payload-too-large",
+            Self::MalformedHeader => "malformed-header",
         }
     }
 }
@@ -136,6 +140,11 @@ pub enum Rejection {
     /// Valid JSON, wrong shape.
     #[error("invalid envelope: {0}")]
     InvalidEnvelope(EnvelopeError),
+    /// The transport's header block, which the broker passes through from the publisher,
+    /// breaks its grammar or carries what only the broker writes (in the NATS binding:
+    /// `binding::frame`).
+    #[error("malformed header: {0}")]
+    MalformedHeader(String),
 }
 
 impl Rejection {
@@ -150,6 +159,7 @@ impl Rejection {
             Self::InvalidUtf8 { .. } | Self::MalformedJson(_) | Self::InvalidEnvelope(_) => {
                 RejectReason::MalformedJson
             }
+            Self::MalformedHeader(_) => RejectReason::MalformedHeader,
         }
     }
 }

@@ -200,7 +200,7 @@ impl IdentitySync {
 
     async fn bucket(&self) -> Result<kv::Store, ServiceError> {
         ensure_bucket(
-            self.space.jetstream(),
+            &self.space.jetstream(),
             kv::Config {
                 bucket: bucket_name(self.space.name()),
                 history: 1,

@@ -101,7 +101,7 @@ impl LeaseKeeper {
 
     async fn bucket(&self) -> Result<kv::Store, ServiceError> {
         super::identity_sync::ensure_bucket(
-            self.space.jetstream(),
+            &self.space.jetstream(),
             kv::Config {
                 bucket: bucket_name(self.space.name()),
                 history: 1,

@@ -31,8 +31,7 @@ use crate::ops::{
     IdentityRecord, Membership, OpError, ReplayMark, Request, Resumed, Transport,
 };
 use crate::protocol::{
-    Channel, ChannelPattern, ControlReply, DeliveryClass, accept_control_request, is_covered,
-    parse_subject,
+    Channel, ChannelPattern, ControlReply, DeliveryClass, is_covered, parse_subject,
 };
 use crate::space::members::{Interval, MemberRecord, Members, MembersError};
 use crate::space::{Held, Hold, Holds, Identities, Space, SpaceError};
@@ -66,6 +65,11 @@ pub struct Manager {
 }
 
 impl Manager {
+    /// The space's trusted reader, which the manager's ops reach.
+    pub fn backstop(&self) -> &Arc<Backstop> {
+        &self.backstop
+    }
+
     /// The manager of `space`.
     pub fn new(
         space: Arc<Space>,
@@ -118,8 +122,18 @@ impl Manager {
         }
         let subject = msg.subject.as_str();
         let max_payload = self.space.nats().server_info().max_payload;
-        let reply = match accept_control_request(subject, &msg.payload, max_payload) {
-            Err(rejection) => ControlReply::failure(rejection.reason().as_str()),
+        let checked = crate::binding::frame::accept_control_request(
+            subject,
+            msg.headers.as_ref(),
+            msg.status,
+            &msg.payload,
+            max_payload,
+        );
+        let reply = match checked {
+            Err(rejection) => {
+                self.space.refusals().refuse("manager", subject, &rejection);
+                ControlReply::failure(rejection.reason().as_str())
+            }
             Ok(accepted) => {
                 let request = accepted.request;
                 match Request::from_parts(&request.op, request.args) {

@@ -34,8 +34,9 @@ use super::backstop::mention_subject;
 use super::presence::PresenceView;
 use super::{Context, Health, Service, ServiceError};
 use crate::binding::SpaceNames;
+use crate::binding::frame::accept_delivery;
 use crate::ops::COPY_SUBJECT;
-use crate::protocol::{DeliveryClass, DeliveryKind, accept_delivery};
+use crate::protocol::{DeliveryClass, DeliveryKind};
 use crate::space::{Identities, Space};
 
 /// The router's consumer on CHAT.
@@ -97,8 +98,20 @@ impl Mentions {
             return true;
         }
         let max_payload = self.space.nats().server_info().max_payload;
-        let Ok(accepted) = accept_delivery(msg.subject.as_str(), &msg.payload, max_payload) else {
-            return true;
+        let accepted = match accept_delivery(
+            msg.subject.as_str(),
+            msg.headers.as_ref(),
+            msg.status,
+            &msg.payload,
+            max_payload,
+        ) {
+            Ok(accepted) => accepted,
+            Err(rejection) => {
+                self.space
+                    .refusals()
+                    .refuse("mentions", msg.subject.as_str(), &rejection);
+                return true;
+            }
         };
         if accepted.kind != DeliveryKind::Channel || accepted.message.mentions.is_empty() {
             return true;

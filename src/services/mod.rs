@@ -13,6 +13,7 @@
 //!
 //! | service | what it does | spec |
 //! | --- | --- | --- |
+//! | [`link`] | the connection watch: reports a space cut off from its broker, dials again a connection closed for good | |
 //! | [`manager`] | `ctl.manager`: durable join/leave, memberships, resume, acks, channel configs | §5, §7, App. B |
 //! | [`backstop`] | the trusted reader: re-authorizes and hands durable copies to members | §4, §8, §9 item 5 |
 //! | [`mentions`] | durable copies of `@mentions` on `live` channels | §4, §5 |
@@ -29,6 +30,7 @@ pub mod backstop;
 pub mod consumers;
 pub mod identity_sync;
 pub mod lease;
+pub mod link;
 pub mod manager;
 pub mod membership;
 pub mod mentions;

@@ -19,7 +19,6 @@ use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-use crate::binding::SpaceNames;
 use crate::ops::Membership;
 
 /// One delivery interval of a membership: sequences `join_cursor < seq ≤ leave_cursor`.
@@ -122,7 +121,10 @@ pub fn key(member: &str, channel: &str) -> String {
 
 /// The members registry of one space.
 pub struct Members {
-    kv: Store,
+    space: Arc<super::Space>,
+    /// The bucket over the space's connection, and which connection that is: a connection
+    /// dialed again ([`super::Space::redial`]) opens it anew.
+    kv: tokio::sync::Mutex<(u64, Store)>,
     records: RwLock<BTreeMap<String, (MemberRecord, u64)>>,
     changed: Arc<Notify>,
     /// Grows with every change of the records held.
@@ -132,12 +134,11 @@ pub struct Members {
 const CAS_ATTEMPTS: usize = 8;
 
 impl Members {
-    /// Opens the registry and loads every record.
-    pub async fn open(
-        js: &async_nats::jetstream::Context,
-        names: &SpaceNames,
-    ) -> Result<Self, MembersError> {
-        let bucket = names.members_bucket();
+    /// Opens the registry of `space` and loads every record.
+    pub async fn open(space: &Arc<super::Space>) -> Result<Self, MembersError> {
+        let bucket = space.names().members_bucket();
+        let generation = space.link_generation();
+        let js = space.jetstream();
         let fail = |action, source: Box<dyn std::error::Error + Send + Sync>| MembersError::Kv {
             action,
             key: bucket.clone(),
@@ -159,23 +160,46 @@ impl Members {
             }
         }
         Ok(Members {
-            kv,
+            space: space.clone(),
+            kv: tokio::sync::Mutex::new((generation, kv)),
             records: RwLock::new(records),
             changed: Arc::default(),
             version: Default::default(),
         })
     }
 
+    /// The bucket, over the space's connection as it is now.
+    async fn kv(&self) -> Result<Store, MembersError> {
+        let generation = self.space.link_generation();
+        let mut held = self.kv.lock().await;
+        if held.0 != generation {
+            let bucket = self.space.names().members_bucket();
+            let store = self
+                .space
+                .jetstream()
+                .get_key_value(&bucket)
+                .await
+                .map_err(|e| MembersError::Kv {
+                    action: "opening",
+                    key: bucket,
+                    source: e.into(),
+                })?;
+            *held = (generation, store);
+        }
+        Ok(held.1.clone())
+    }
+
     /// Reads every record again: a cluster node that takes over a space's services was not
     /// the registry's writer until then, so what it loaded at its start is stale.
     pub async fn reload(&self) -> Result<(), MembersError> {
+        let kv = self.kv().await?;
         let fail = |action, source: Box<dyn std::error::Error + Send + Sync>| MembersError::Kv {
             action,
-            key: self.kv.name.clone(),
+            key: kv.name.clone(),
             source,
         };
         let mut records = BTreeMap::new();
-        let mut keys = match self.kv.keys().await {
+        let mut keys = match kv.keys().await {
             Ok(keys) => keys,
             Err(e) => return Err(fail("listing", e.into())),
         };
@@ -184,7 +208,7 @@ impl Members {
             if key.starts_with(MARKS) {
                 continue;
             }
-            if let Some((record, revision)) = read(&self.kv, &key).await? {
+            if let Some((record, revision)) = read(&kv, &key).await? {
                 records.insert(key, (record, revision));
             }
         }
@@ -200,11 +224,16 @@ impl Members {
     /// How far `member` has read each live channel it replays (stream sequences of CHAT).
     pub async fn marks(&self, member: &str) -> Result<BTreeMap<String, u64>, MembersError> {
         let key = format!("{MARKS}{member}");
-        let entry = self.kv.get(&key).await.map_err(|e| MembersError::Kv {
-            action: "reading",
-            key: key.clone(),
-            source: e.into(),
-        })?;
+        let entry = self
+            .kv()
+            .await?
+            .get(&key)
+            .await
+            .map_err(|e| MembersError::Kv {
+                action: "reading",
+                key: key.clone(),
+                source: e.into(),
+            })?;
         match entry {
             Some(bytes) if !bytes.is_empty() => serde_json::from_slice(&bytes)
                 .map_err(|source| MembersError::Malformed { key, source }),
@@ -230,7 +259,8 @@ impl Members {
             key: key.clone(),
             source,
         })?;
-        self.kv
+        self.kv()
+            .await?
             .put(&key, bytes.into())
             .await
             .map_err(|e| MembersError::Kv {
@@ -326,7 +356,8 @@ impl Members {
     ) -> Result<Result<Option<MemberRecord>, E>, MembersError> {
         let key = key(member, channel);
         for _ in 0..CAS_ATTEMPTS {
-            let stored = read(&self.kv, &key).await?;
+            let kv = self.kv().await?;
+            let stored = read(&kv, &key).await?;
             let revision = stored.as_ref().map(|(_, rev)| *rev);
             let next = match change(stored.map(|(r, _)| r)) {
                 Ok(next) => next,
@@ -336,16 +367,15 @@ impl Members {
                 (Some(record), rev) => {
                     let bytes = serde_json::to_vec(record).unwrap_or_default();
                     match rev {
-                        Some(rev) => self.kv.update(&key, bytes.into(), rev).await.map_err(|e| {
+                        Some(rev) => kv.update(&key, bytes.into(), rev).await.map_err(|e| {
                             (e.kind() == kv::UpdateErrorKind::WrongLastRevision, e.into())
                         }),
-                        None => self.kv.create(&key, bytes.into()).await.map_err(|e| {
+                        None => kv.create(&key, bytes.into()).await.map_err(|e| {
                             (e.kind() == kv::CreateErrorKind::AlreadyExists, e.into())
                         }),
                     }
                 }
-                (None, Some(rev)) => self
-                    .kv
+                (None, Some(rev)) => kv
                     .delete_expect_revision(&key, Some(rev))
                     .await
                     .map(|()| 0)

@@ -9,7 +9,9 @@ pub mod bootstrap;
 pub mod holds;
 pub mod identities;
 pub mod identity;
+mod link;
 pub mod members;
+pub mod refusals;
 pub mod snapshot;
 pub mod store;
 
@@ -28,6 +30,8 @@ pub use bootstrap::{BootstrapError, BootstrapReport, bootstrap};
 pub use holds::{Held, Hold, Holds};
 pub use identities::Identities;
 pub use identity::{MintError, Minted};
+pub use link::LinkState;
+pub use refusals::Refusals;
 
 use crate::ops::{CredentialProfile, IdentityRecord};
 use crate::protocol::{
@@ -86,11 +90,13 @@ pub struct Space {
     names: SpaceNames,
     config: SpaceConfig,
     account: String,
-    client: async_nats::Client,
-    js: jetstream::Context,
+    /// The provisioner's connection, replaced when it closed for good.
+    link: link::Link,
     /// The senders whose DMs are held (the warden holds, the manager refuses, the account JWT
     /// carries it out).
     holds: Holds,
+    /// What the space's readers refused of what they read.
+    refusals: Refusals,
 }
 
 impl Space {
@@ -103,21 +109,21 @@ impl Space {
     ) -> Result<Self, SpaceError> {
         let space = keys.name().to_owned();
         let creds = keys.own_user_creds("manager")?;
-        let client = crate::client::dial(&creds, format!("cotald-manager-{space}"), ca, addr)
+        let name = format!("cotald-manager-{space}");
+        let link = link::Link::dial(creds, name, ca.to_owned(), addr)
             .await
             .map_err(|source| SpaceError::Connect {
                 space: space.clone(),
                 addr,
                 source,
             })?;
-        let js = jetstream::new(client.clone());
         Ok(Space {
             names: SpaceNames::new(&space),
             config,
             account: keys.account_public(),
-            client,
-            js,
+            link,
             holds: Holds::default(),
+            refusals: Refusals::new(&space),
         })
     }
 
@@ -129,6 +135,11 @@ impl Space {
     /// The senders whose DMs are held.
     pub fn holds(&self) -> &Holds {
         &self.holds
+    }
+
+    /// What the space's readers refused of what they read.
+    pub fn refusals(&self) -> &Refusals {
+        &self.refusals
     }
 
     /// The space's JetStream names.
@@ -146,20 +157,45 @@ impl Space {
         &self.account
     }
 
-    /// The provisioner's connection (the manager user: allow-all within the account).
-    pub fn nats(&self) -> &async_nats::Client {
-        &self.client
+    /// The provisioner's connection (the manager user: allow-all within the account): a
+    /// cheap handle, taken anew by each service run, since a connection that closed for good
+    /// is replaced ([`Space::redial`]).
+    pub fn nats(&self) -> async_nats::Client {
+        self.link.client()
     }
 
     /// JetStream over the provisioner's connection.
-    pub fn jetstream(&self) -> &jetstream::Context {
-        &self.js
+    pub fn jetstream(&self) -> jetstream::Context {
+        self.link.jetstream()
+    }
+
+    /// Which connection [`Space::nats`] is: it grows each time it is dialed again, so that a
+    /// handle made over an older one is made again.
+    pub fn link_generation(&self) -> u64 {
+        self.link.generation()
+    }
+
+    /// Whether the provisioner's connection is up, as its events say.
+    pub fn link_state(&self) -> tokio::sync::watch::Receiver<LinkState> {
+        self.link.state()
+    }
+
+    /// Dials the broker again in place of a connection that closed for good.
+    pub async fn redial(&self) -> Result<(), SpaceError> {
+        self.link
+            .redial()
+            .await
+            .map_err(|source| SpaceError::Connect {
+                space: self.name().to_owned(),
+                addr: self.link.addr(),
+                source,
+            })
     }
 
     /// Creates what is missing, reports drift (§8).
     pub async fn bootstrap(&self) -> Result<BootstrapReport, SpaceError> {
         let report = bootstrap(
-            &self.js,
+            &self.jetstream(),
             &self.names,
             &self.config.retention(),
             &self.config.registry_entries(),
@@ -208,7 +244,7 @@ impl Space {
             source: e,
         };
         let stream = self
-            .js
+            .jetstream()
             .get_stream(&stream)
             .await
             .map_err(|e| fail(e.into()))?;
@@ -249,7 +285,7 @@ impl Space {
             source: e,
         };
         let stream = self
-            .js
+            .jetstream()
             .get_stream(self.names.dm_stream())
             .await
             .map_err(|e| fail(e.into()))?;
@@ -282,7 +318,7 @@ impl Space {
             source: e,
         };
         let kv = self
-            .js
+            .jetstream()
             .get_key_value(&bucket)
             .await
             .map_err(|e| fail(e.into()))?;
@@ -314,7 +350,7 @@ impl Space {
             source: e,
         };
         let kv = self
-            .js
+            .jetstream()
             .get_key_value(self.names.channels_bucket())
             .await
             .map_err(|e| fail(e.into()))?;
@@ -325,7 +361,7 @@ impl Space {
         let purged = match purge {
             true => {
                 let chat = self
-                    .js
+                    .jetstream()
                     .get_stream(self.names.chat_stream())
                     .await
                     .map_err(|e| fail(e.into()))?;
@@ -359,7 +395,7 @@ impl Space {
             source: e,
         };
         let mut stream = self
-            .js
+            .jetstream()
             .get_stream(self.names.chat_stream())
             .await
             .map_err(|e| fail(e.into()))?;
@@ -379,7 +415,7 @@ impl Space {
             source: e,
         };
         let kv = self
-            .js
+            .jetstream()
             .get_key_value(self.names.channels_bucket())
             .await
             .map_err(|e| fail(e.into()))?;
@@ -400,7 +436,7 @@ impl Space {
 
     /// Closes the provisioner connection (after the space's services stopped).
     pub async fn close(&self) {
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.client.drain()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.nats().drain()).await;
     }
 }
 

@@ -1017,7 +1017,7 @@ async fn commands_right_after_up_wait_for_it_to_start() {
     );
     assert!(status.status.success(), "{}", said(&status));
     assert!(
-        String::from_utf8_lossy(&status.stdout).contains("broker healthy"),
+        String::from_utf8_lossy(&status.stdout).contains(": healthy"),
         "{}",
         said(&status)
     );

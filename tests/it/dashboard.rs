@@ -29,13 +29,13 @@ impl Answer {
 }
 
 /// Where the dashboard listens, and its token, from `cotald status --json`'s URL.
-struct Site {
+pub(crate) struct Site {
     addr: SocketAddr,
     token: String,
 }
 
 impl Site {
-    async fn of(c: &Cotald) -> Site {
+    pub(crate) async fn of(c: &Cotald) -> Site {
         let out = cotald_in(&c.data_dir, &["status", "--json"]).await;
         let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let url = status["dashboard"]
@@ -132,7 +132,7 @@ impl Site {
     }
 
     /// Opens the feed's event stream of `main`.
-    async fn events(&self, query: &str) -> Events {
+    pub(crate) async fn events(&self, query: &str) -> Events {
         let mut stream = TcpStream::connect(self.addr).await.unwrap();
         let request = format!(
             "GET /spaces/main/events{query} HTTP/1.1\r\nHost: {}\r\nCookie: {}\r\n\r\n",
@@ -152,14 +152,14 @@ impl Site {
 }
 
 /// An open event stream and what it carried so far.
-struct Events {
+pub(crate) struct Events {
     stream: TcpStream,
-    seen: String,
+    pub(crate) seen: String,
 }
 
 impl Events {
     /// Reads until what arrived contains `needle`; returns how long that took.
-    async fn until(&mut self, needle: &str) -> Duration {
+    pub(crate) async fn until(&mut self, needle: &str) -> Duration {
         let start = Instant::now();
         let mut buf = [0u8; 4096];
         while !self.seen.contains(needle) {

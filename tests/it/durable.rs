@@ -505,6 +505,7 @@ async fn status_shows_each_service() {
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let services = status["services"].as_array().unwrap();
     for name in [
+        "connection",
         "presence",
         "mentions",
         "warden",
@@ -528,7 +529,8 @@ async fn status_shows_each_service() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains(
-            "services    main: presence running, mentions running, warden running, \
+            "services    main: connection running, presence running, mentions running, \
+             warden running, \
              consumer-guard running, backstop running, manager running, membership running"
         ),
         "{text}"

@@ -422,6 +422,14 @@ pub async fn next(sub: &mut async_nats::Subscriber) -> async_nats::Message {
         .expect("subscription open")
 }
 
+/// The text of a delivery's first part.
+pub fn next_text_of(d: &cotald::client::Delivery) -> String {
+    match &d.message.parts[0] {
+        cotald::protocol::Part::Text { text, .. } => text.clone(),
+        other => panic!("not a text part: {other:?}"),
+    }
+}
+
 /// The text of the next message surfaced to `conn` (bounded), acknowledged.
 pub async fn next_text(conn: &mut cotald::client::Connection) -> String {
     let d = delivery(&mut conn.deliveries).await;

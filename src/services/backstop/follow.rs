@@ -39,16 +39,16 @@ use std::time::{Duration, Instant};
 use async_nats::HeaderMap;
 use async_nats::jetstream;
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+use async_nats::jetstream::stream::DirectGetErrorKind;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::{Acl, BATCH, HANDOFF_TIMEOUT, LINGER, WINDOW};
+use crate::binding::frame::accept_delivery;
 use crate::ops::{BATCH_KIND, CopyBatch, OFFERS, OfferBatch};
-use crate::protocol::{
-    Channel, DeliveryKind, SubjectKind, accept_delivery, is_covered, parse_subject,
-};
+use crate::protocol::{Channel, DeliveryKind, SubjectKind, is_covered, parse_subject};
 use crate::space::members::{Interval, Members};
 use crate::space::{Identities, Space};
 
@@ -374,6 +374,26 @@ impl Feeds {
             .unwrap_or_default()
     }
 
+    /// The entries offered to `member` and not confirmed yet, over every channel it follows.
+    pub(super) fn unconfirmed(&self, member: &str) -> Vec<u64> {
+        self.each()
+            .iter()
+            .filter_map(|feed| {
+                let state = feed.state.lock().ok()?;
+                let follower = state.followers.get(member)?;
+                Some(
+                    follower
+                        .outstanding
+                        .keys()
+                        .filter(|seq| !follower.fresh.contains(seq))
+                        .copied()
+                        .collect::<Vec<u64>>(),
+                )
+            })
+            .flatten()
+            .collect()
+    }
+
     /// The member confirmed these offers (`backstop-ack` of their tokens).
     pub(super) fn confirm(&self, member: &str, seqs: &[u64]) {
         for feed in self.each() {
@@ -433,14 +453,35 @@ impl Feeds {
         let mut batches = Vec::new();
         let mut batch = CopyBatch::default();
         for (seq, subject) in items {
-            let Ok(stored) = stream.direct_get(seq).await else {
+            let stored = match stream.direct_get(seq).await {
+                Ok(stored) => stored,
+                // Evicted by the channel's retention: nothing is left to hand over (§4
+                // "within retention").
+                Err(e) if e.kind() == DirectGetErrorKind::NotFound => {
+                    handled.push(seq);
+                    continue;
+                }
                 // Handed over again after the handoff timeout.
-                continue;
+                Err(_) => continue,
             };
             let token = format!("f{seq}");
             let framed = CopyBatch::framed_len(&subject, &token, &stored.payload);
-            let valid = accept_delivery(&subject, &stored.payload, max_payload)
-                .is_ok_and(|a| a.kind == DeliveryKind::Channel);
+            let checked = accept_delivery(
+                &subject,
+                Some(&stored.headers),
+                None,
+                &stored.payload,
+                max_payload,
+            );
+            let valid = match checked {
+                Ok(a) => a.kind == DeliveryKind::Channel,
+                Err(rejection) => {
+                    self.space
+                        .refusals()
+                        .refuse("backstop", &subject, &rejection);
+                    false
+                }
+            };
             if !valid || framed > max_payload {
                 handled.push(seq);
                 continue;

@@ -61,9 +61,11 @@ use self::follow::{Demoted, Feeds, Stopped};
 use super::presence::PresenceView;
 use super::{Context, Health, Service, ServiceError};
 use crate::binding::backstop_inbox;
+use crate::binding::frame::header_rejection;
+use crate::ops::status::MemberDelivery;
 use crate::ops::{COPY_SUBJECT, CopyBatch, IdentityRecord};
 use crate::protocol::{
-    Channel, ChannelPattern, SubjectKind, accept_delivery, is_covered, parse_subject,
+    Channel, ChannelPattern, Rejection, SubjectKind, accept_delivery, is_covered, parse_subject,
 };
 use crate::space::members::{Interval, Members};
 use crate::space::{Identities, Space};
@@ -133,6 +135,12 @@ fn token_seq(token: &str, kinds: &[char]) -> Option<u64> {
     token.strip_prefix(kinds)?.parse().ok()
 }
 
+/// Whether a consumer lookup failed because the consumer does not exist.
+fn is_not_found(e: &jetstream::stream::ConsumerError) -> bool {
+    matches!(e.kind(), jetstream::stream::ConsumerErrorKind::JetStream(js)
+        if js.error_code() == jetstream::ErrorCode::CONSUMER_NOT_FOUND)
+}
+
 /// What one consumer of a member reads.
 #[derive(Debug, Clone)]
 enum Source {
@@ -173,6 +181,35 @@ struct Session {
     held: Arc<Mutex<HashMap<String, Held>>>,
     /// Consumer name → its pump.
     pumps: Mutex<HashMap<String, PumpHandle>>,
+    /// Whether the member keeps up.
+    progress: Mutex<Progress>,
+}
+
+/// Whether a member keeps up with its copies: when it last acknowledged one, and when it last
+/// had none waiting. A member that has copies waiting and acknowledged none of them since the
+/// later of the two is stuck for that long (the age of its oldest pending copy, counted while
+/// it was connected).
+struct Progress {
+    acked: Instant,
+    clear: Instant,
+}
+
+impl Progress {
+    fn new() -> Self {
+        let now = Instant::now();
+        Progress {
+            acked: now,
+            clear: now,
+        }
+    }
+
+    /// How long the member has had `waiting` copies without acknowledging any.
+    fn stuck_for(&mut self, waiting: usize, now: Instant) -> Duration {
+        if waiting == 0 {
+            self.clear = now;
+        }
+        now.duration_since(self.acked.max(self.clear))
+    }
 }
 
 /// A running pump as its session sees it.
@@ -338,6 +375,7 @@ impl Backstop {
             started: Instant::now(),
             held: Arc::default(),
             pumps: Mutex::default(),
+            progress: Mutex::new(Progress::new()),
         });
         let old = self
             .sessions
@@ -538,6 +576,9 @@ impl Backstop {
         let Some(session) = self.sessions.lock().await.get(member).cloned() else {
             return;
         };
+        if let Ok(mut progress) = session.progress.lock() {
+            progress.acked = Instant::now();
+        }
         let done: Vec<Held> = session
             .held
             .lock()
@@ -656,6 +697,85 @@ impl Backstop {
             }
         }
     }
+
+    /// How delivery goes for every member with a session (online): what waits for its
+    /// acknowledgement and for how long (`cotald status`).
+    pub async fn delivery(&self) -> Vec<MemberDelivery> {
+        let sessions: Vec<(String, Arc<Session>)> = self
+            .sessions
+            .lock()
+            .await
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let stall_after = self.stall_after();
+        let now = Instant::now();
+        let mut members: Vec<MemberDelivery> = sessions
+            .into_iter()
+            .map(|(member, session)| {
+                // An entry a pump handed over before its member went on to follow the feed
+                // is held and offered both: counted once, by its sequence.
+                let mut entries: std::collections::BTreeSet<u64> =
+                    self.feeds.unconfirmed(&member).into_iter().collect();
+                let mut mentions = 0;
+                if let Ok(held) = session.held.lock() {
+                    for token in held.keys() {
+                        match token_seq(token, &['c']) {
+                            Some(seq) => {
+                                entries.insert(seq);
+                            }
+                            None => mentions += 1,
+                        }
+                    }
+                }
+                let waiting = entries.len() + mentions;
+                let stuck = session
+                    .progress
+                    .lock()
+                    .map(|mut p| p.stuck_for(waiting, now))
+                    .unwrap_or_default();
+                let waiting_for = if waiting == 0 { Duration::ZERO } else { stuck };
+                MemberDelivery {
+                    name: self.identities.get(&member).map(|r| r.name),
+                    id: member,
+                    unacknowledged: waiting as u64,
+                    waiting_secs: waiting_for.as_secs(),
+                    stalled: waiting_for >= stall_after,
+                }
+            })
+            .collect();
+        members.sort_by(|a, b| a.id.cmp(&b.id));
+        members
+    }
+
+    /// After how long without an acknowledgement an online member counts as stalled.
+    pub fn stall_after(&self) -> Duration {
+        self.space.config().delivery.stall_after.duration()
+    }
+
+    /// Reports the reader degraded while any online member is stalled, naming them; running
+    /// again once none is.
+    async fn report_stalls(&self, ctx: &Context) {
+        let stalled: Vec<String> = self
+            .delivery()
+            .await
+            .into_iter()
+            .filter(|m| m.stalled)
+            .map(|m| {
+                format!(
+                    "{} ({}) has {} copies unacknowledged for {} s",
+                    m.name.as_deref().unwrap_or("an identity"),
+                    m.id,
+                    m.unacknowledged,
+                    m.waiting_secs
+                )
+            })
+            .collect();
+        ctx.report(match stalled.is_empty() {
+            true => Health::Running,
+            false => Health::Degraded(format!("delivery stalled: {}", stalled.join("; "))),
+        });
+    }
 }
 
 impl Service for Backstop {
@@ -682,7 +802,10 @@ impl Service for Backstop {
         loop {
             tokio::select! {
                 () = ctx.cancelled() => break,
-                _ = sweep.tick() => self.sweep().await,
+                _ = sweep.tick() => {
+                    self.sweep().await;
+                    self.report_stalls(&ctx).await;
+                }
                 Some(d) = async { demoted.as_mut()?.recv().await } => {
                     self.restart_pump(&d.member, Some(&d.session), &d.channel, d.generation).await;
                 }
@@ -771,9 +894,19 @@ impl Pump {
                 .await
             {
                 Ok(c) => c,
-                Err(e) => {
-                    tracing::debug!(consumer = self.consumer, error = %e, "backstop consumer not bound");
+                // Deleted (parked, drained, or the identity revoked): nothing more to read.
+                Err(e) if is_not_found(&e) => {
+                    tracing::debug!(consumer = self.consumer, error = %e, "backstop consumer gone");
                     return;
+                }
+                // The broker is not reachable for now (restarting, or the connection is being
+                // dialed again): bound again shortly, so the member's delivery goes on.
+                Err(e) => {
+                    tracing::debug!(consumer = self.consumer, error = %e, "backstop consumer not bound; retrying");
+                    tokio::select! {
+                        () = token.cancelled() => return,
+                        () = tokio::time::sleep(Duration::from_millis(500)) => continue,
+                    }
                 }
             };
             let messages = consumer
@@ -951,9 +1084,21 @@ impl Pump {
             },
         };
         acl.refresh(&self.identities, &self.member);
-        let verdict = self.authorize(&subject, &msg.payload, seq, acl, current);
+        // A chat entry's header block is its publisher's; a mention copy's is the router's.
+        let header = match self.source {
+            Source::Chat { .. } => header_rejection(msg.headers.as_ref(), msg.status),
+            Source::Mention => None,
+        };
+        let verdict = self.authorize(&subject, header, &msg.payload, seq, acl, current);
         match verdict {
             Verdict::Deliver => {}
+            Verdict::Refused(rejection) => {
+                self.space
+                    .refusals()
+                    .refuse("backstop", &subject, &rejection);
+                let _ = msg.ack().await;
+                return Flow::Continue;
+            }
             Verdict::Skip(why) => {
                 tracing::trace!(
                     member = self.member,
@@ -1040,6 +1185,7 @@ impl Pump {
     fn authorize(
         &self,
         subject: &str,
+        header: Option<Rejection>,
         payload: &[u8],
         seq: u64,
         acl: &Acl,
@@ -1072,8 +1218,11 @@ impl Pump {
         if !Channel::new(parsed.rest).is_ok_and(|c| is_covered(&acl.read, &c)) {
             return Verdict::Skip("outside the member's current read ACL");
         }
-        if accept_delivery(subject, payload, self.max_payload).is_err() {
-            return Verdict::Skip("a permanent anomaly (§5)");
+        if let Some(rejection) = header {
+            return Verdict::Refused(rejection);
+        }
+        if let Err(rejection) = accept_delivery(subject, payload, self.max_payload) {
+            return Verdict::Refused(rejection);
         }
         Verdict::Deliver
     }
@@ -1117,10 +1266,12 @@ impl Pump {
     }
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 enum Verdict {
     Deliver,
     Skip(&'static str),
+    /// A permanent anomaly (§5): acknowledged away, never handed over.
+    Refused(Rejection),
     PastLeave,
 }
 

@@ -1,0 +1,245 @@
+//! The wire as untrusted input (§4, §5): frames an agent's credential lets it write and no
+//! library would (the broker passes a header block through untouched) cost that one message
+//! only, on every connection the appliance and its clients own.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use cotald::client::{Connection, DurableState, Replay};
+use serde_json::json;
+
+use crate::dashboard::Site;
+use crate::helper::{Cotald, Minted, TIMEOUT, cotald_in, endpoint, mint};
+use crate::raw::RawClient;
+
+/// What a text of a delivery says.
+fn text(d: &cotald::client::Delivery) -> String {
+    serde_json::to_value(&d.message.parts[0]).unwrap()["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// An envelope of `from` with `routing`, saying `text`.
+fn envelope(from: &str, routing: serde_json::Value, text: &str) -> Vec<u8> {
+    let mut m = json!({
+        "id": cotald::protocol::new_message_id(),
+        "ts": 1,
+        "space": "main",
+        "from": {"id": from, "name": "mallory"},
+        "parts": [{"kind": "text", "text": text}],
+    });
+    m.as_object_mut()
+        .unwrap()
+        .extend(routing.as_object().unwrap().clone());
+    m.to_string().into_bytes()
+}
+
+/// The frames: a name, the header block as written, and whether the body is an envelope.
+fn poison() -> Vec<(&'static str, Vec<u8>, bool)> {
+    let oversized = format!("NATS/1.0\r\nX-Pad: {}\r\n\r\n", "p".repeat(200_000));
+    vec![
+        (
+            "a bare CR in a value",
+            b"NATS/1.0\r\nX-Note: a\rb\r\n\r\n".to_vec(),
+            true,
+        ),
+        (
+            "a value that is not UTF-8",
+            b"NATS/1.0\r\nX-Note: \xff\xfe\r\n\r\n".to_vec(),
+            true,
+        ),
+        (
+            "a line with no colon",
+            b"NATS/1.0\r\nX-Note\r\n\r\n".to_vec(),
+            true,
+        ),
+        ("a bad status line", b"NATS/1.0 abc\r\n\r\n".to_vec(), true),
+        (
+            "a huge status line",
+            format!("NATS/1.0 {}\r\n\r\n", "9".repeat(4096)).into_bytes(),
+            true,
+        ),
+        (
+            "a forged status",
+            b"NATS/1.0 409 Consumer Deleted\r\n\r\n".to_vec(),
+            true,
+        ),
+        ("an empty header block", Vec::new(), true),
+        ("an oversized header block", oversized.into_bytes(), true),
+        (
+            "a body that is not an envelope",
+            b"NATS/1.0\r\n\r\n".to_vec(),
+            false,
+        ),
+    ]
+}
+
+/// Joins `ch` durably and leaves the room: the membership stays while the member is away.
+async fn join_durable_and_leave(member: &Minted, ch: &str) {
+    let conn = endpoint(member, |o| o.receive_backstop = false).await;
+    let report = conn.client.join(ch, Replay::Off).await.unwrap();
+    assert_eq!(report.durable, DurableState::Established, "{report:?}");
+    conn.client.close().await;
+}
+
+/// Receives until every text of `want` surfaced (acking each), bounded.
+async fn receive_all(conn: &mut Connection, want: &BTreeSet<String>, who: &str) {
+    let mut got = BTreeSet::new();
+    let outcome = tokio::time::timeout(2 * TIMEOUT, async {
+        while !want.is_subset(&got) {
+            let Some(d) = conn.deliveries.next().await else {
+                break;
+            };
+            got.insert(text(&d));
+            if d.needs_ack() {
+                d.ack().await.unwrap();
+            }
+        }
+    })
+    .await;
+    let missing: Vec<&String> = want.difference(&got).collect();
+    assert!(
+        outcome.is_ok() && missing.is_empty(),
+        "{who} is missing {} of {}: {missing:?}",
+        missing.len(),
+        want.len()
+    );
+}
+
+#[tokio::test]
+async fn a_malformed_frame_costs_its_own_message_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Cotald::up(tmp.path()).await;
+    let grants = ["--allow-publish", "general,lounge"];
+    let mallory = mint(tmp.path(), "mallory", "main", &grants).await;
+    let bob = mint(
+        tmp.path(),
+        "bob",
+        "main",
+        &["--subscribe", "general,lounge"],
+    )
+    .await;
+    let carol = mint(tmp.path(), "carol", "main", &["--subscribe", "general"]).await;
+    let op = crate::helper::operator_endpoint(tmp.path(), &bob, false).await;
+    crate::helper::set_channel(&op, "lounge", json!({"deliveryClass": "live"})).await;
+    join_durable_and_leave(&carol, "general").await;
+    let mut b = endpoint(&bob, |_| {}).await;
+    b.client.join("general", Replay::Off).await.unwrap();
+    b.client.join("lounge", Replay::Off).await.unwrap();
+    let site = Site::of(&c).await;
+    let mut feed = site.events("").await;
+
+    let ca = tmp.path().join("tls/ca.pem");
+    let mut raw = RawClient::connect(&c.state().listen.to_string(), &mallory.creds, &ca).await;
+    let id = raw.id.clone();
+    let subjects = [
+        (
+            "general",
+            format!("cotal.main.chat.{id}.general"),
+            json!({"channel": "general"}),
+        ),
+        (
+            "lounge",
+            format!("cotal.main.chat.{id}.lounge"),
+            json!({"channel": "lounge"}),
+        ),
+        (
+            "dm",
+            format!("cotal.main.inst.{}.{id}", bob.id),
+            json!({"to": bob.id}),
+        ),
+    ];
+    let (mut to_bob, mut to_carol, mut to_feed) = (BTreeSet::new(), BTreeSet::new(), Vec::new());
+    for (case, header, is_envelope) in poison() {
+        for (route, subject, routing) in &subjects {
+            let body = match is_envelope {
+                true => envelope(&id, routing.clone(), &format!("poison: {case}")),
+                false => b"not json at all".to_vec(),
+            };
+            let stored = raw.hpub(subject, &header, &body).await;
+            assert!(
+                stored.contains("\"seq\""),
+                "{case} on {route}: not stored: {stored}"
+            );
+            for i in 0..20 {
+                let text = format!("{case} / {route} / {i}");
+                let id_line = format!("NATS/1.0\r\nNats-Msg-Id: {}\r\n\r\n", uuid_like(&text));
+                let body = envelope(&id, routing.clone(), &text);
+                raw.hpub(subject, id_line.as_bytes(), &body).await;
+                to_bob.insert(text.clone());
+                match *route {
+                    "general" => {
+                        to_carol.insert(text.clone());
+                        to_feed.push(text);
+                    }
+                    "lounge" => to_feed.push(text),
+                    _ => {}
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{} malformed frames, then 20 ordinary messages after each",
+        poison().len() * subjects.len()
+    );
+    // The online member: every ordinary message, on both channels and as DMs.
+    receive_all(&mut b, &to_bob, "the online member").await;
+    // The dashboard's live feed: every ordinary message of both channels.
+    for text in &to_feed {
+        feed.until(&html_escape(text)).await;
+    }
+    // The durable member catching up: every ordinary message of the durable channel.
+    let mut cc = endpoint(&carol, |_| {}).await;
+    receive_all(&mut cc, &to_carol, "the durable member catching up").await;
+    // Healthy again, as `status` says, within 10 s.
+    let healthy = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let out = cotald_in(tmp.path(), &["status", "--json"]).await;
+            if out.status.success() {
+                return serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .expect("status --json says healthy within 10 s");
+    assert!(healthy["healthy"].as_bool().unwrap(), "{healthy}");
+    let refused = &healthy["delivery"]["main"]["refused"]["malformed-header"];
+    assert!(refused.as_u64().unwrap_or(0) > 0, "counted: {healthy}");
+
+    for conn in [b, cc, op] {
+        conn.client.close().await;
+    }
+    c.signal(libc::SIGTERM);
+    assert!(c.wait_exit().await.success());
+    let log = c.drain_stderr().await;
+    assert!(!log.contains("panicked"), "no panic:\n{log}");
+    // The members' joins were confirmed without a subscription the broker refuses (and logs).
+    assert!(!log.contains("Subscription Violation"), "{log}");
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("message refused") && l.contains(&id))
+        .collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "the refusal is logged once with its sender:\n{log}"
+    );
+}
+
+/// A stable message id for `text` (the broker's duplicate window keys on it).
+fn uuid_like(text: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
+}
+
+/// `text` as the dashboard writes it into a page.
+fn html_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
+}
