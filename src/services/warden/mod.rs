@@ -2,7 +2,7 @@
 //! (§4: an acknowledged DM or task is delivered at least once within retention, to everyone).
 //! Why each mechanism, and what was rejected: `docs/design-notes.md`, *Fairness*.
 //!
-//! The broker bounds each pair: DM keeps at most [`DM_MAX_MSGS_PER_PAIR`] per (target, sender)
+//! The broker bounds each pair: DM keeps at most [`DM_MAX_MSGS_PER_PAIR`](crate::binding::streams::DM_MAX_MSGS_PER_PAIR) per (target, sender)
 //! and TASK [`TASK_MAX_MSGS_PER_PAIR`](crate::binding::streams::TASK_MAX_MSGS_PER_PAIR) per (role, sender), refusing one more to its sender and
 //! never evicting anything older (`binding/streams.rs`). What the broker cannot bound is how
 //! many pairs a sender opens: Appendix B lets an agent publish `inst.<anything>.<id>` and
@@ -45,7 +45,6 @@ use async_nats::jetstream::consumer::DeliverPolicy;
 use async_nats::jetstream::stream;
 
 use super::{Context, Health, Service, ServiceError};
-use crate::binding::streams::DM_MAX_MSGS_PER_PAIR;
 use crate::binding::{SpaceNames, dm_durable};
 use crate::ops::CredentialProfile;
 use crate::profile::human_size;
@@ -58,8 +57,11 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 /// A target's first unreadable message is purged at once; more to the same target within this
 /// window are purged together at its end (a flood to one target is one purge per window).
 const PURGE_BATCH: Duration = Duration::from_millis(50);
-/// A pair is trimmed of read DMs once it holds this many.
-const TRIM_AT: i64 = DM_MAX_MSGS_PER_PAIR / 2;
+/// A pair is trimmed of read DMs once it holds this many: a pair read as fast as it is written
+/// is trimmed once per few hundred DMs, not per DM, and stays far below its bound
+/// ([`DM_MAX_MSGS_PER_PAIR`](crate::binding::streams::DM_MAX_MSGS_PER_PAIR)), which then
+/// counts what waits unread.
+const TRIM_AT: i64 = 500;
 /// When DM holds this share (percent) of its byte limit, every agent's read DMs are trimmed:
 /// a full store drops what has been read before it refuses what has not.
 const FULL_PERCENT: u64 = 90;
