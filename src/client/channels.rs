@@ -128,6 +128,18 @@ impl Client {
             };
             out.entry(channel).or_default().0 += count as u64;
         }
+        // When the last message came needs `STREAM.MSG.GET` on CHAT, which only an
+        // unrestricted credential holds (Appendix B grants it to no profile): asked without
+        // it, the broker refuses and logs a violation, and the request waits out its timeout.
+        // Without it, the time is unknown.
+        let chat = self.inner.names.chat_stream();
+        if !self
+            .inner
+            .grants
+            .may_publish(&format!("$JS.API.STREAM.MSG.GET.{chat}"))
+        {
+            return Ok(out);
+        }
         for (channel, (_, last)) in out.iter_mut() {
             let subject = self.inner.subjects.chat_subscription(&channel.to_pattern());
             if let Ok(message) = stream.get_last_raw_message_by_subject(&subject).await {
