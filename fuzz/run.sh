@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the fuzz targets with libFuzzer coverage instrumentation on the stable toolchain and
-# runs one of them. Usage: fuzz/run.sh <subject|envelope|link> [seconds] [extra libFuzzer args]
+# runs one of them. Usage: fuzz/run.sh <subject|envelope|link|frame> [seconds] [extra libFuzzer args]
 set -euo pipefail
 
-target=${1:?usage: fuzz/run.sh <subject|envelope|link> [seconds] [libFuzzer args...]}
+target=${1:?usage: fuzz/run.sh <subject|envelope|link|frame> [seconds] [libFuzzer args...]}
 seconds=${2:-180}
 shift $(( $# >= 2 ? 2 : 1 ))
 
