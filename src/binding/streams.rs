@@ -428,7 +428,7 @@ mod tests {
             assert!(!c.allow_direct, "{}: no Direct Get", c.name);
             assert_eq!(c.storage, StorageType::File);
         }
-        for (c, per_pair) in [(dm(&n, &r), 1000), (task(&n, &r), 256)] {
+        for (c, per_pair) in [(dm(&n, &r), 10_000), (task(&n, &r), 256)] {
             assert_eq!(
                 c.discard,
                 DiscardPolicy::New,

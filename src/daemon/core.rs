@@ -311,7 +311,9 @@ impl Core {
         let started = async {
             self.restore_pending(&space).await?;
             self.bootstrap(&space).await?;
-            for record in identities.active() {
+            // The machine operator is a person with a DM inbox too: an agent's answer to it
+            // waits in its `dm_<id>`.
+            for record in identities.active().into_iter().chain(identities.builtins()) {
                 space.provision(&record).await?;
             }
             let cluster = self

@@ -462,6 +462,15 @@ pub struct IdentityRecord {
 }
 
 impl IdentityRecord {
+    /// Whether DMs can be addressed to it: an agent, or a person (`admin`, the machine
+    /// operator among them), reads its own `dm_<id>`; an observer reads no DM (Appendix B).
+    pub fn has_inbox(&self) -> bool {
+        matches!(
+            self.profile,
+            CredentialProfile::Agent | CredentialProfile::Admin
+        )
+    }
+
     /// The read ACL as patterns (entries that do not parse grant nothing).
     pub fn read_acl(&self) -> Vec<ChannelPattern> {
         self.allow_subscribe

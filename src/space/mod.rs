@@ -33,7 +33,7 @@ pub use identity::{MintError, Minted};
 pub use link::LinkState;
 pub use refusals::Refusals;
 
-use crate::ops::{CredentialProfile, IdentityRecord};
+use crate::ops::IdentityRecord;
 use crate::protocol::{
     CHANNEL_DEFAULTS_KEY, ChannelConfig, ChannelDefaults, ChannelPattern, EffectiveChannelConfig,
     resolve,
@@ -211,10 +211,12 @@ impl Space {
         Ok(report)
     }
 
-    /// Pre-creates the durables an identity binds: `dm_<id>` for every agent and `svc_<role>`
-    /// when it has a role (Appendix B: agents bind, never create). Idempotent.
+    /// Pre-creates the durables an identity binds: `dm_<id>` for every agent and person (an
+    /// admin, the machine operator among them: a person reads the replies of the agents it
+    /// speaks to) and `svc_<role>` when it has a role (Appendix B: agents bind, never
+    /// create). Idempotent.
     pub async fn provision(&self, record: &IdentityRecord) -> Result<(), SpaceError> {
-        if record.profile != CredentialProfile::Agent {
+        if !record.has_inbox() {
             return Ok(());
         }
         self.ensure_consumer(

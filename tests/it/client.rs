@@ -7,7 +7,7 @@ use cotald::client::{ClientError, ConnectionState, DurableState, JoinError, Noti
 use cotald::protocol::{Channel, InstanceId, PresenceStatus, RejectReason, Routing};
 use serde_json::json;
 
-use crate::helper::{Cotald, Probe, TIMEOUT, delivery, endpoint, mint, notice};
+use crate::helper::{Cotald, Probe, TIMEOUT, cotald_in, delivery, endpoint, mint, notice};
 
 fn channel(name: &str) -> Routing {
     Routing::channel(&Channel::new(name).unwrap())
@@ -1096,4 +1096,46 @@ async fn names_resolve_through_the_loaded_roster() {
         conn.client.close().await;
     }
     c.stop().await;
+}
+
+/// A person and their agents, both ways: the machine operator DMs an agent, the agent answers
+/// the sender of what it got, and `cotald tail --dm` as the operator prints the answer. The
+/// warden purges nothing addressed to an identity that exists (the operator is a person with a
+/// DM inbox, not an agent).
+#[tokio::test]
+async fn the_operator_reads_an_agents_reply_to_its_dm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &[]).await;
+    let mut a = endpoint(&alice, |o| o.presence = false).await;
+    let sent = cotald_in(tmp.path(), &["send", "--to", "alice", "are you there?"]).await;
+    assert!(
+        sent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    let asked = delivery(&mut a.deliveries).await;
+    assert_eq!(asked.message.from.name, "local-operator");
+    let operator = InstanceId::from_user_nkey(&asked.message.from.id).unwrap();
+    asked.ack().await.unwrap();
+    a.client
+        .send_text(Routing::to(&operator), "yes, on it")
+        .await
+        .unwrap();
+    let tail = cotald_in(tmp.path(), &["tail", "--dm", "--count", "1", "--json"]).await;
+    assert!(
+        tail.status.success(),
+        "{}",
+        String::from_utf8_lossy(&tail.stderr)
+    );
+    let line: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&tail.stdout).trim()).unwrap();
+    assert_eq!(line["kind"], "dm", "{line}");
+    assert_eq!(line["from"]["name"], "alice", "{line}");
+    assert_eq!(line["parts"][0]["text"], "yes, on it", "{line}");
+    a.client.close().await;
+    c.signal(libc::SIGTERM);
+    assert!(c.wait_exit().await.success());
+    let log = c.drain_stderr().await;
+    assert!(!log.contains("purged messages"), "nothing purged:\n{log}");
 }

@@ -519,8 +519,8 @@ impl Relay {
     }
 }
 
-/// The machine operator's own endpoint in `main` (unrestricted; it has no DM durable and no
-/// backstop), reached like `like`. `presence` says whether it heartbeats and watches the roster.
+/// The machine operator's own endpoint in `main` (unrestricted; it reads neither its DMs nor
+/// a backstop here), reached like `like`. `presence` says whether it heartbeats and watches the roster.
 pub async fn operator_endpoint(
     data_dir: &Path,
     like: &Minted,

@@ -7,8 +7,8 @@
 //! never evicting anything older (`binding/streams.rs`). What the broker cannot bound is how
 //! many pairs a sender opens: Appendix B lets an agent publish `inst.<anything>.<id>` and
 //! `svc.<anything>.<id>`, and a target that does not exist never reads. The warden closes that:
-//! - a DM to a target that is no minted, unrevoked agent (only agents have a `dm_<id>` to read
-//!   it with) is purged as soon as it is seen (a flood to one such target, once per
+//! - a DM to a target that is no minted, unrevoked agent or person (only they have a `dm_<id>`
+//!   to read it with; an observer has none) is purged as soon as it is seen (a flood to one such target, once per
 //!   `PURGE_BATCH`), and so is a task to a role no such agent holds;
 //! - a pair that fills up is trimmed of the DMs its target has already read (below the ack
 //!   floor of `dm_<target>`; DM keeps read messages for history), so the pair bound counts what
@@ -46,7 +46,6 @@ use async_nats::jetstream::stream;
 
 use super::{Context, Health, Service, ServiceError};
 use crate::binding::{SpaceNames, dm_durable};
-use crate::ops::CredentialProfile;
 use crate::profile::human_size;
 use crate::space::{Held, Hold, Identities, Space};
 use ledger::{Ledger, TaskSizes};
@@ -105,11 +104,12 @@ impl Warden {
     }
 }
 
-/// Who may be addressed: the agents minted and not revoked, and their roles.
+/// Who may be addressed: the agents and persons (admins, the machine operator) minted and not
+/// revoked, who read their own `dm_<id>`, and the agents' roles.
 #[derive(Default)]
 struct Addressable {
     version: Option<u64>,
-    agents: HashSet<String>,
+    inboxes: HashSet<String>,
     roles: HashSet<String>,
 }
 
@@ -119,12 +119,12 @@ impl Addressable {
         if self.version == Some(version) {
             return;
         }
-        self.agents.clear();
+        self.inboxes.clear();
         self.roles.clear();
-        for record in identities.active() {
-            if record.profile == CredentialProfile::Agent {
+        for record in identities.active().into_iter().chain(identities.builtins()) {
+            if record.has_inbox() {
                 self.roles.extend(record.role.clone());
-                self.agents.insert(record.id);
+                self.inboxes.insert(record.id);
             }
         }
         self.version = Some(version);
@@ -235,7 +235,7 @@ fn judge(names: &SpaceNames, subject: &str, addressable: &Addressable) -> Verdic
     let tokens: Vec<&str> = rest.split('.').collect();
     match tokens.as_slice() {
         ["inst", target, sender] if literal(target) && literal(sender) => {
-            if addressable.agents.contains(*target) {
+            if addressable.inboxes.contains(*target) {
                 Verdict::Pair((*target).to_owned(), subject.to_owned())
             } else {
                 Verdict::Purge(names.dms_to(target))
@@ -280,7 +280,7 @@ impl Warden {
                 stream,
                 filter,
                 purged = r.purged,
-                "purged messages addressed to no agent or role of this space"
+                "purged messages addressed to no identity (agent or person) or role of this space"
             ),
             Ok(_) => {}
             Err(e) => {
@@ -652,7 +652,7 @@ impl Warden {
             store: byte_limit(&dm),
             ..Shares::default()
         };
-        let agents = addressable.agents.iter().cloned().collect();
+        let agents = addressable.inboxes.iter().cloned().collect();
         self.read_floors(&mut dm_shares.ledger, agents).await;
         let task_shares = Shares {
             store: byte_limit(&self.stream_info(&names.task_stream()).await?),
@@ -719,7 +719,7 @@ impl Warden {
         w.dm_shares.store = byte_limit(&dm);
         w.dm_shares.ledger.below(dm.state.first_sequence);
         for target in w.dm_shares.ledger.targets() {
-            if !w.addressable.agents.contains(&target) {
+            if !w.addressable.inboxes.contains(&target) {
                 w.dm_shares.ledger.forget_target(&target);
             }
         }
@@ -769,7 +769,7 @@ impl Warden {
         if w.fullness_checked.is_none_or(|t| t.elapsed() >= TRIM_EVERY) {
             w.fullness_checked = Some(Instant::now());
             if self.dm_nearly_full().await {
-                for agent in &w.addressable.agents {
+                for agent in &w.addressable.inboxes {
                     self.trim(agent, &self.space.names().dms_to(agent)).await;
                 }
             }
@@ -857,7 +857,7 @@ mod tests {
     fn addressable() -> Addressable {
         Addressable {
             version: Some(0),
-            agents: ["UBOB".to_owned()].into(),
+            inboxes: ["UBOB".to_owned()].into(),
             roles: ["reviewer".to_owned()].into(),
         }
     }
