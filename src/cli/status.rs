@@ -254,25 +254,40 @@ fn print_text(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
     }
 }
 
-/// Per space: `delivery    main: 2 members online, 3 unacknowledged, oldest waiting 1 s; refused
-/// 2 (malformed-header 2)`, then a line for each stalled member.
+/// Per space: `delivery    main: 2 durable members online, 3 unacknowledged (oldest waiting
+/// 1 s); 1 away, 340 messages waiting (oldest stored 2 h ago); refused 2 (malformed-header 2)`,
+/// then a line for each stalled member.
 fn delivery_lines(delivery: Option<&DeliveryReport>) -> Vec<String> {
     let Some(report) = delivery else {
         return vec!["delivery    unknown (the appliance did not say)".to_owned()];
     };
     let mut lines = Vec::new();
     for (space, d) in report {
-        let unacked: u64 = d.members.iter().map(|m| m.unacknowledged).sum();
-        let oldest = d.members.iter().map(|m| m.waiting_secs).max().unwrap_or(0);
-        let refused: u64 = d.refused.values().sum();
+        let (online, away): (Vec<_>, Vec<_>) = d.members.iter().partition(|m| m.online);
+        let unacked: u64 = online.iter().map(|m| m.unacknowledged).sum();
+        let plural = |n: usize| if n == 1 { "" } else { "s" };
         let mut line = format!(
             "delivery    {space}: {} durable member{} online, {unacked} unacknowledged",
-            d.members.len(),
-            if d.members.len() == 1 { "" } else { "s" }
+            online.len(),
+            plural(online.len())
         );
         if unacked > 0 {
-            line.push_str(&format!(", oldest waiting {oldest} s"));
+            let oldest = online.iter().map(|m| m.waiting_secs).max().unwrap_or(0);
+            line.push_str(&format!(" (oldest waiting {oldest} s)"));
         }
+        if !away.is_empty() {
+            let backlog: Option<u64> = away.iter().map(|m| m.backlog).sum();
+            let oldest = away.iter().filter_map(|m| m.oldest_pending_secs).max();
+            line.push_str(&format!("; {} away, ", away.len()));
+            line.push_str(&match backlog {
+                Some(n) => format!("{n} messages waiting"),
+                None => "messages waiting: unknown".to_owned(),
+            });
+            if let Some(oldest) = oldest {
+                line.push_str(&format!(" (oldest stored {oldest} s ago)"));
+            }
+        }
+        let refused: u64 = d.refused.values().sum();
         if refused > 0 {
             let by: Vec<String> = d.refused.iter().map(|(r, n)| format!("{r} {n}")).collect();
             line.push_str(&format!("; refused {refused} ({})", by.join(", ")));

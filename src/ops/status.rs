@@ -79,22 +79,30 @@ pub struct SpaceDelivery {
     pub refused: std::collections::BTreeMap<String, u64>,
     /// After how many seconds an online member that acknowledges nothing counts as stalled.
     pub stall_after_secs: u64,
-    /// Every durable member with a delivery session (online), by id.
+    /// Every durable member, online or away, by id.
     pub members: Vec<MemberDelivery>,
 }
 
-/// One online durable member's delivery (§4 `durable`, §8 trusted reader).
+/// One durable member's delivery (§4 `durable`, §8 trusted reader).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberDelivery {
     /// The instance id.
     pub id: String,
     /// The name it was minted with, when the appliance knows it.
     pub name: Option<String>,
-    /// Copies handed over (or offered) and not acknowledged yet.
+    /// Whether it has a delivery session (it is connected).
+    pub online: bool,
+    /// Online: copies handed over (or offered) and not acknowledged yet.
     pub unacknowledged: u64,
-    /// How long the member has had copies waiting without acknowledging any (its oldest
-    /// pending copy's age while it was connected); 0 when nothing waits.
+    /// Online: how long the member has had copies waiting without acknowledging any (its
+    /// oldest pending copy's age while it was connected); 0 when nothing waits.
     pub waiting_secs: u64,
     /// Whether `waiting_secs` passed the space's stall threshold.
     pub stalled: bool,
+    /// Away: the messages its durable channels stored after its position, which its next
+    /// session reads (its own posts among them, which are not surfaced); `None` when online,
+    /// or when it could not be counted (unknown).
+    pub backlog: Option<u64>,
+    /// Away: how long ago the oldest of that backlog was stored.
+    pub oldest_pending_secs: Option<u64>,
 }
