@@ -186,7 +186,7 @@ impl Observer {
         let at = |what: &str| format!("space `{space}`: {what}");
         let Connection {
             client,
-            mut deliveries,
+            deliveries,
         } = Client::connect(options)
             .await
             .map_err(|e| ServiceError::new(at("connecting as the observer"), e))?;
@@ -213,7 +213,7 @@ impl Observer {
             let _ = tokio::time::timeout(ROSTER_LOAD, client.roster().loaded()).await;
             Ok::<_, ServiceError>((live, recent))
         };
-        let (mut live_copies, recent) = match prepared.await {
+        let (live_copies, recent) = match prepared.await {
             Ok(prepared) => prepared,
             Err(e) => {
                 client.close().await;
@@ -237,35 +237,7 @@ impl Observer {
         }
         let feed = Arc::new(Mutex::new(feed));
         let (live, _) = broadcast::channel(LIVE_BACKLOG);
-        let pump = {
-            let feed = feed.clone();
-            let live = live.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        copy = live_copies.next() => {
-                            let Some(copy) = copy else { return };
-                            // A frame whose header block is refused is not shown (the
-                            // space's readers log and count it).
-                            if let Some(why) = header_rejection(copy.headers.as_ref(), copy.status) {
-                                tracing::debug!(subject = %copy.subject, error = %why,
-                                    "a message not shown on the dashboard");
-                                continue;
-                            }
-                            let mut feed = feed.lock().unwrap_or_else(|e| e.into_inner());
-                            // Checked now only for an event stream that is open.
-                            let show = live.receiver_count() > 0;
-                            let subject = copy.subject.to_string();
-                            if let Some(item) = feed.arrive(subject, copy.payload, show) {
-                                let _ = live.send(item);
-                            }
-                        }
-                        // The client's notices (roster and the like) are not shown from here.
-                        event = deliveries.next_event() => if event.is_none() { return },
-                    }
-                }
-            })
-        };
+        let pump = tokio::spawn(follow(live_copies, deliveries, feed.clone(), live.clone()));
         Ok(Observer {
             space: space.to_owned(),
             client,
@@ -328,6 +300,39 @@ impl Observer {
         self.pump.abort();
         self.client.close().await;
         self.voice.close().await;
+    }
+}
+
+/// The observer's pump: every live copy of every channel kept in the feed (and passed on to
+/// the open event streams), until the subscription or the client ends.
+async fn follow(
+    mut live_copies: async_nats::Subscriber,
+    mut deliveries: crate::client::Deliveries,
+    feed: Arc<Mutex<Feed>>,
+    live: broadcast::Sender<Arc<FeedItem>>,
+) {
+    loop {
+        tokio::select! {
+            copy = live_copies.next() => {
+                let Some(copy) = copy else { return };
+                // A frame whose header block is refused is not shown (the space's readers log
+                // and count it).
+                if let Some(why) = header_rejection(copy.headers.as_ref(), copy.status) {
+                    tracing::debug!(subject = %copy.subject, error = %why,
+                        "a message not shown on the dashboard");
+                    continue;
+                }
+                let mut feed = feed.lock().unwrap_or_else(|e| e.into_inner());
+                // Checked now only for an event stream that is open.
+                let show = live.receiver_count() > 0;
+                let subject = copy.subject.to_string();
+                if let Some(item) = feed.arrive(subject, copy.payload, show) {
+                    let _ = live.send(item);
+                }
+            }
+            // The client's notices (roster and the like) are not shown from here.
+            event = deliveries.next_event() => if event.is_none() { return },
+        }
     }
 }
 

@@ -1009,46 +1009,52 @@ impl Acl {
 }
 
 impl Pump {
-    async fn run(self, token: CancellationToken) {
-        let mut acl = Acl::unread();
-        while !token.is_cancelled() {
-            let consumer = match self
+    /// The consumer's messages; bound again shortly after a failure (the broker restarting, or
+    /// the connection being dialed again), so the member's delivery goes on. `None` once the
+    /// consumer is gone (parked, drained, or the identity revoked) or the pump is cancelled.
+    async fn messages(&self, token: &CancellationToken) -> Option<pull::Stream> {
+        loop {
+            let bound = match self
                 .space
                 .jetstream()
                 .get_consumer_from_stream::<pull::Config, _, _>(&self.consumer, &self.stream)
                 .await
             {
-                Ok(c) => c,
-                // Deleted (parked, drained, or the identity revoked): nothing more to read.
+                Ok(consumer) => consumer
+                    .stream()
+                    .max_messages_per_batch(BATCH)
+                    .heartbeat(Duration::from_secs(5))
+                    .messages()
+                    .await
+                    .map_err(|e| e.to_string()),
                 Err(e) if is_not_found(&e) => {
                     tracing::debug!(consumer = self.consumer, error = %e, "backstop consumer gone");
-                    return;
+                    return None;
                 }
-                // The broker is not reachable for now (restarting, or the connection is being
-                // dialed again): bound again shortly, so the member's delivery goes on.
-                Err(e) => {
-                    tracing::debug!(consumer = self.consumer, error = %e, "backstop consumer not bound; retrying");
-                    tokio::select! {
-                        () = token.cancelled() => return,
-                        () = tokio::time::sleep(Duration::from_millis(500)) => continue,
-                    }
-                }
+                Err(e) => Err(e.to_string()),
             };
-            let messages = consumer
-                .stream()
-                .max_messages_per_batch(BATCH)
-                .heartbeat(Duration::from_secs(5))
-                .messages()
-                .await;
-            let messages = match messages {
-                Ok(m) => m,
+            match bound {
+                Ok(messages) => return Some(messages),
                 Err(e) => {
-                    tracing::debug!(consumer = self.consumer, error = %e, "backstop pull failed");
+                    tracing::debug!(
+                        consumer = self.consumer,
+                        error = e,
+                        "backstop consumer not bound; retrying"
+                    );
                     tokio::select! {
-                        () = token.cancelled() => return,
-                        () = tokio::time::sleep(Duration::from_millis(500)) => continue,
+                        () = token.cancelled() => return None,
+                        () = tokio::time::sleep(Duration::from_millis(500)) => {}
                     }
                 }
+            }
+        }
+    }
+
+    async fn run(self, token: CancellationToken) {
+        let mut acl = Acl::unread();
+        while !token.is_cancelled() {
+            let Some(messages) = self.messages(&token).await else {
+                return;
             };
             // Every entry already received goes out in one batch (at most [`BATCH`]).
             let mut ready = messages.ready_chunks(BATCH);
