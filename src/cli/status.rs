@@ -148,13 +148,7 @@ fn degraded(
         Some(report) => {
             for (space, d) in report {
                 for m in d.members.iter().filter(|m| m.stalled) {
-                    why.push(format!(
-                        "{space} delivery to {} ({}) stalled: {} copies unacknowledged for {} s",
-                        m.name.as_deref().unwrap_or("an identity"),
-                        m.id,
-                        m.unacknowledged,
-                        m.waiting_secs
-                    ));
+                    why.push(format!("{space} delivery stalled: {}", m.stall()));
                 }
             }
         }
@@ -295,11 +289,8 @@ fn delivery_lines(delivery: Option<&DeliveryReport>) -> Vec<String> {
         lines.push(line);
         for m in d.members.iter().filter(|m| m.stalled) {
             lines.push(format!(
-                "  STALLED   {} ({}): {} unacknowledged for {} s (threshold {} s)",
-                m.name.as_deref().unwrap_or("an identity"),
-                m.id,
-                m.unacknowledged,
-                m.waiting_secs,
+                "  STALLED   {} (threshold {} s)",
+                m.stall(),
                 d.stall_after_secs
             ));
         }

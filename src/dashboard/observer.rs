@@ -184,10 +184,7 @@ impl Observer {
         let space = access.name.as_str();
         let options = access.connect;
         let at = |what: &str| format!("space `{space}`: {what}");
-        let Connection {
-            client,
-            deliveries,
-        } = Client::connect(options)
+        let Connection { client, deliveries } = Client::connect(options)
             .await
             .map_err(|e| ServiceError::new(at("connecting as the observer"), e))?;
         let prepared = async {

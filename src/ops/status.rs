@@ -106,3 +106,16 @@ pub struct MemberDelivery {
     /// Away: how long ago the oldest of that backlog was stored.
     pub oldest_pending_secs: Option<u64>,
 }
+
+impl MemberDelivery {
+    /// What is stuck for it, in words: `dave (UDAVE…) has 5 copies unacknowledged for 61 s`.
+    pub fn stall(&self) -> String {
+        format!(
+            "{} ({}) has {} copies unacknowledged for {} s",
+            self.name.as_deref().unwrap_or("an identity"),
+            self.id,
+            self.unacknowledged,
+            self.waiting_secs
+        )
+    }
+}

@@ -10,7 +10,10 @@ use cotald::protocol::{Channel, Routing};
 use cotald::services::backstop::interval_consumer;
 use serde_json::json;
 
-use crate::helper::{Cotald, Minted, Probe, TIMEOUT, delivery, endpoint, eventually, mint};
+use crate::helper::{
+    Cotald, Minted, Probe, TIMEOUT, delivery, endpoint, eventually,
+    join_durable_and_leave_the_room, mint,
+};
 
 fn channel(name: &str) -> Routing {
     Routing::channel(&Channel::new(name).unwrap())
@@ -21,14 +24,6 @@ fn text(d: &cotald::client::Delivery) -> String {
         .as_str()
         .unwrap()
         .to_owned()
-}
-
-/// Joins `ch` durably (live half without history) and disconnects: the membership stays.
-async fn join_durable_and_leave_the_room(member: &Minted, ch: &str) {
-    let conn = endpoint(member, |o| o.receive_backstop = false).await;
-    let report = conn.client.join(ch, Replay::Off).await.unwrap();
-    assert_eq!(report.durable, DurableState::Established, "{report:?}");
-    conn.client.close().await;
 }
 
 /// Publishes the texts `{prefix}{i}` on `ch`, 64 acks in flight; returns them in stream

@@ -917,18 +917,7 @@ async fn a_reader_that_keeps_up_never_gets_its_sender_refused() {
     let bob = mint(tmp.path(), "bob", "main", &[]).await;
     let a = endpoint(&alice, |o| o.presence = false).await;
     let mut b = endpoint(&bob, |o| o.presence = false).await;
-    let reader = tokio::spawn(async move {
-        let mut seen = std::collections::HashSet::new();
-        let mut twice = 0;
-        while seen.len() < DMS {
-            let d = delivery(&mut b.deliveries).await;
-            if !seen.insert(d.message.id.clone()) {
-                twice += 1;
-            }
-            d.ack().await.unwrap();
-        }
-        (seen.len(), twice)
-    });
+    let reader = tokio::spawn(async move { read_acking(&mut b, DMS).await });
     let started = std::time::Instant::now();
     let sends = futures_util::stream::iter(0..DMS)
         .map(|i| {
@@ -985,17 +974,9 @@ async fn raw_pipelined_dms(
     use futures_util::StreamExt;
     const DMS: usize = 5_000;
     let reading = tokio::spawn(async move {
-        let mut seen = std::collections::HashSet::new();
-        let mut twice = 0;
-        while seen.len() < DMS {
-            let d = delivery(&mut reader.deliveries).await;
-            if !seen.insert(d.message.id.clone()) {
-                twice += 1;
-            }
-            d.ack().await.unwrap();
-        }
+        let read = read_acking(&mut reader, DMS).await;
         reader.client.close().await;
-        (seen.len(), twice)
+        read
     });
     let subject = format!("cotal.main.inst.{}.{}", to.id, from.id);
     let started = std::time::Instant::now();
@@ -1041,4 +1022,19 @@ async fn raw_pipelined_dms(
         .expect("every DM surfaced")
         .unwrap();
     assert_eq!((surfaced, twice), (DMS, 0));
+}
+
+/// Reads until `count` distinct messages surfaced, acking each as it arrives; returns how many
+/// distinct, and how many came twice.
+async fn read_acking(conn: &mut cotald::client::Connection, count: usize) -> (usize, usize) {
+    let mut seen = std::collections::HashSet::new();
+    let mut twice = 0;
+    while seen.len() < count {
+        let d = delivery(&mut conn.deliveries).await;
+        if !seen.insert(d.message.id.clone()) {
+            twice += 1;
+        }
+        d.ack().await.unwrap();
+    }
+    (seen.len(), twice)
 }

@@ -181,11 +181,7 @@ async fn a_cut_connection_is_reported_and_every_service_serves_again() {
     c.wait_stdout("cotald is ready").await;
     let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
     let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
-    {
-        let b = endpoint(&bob, |o| o.receive_backstop = false).await;
-        b.client.join("general", Replay::Off).await.unwrap();
-        b.client.close().await;
-    }
+    crate::helper::join_durable_and_leave_the_room(&bob, "general").await;
     let a = endpoint(&alice, |o| o.presence = false).await;
 
     if cfg!(debug_assertions) {

@@ -519,6 +519,23 @@ impl Relay {
     }
 }
 
+/// Joins `ch` durably (live half without history) and disconnects: the membership stays while
+/// the member is away.
+pub async fn join_durable_and_leave_the_room(member: &Minted, ch: &str) {
+    let conn = endpoint(member, |o| o.receive_backstop = false).await;
+    let report = conn
+        .client
+        .join(ch, cotald::client::Replay::Off)
+        .await
+        .unwrap();
+    assert_eq!(
+        report.durable,
+        cotald::client::DurableState::Established,
+        "{report:?}"
+    );
+    conn.client.close().await;
+}
+
 /// The machine operator's own endpoint in `main` (unrestricted; it reads neither its DMs nor
 /// a backstop here), reached like `like`. `presence` says whether it heartbeats and watches the roster.
 pub async fn operator_endpoint(

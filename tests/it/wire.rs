@@ -5,11 +5,11 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use cotald::client::{Connection, DurableState, Replay};
+use cotald::client::{Connection, Replay};
 use serde_json::json;
 
 use crate::dashboard::Site;
-use crate::helper::{Cotald, Minted, TIMEOUT, cotald_in, endpoint, mint};
+use crate::helper::{Cotald, TIMEOUT, cotald_in, endpoint, join_durable_and_leave_the_room, mint};
 use crate::raw::RawClient;
 
 /// What a text of a delivery says.
@@ -82,14 +82,6 @@ fn poison() -> Vec<(&'static str, Vec<u8>, bool)> {
     ]
 }
 
-/// Joins `ch` durably and leaves the room: the membership stays while the member is away.
-async fn join_durable_and_leave(member: &Minted, ch: &str) {
-    let conn = endpoint(member, |o| o.receive_backstop = false).await;
-    let report = conn.client.join(ch, Replay::Off).await.unwrap();
-    assert_eq!(report.durable, DurableState::Established, "{report:?}");
-    conn.client.close().await;
-}
-
 /// Receives until every text of `want` surfaced (acking each), bounded.
 async fn receive_all(conn: &mut Connection, want: &BTreeSet<String>, who: &str) {
     let mut got = BTreeSet::new();
@@ -130,7 +122,7 @@ async fn a_malformed_frame_costs_its_own_message_only() {
     let carol = mint(tmp.path(), "carol", "main", &["--subscribe", "general"]).await;
     let op = crate::helper::operator_endpoint(tmp.path(), &bob, false).await;
     crate::helper::set_channel(&op, "lounge", json!({"deliveryClass": "live"})).await;
-    join_durable_and_leave(&carol, "general").await;
+    join_durable_and_leave_the_room(&carol, "general").await;
     let mut b = endpoint(&bob, |_| {}).await;
     b.client.join("general", Replay::Off).await.unwrap();
     b.client.join("lounge", Replay::Off).await.unwrap();

@@ -700,15 +700,18 @@ impl Backstop {
         let _ = stream.delete_consumer(&name).await;
     }
 
-    /// Ends the sessions of members whose heartbeats stopped (or who said `offline`).
-    async fn sweep(&self) {
-        let sessions: Vec<(String, Arc<Session>)> = self
-            .sessions
-            .lock()
-            .await
+    /// The sessions as they are now.
+    async fn sessions(&self) -> Vec<(String, Arc<Session>)> {
+        let sessions = self.sessions.lock().await;
+        sessions
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+            .collect()
+    }
+
+    /// Ends the sessions of members whose heartbeats stopped (or who said `offline`).
+    async fn sweep(&self) {
+        let sessions = self.sessions().await;
         for (member, session) in sessions {
             let live = match self.presence.get(&member) {
                 Some(heard) if heard.at >= session.started => heard.is_live(),
@@ -823,13 +826,7 @@ impl Backstop {
     /// The members with a session (online): what waits for their acknowledgement and for how
     /// long.
     async fn online(&self) -> Vec<MemberDelivery> {
-        let sessions: Vec<(String, Arc<Session>)> = self
-            .sessions
-            .lock()
-            .await
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let sessions = self.sessions().await;
         let stall_after = self.stall_after();
         let now = Instant::now();
         let mut members: Vec<MemberDelivery> = sessions
@@ -886,15 +883,7 @@ impl Backstop {
             .await
             .into_iter()
             .filter(|m| m.stalled)
-            .map(|m| {
-                format!(
-                    "{} ({}) has {} copies unacknowledged for {} s",
-                    m.name.as_deref().unwrap_or("an identity"),
-                    m.id,
-                    m.unacknowledged,
-                    m.waiting_secs
-                )
-            })
+            .map(|m| m.stall())
             .collect();
         ctx.report(match stalled.is_empty() {
             true => Health::Running,
