@@ -136,13 +136,7 @@ fn degraded(
             broker.reason.as_deref().unwrap_or("unhealthy")
         ));
     }
-    for s in &state.services {
-        match &s.health {
-            Health::Running => {}
-            Health::Degraded(reason) => why.push(format!("{} {}: {reason}", s.scope, s.name)),
-            other => why.push(format!("{} {}: {other:?}", s.scope, s.name).to_lowercase()),
-        }
-    }
+    why.extend(crate::ops::status::services_degraded(&state.services));
     match delivery {
         None => why.push("delivery: the appliance did not say how it goes (unknown)".into()),
         Some(report) => {

@@ -510,6 +510,26 @@ pub fn health(
     jsz: Option<&serde_json::Value>,
 ) -> String {
     let mut out = String::new();
+    // The verdict first, as `cotald status` gives it: what keeps delivery from progressing.
+    let mut degraded = crate::ops::status::services_degraded(&state.services);
+    if varz.is_none() {
+        degraded.insert(0, "broker: it did not answer".to_owned());
+    }
+    match degraded.is_empty() {
+        true => out.push_str(
+            r#"<p class="verdict"><span class="health-running">healthy</span>: the broker answers and every service runs</p>"#,
+        ),
+        false => {
+            let reasons: String = degraded
+                .iter()
+                .map(|why| format!("<li>{}</li>", esc(why)))
+                .collect();
+            let _ = write!(
+                out,
+                r#"<div class="verdict warn"><span class="health-degraded">DEGRADED</span><ul>{reasons}</ul></div>"#
+            );
+        }
+    }
     let field = |v: Option<&serde_json::Value>, key: &str| {
         v.and_then(|v| v.get(key))
             .map(|x| match x {

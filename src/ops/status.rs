@@ -119,3 +119,17 @@ impl MemberDelivery {
         )
     }
 }
+
+/// Why the services of a running appliance do not all serve, one reason a service that is not
+/// running (what `cotald status` and the dashboard's health page both say).
+pub fn services_degraded(services: &[ServiceStatus]) -> Vec<String> {
+    services
+        .iter()
+        .filter_map(|s| match &s.health {
+            Health::Running => None,
+            Health::Degraded(reason) => Some(format!("{} {}: {reason}", s.scope, s.name)),
+            Health::Starting => Some(format!("{} {}: starting", s.scope, s.name)),
+            Health::Stopped => Some(format!("{} {}: stopped", s.scope, s.name)),
+        })
+        .collect()
+}

@@ -116,7 +116,7 @@ impl Site {
 
     /// Reloads `target` until it contains every one of `needles` (the observer's view follows
     /// the broker's presence and traffic asynchronously).
-    async fn page_with(&self, target: &str, needles: &[&str]) -> String {
+    pub(crate) async fn page_with(&self, target: &str, needles: &[&str]) -> String {
         let deadline = Instant::now() + TIMEOUT;
         loop {
             let body = self.page(target).await;
@@ -241,6 +241,10 @@ async fn the_token_is_required_then_carried_by_a_strict_cookie() {
     assert!(none.header("content-security-policy").is_some());
 
     let health = site.page("/health").await;
+    assert!(
+        health.contains(r#"<p class="verdict"><span class="health-running">healthy</span>"#),
+        "{health}"
+    );
     let state = c.state();
     assert!(health.contains(&state.broker_version), "{health}");
     assert!(

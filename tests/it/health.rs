@@ -108,6 +108,13 @@ async fn a_stuck_reader_makes_status_degraded_naming_it() {
     assert!(member["waiting_secs"].as_u64().unwrap() >= 5, "{member}");
     let text = cotald_in(&data, &["status"]).await;
     let text = String::from_utf8_lossy(&text.stdout);
+    // The dashboard's health page says so too (its state follows within a second).
+    let site = crate::dashboard::Site::of(&c).await;
+    site.page_with(
+        "/health",
+        &[r#"<span class="health-degraded">DEGRADED</span>"#, &dave.id],
+    )
+    .await;
     assert!(
         text.contains("DEGRADED") && text.contains("STALLED"),
         "{text}"
