@@ -19,6 +19,8 @@
 //!                        name), written by `cotald cluster init` / `join`
 //!   run/                 nats-server.conf, ports file, admin.sock and state.json (while running)
 //!   log/nats-server.log  the broker's log (rotated by the broker)
+//!   log/cotald.log       the appliance's own log, when its stderr cannot take it (a background
+//!                        job of a terminal, or a terminal gone)
 //! ```
 //!
 //! Only this module names the parts of the layout; everything else asks [`DataDir`].
@@ -275,6 +277,10 @@ impl DataDir {
     /// `log/`
     pub fn log(&self) -> PathBuf {
         self.root.join("log")
+    }
+    /// `log/cotald.log`: the appliance's log when stderr cannot take it (`cli::log`).
+    pub fn appliance_log(&self) -> PathBuf {
+        self.log().join("cotald.log")
     }
     /// `log/nats-server.log`: the broker's log, which the broker writes and rotates.
     pub fn broker_log(&self) -> PathBuf {

@@ -7,6 +7,7 @@ mod context;
 mod down;
 mod endpoint;
 mod identities;
+mod log;
 mod mcp;
 mod membership;
 mod mint;
@@ -438,8 +439,9 @@ fn stdout(
     }
 }
 
-/// Logs go to stderr: coloured only when it is a terminal and `NO_COLOR` is unset
-/// (<https://no-color.org>), so files and journals get plain text.
+/// Logs go to stderr ([`log`]: never at the cost of the command): coloured only when it is a
+/// terminal and `NO_COLOR` is unset (<https://no-color.org>), so files and journals get plain
+/// text.
 fn install_tracing(verbose: u8, format: LogFormat, serving: bool) {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
@@ -459,14 +461,15 @@ fn install_tracing(verbose: u8, format: LogFormat, serving: bool) {
     });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(|| log::LogWriter);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => {
             let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
-            builder
-                .with_ansi(std::io::stderr().is_terminal() && !no_color)
-                .try_init()
+            // An appliance in the background logs to a file (`up`): no colour codes there.
+            let colour =
+                std::io::stderr().is_terminal() && !no_color && !(serving && log::background_job());
+            builder.with_ansi(colour).try_init()
         }
     };
 }

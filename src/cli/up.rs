@@ -55,8 +55,24 @@ pub(super) async fn run(args: UpArgs, embedded: BrokerBinary) -> anyhow::Result<
     let mut signals = signal_hook_tokio::Signals::new([SIGTERM, SIGINT, SIGQUIT])
         .context("cannot install signal handlers")?;
     let handle = signals.handle();
+    let data_dir = args.data_dir.resolve()?;
+    let log_file = data_dir.appliance_log();
+    match super::log::background_job() {
+        true => {
+            super::log::to_file(&log_file)
+                .with_context(|| format!("cannot write the log to {}", log_file.display()))?;
+            let _ = super::stdout(|out| {
+                writeln!(
+                    out,
+                    "cotald runs as a background job; its log goes to {}",
+                    log_file.display()
+                )
+            });
+        }
+        false => super::log::fall_back_to(&log_file),
+    }
     let opts = Options {
-        data_dir: args.data_dir.resolve()?,
+        data_dir,
         profile,
         listen: args.listen,
         hostnames: args.hostnames,
@@ -114,22 +130,34 @@ fn ready_status(info: &ReadyInfo) -> String {
     status
 }
 
+/// The ready banner, on stdout; a stdout that cannot take it (a closed terminal) costs the
+/// banner, never the appliance.
 fn print_ready(info: &ReadyInfo) {
+    let _ = super::stdout(|out| ready_banner(out, info));
+}
+
+fn ready_banner(out: &mut dyn std::io::Write, info: &ReadyInfo) -> std::io::Result<()> {
     let dir = info.data_dir.display();
-    println!(
+    writeln!(
+        out,
         "cotald is ready: nats-server {} (pid {}) on {}, TLS on",
         info.broker_version, info.broker_pid, info.listen
-    );
+    )?;
     for space in &info.spaces {
-        println!("  space {:<12} join link   {}", space.name, space.link);
-        println!(
+        writeln!(out, "  space {:<12} join link   {}", space.name, space.link)?;
+        writeln!(
+            out,
             "  {:<18} your creds  {}",
             "",
             space.operator_creds.display()
-        );
+        )?;
     }
     for space in &info.unserved {
-        println!("  space {:<12} NOT SERVED: {}", space.name, space.reason);
+        writeln!(
+            out,
+            "  space {:<12} NOT SERVED: {}",
+            space.name, space.reason
+        )?;
     }
     if info.listen.ip().is_unspecified() {
         let host = info.link_host.rsplit_once(':').map_or("", |(h, _)| h);
@@ -137,29 +165,35 @@ fn print_ready(info: &ReadyInfo) {
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback())
         {
-            println!(
+            writeln!(
+                out,
                 "  remote peers              cannot use these links (they name loopback): \
                  restart with --hostname NAME, a name or address they dial"
-            );
+            )?;
         } else {
-            println!(
+            writeln!(
+                out,
                 "  remote peers              dial {} (in the certificate); add other names \
                  with --hostname NAME",
                 info.link_host
-            );
+            )?;
         }
     }
     match &info.dashboard {
-        Availability::Serving(url) => println!("  dashboard                 {url}"),
+        Availability::Serving(url) => writeln!(out, "  dashboard                 {url}")?,
         Availability::NotServed(reason) => {
-            println!("  dashboard                 NOT SERVED: {reason}")
+            writeln!(out, "  dashboard                 NOT SERVED: {reason}")?
         }
         Availability::Disabled => {}
     }
-    println!("  CA certificate            {}", info.ca_cert.display());
-    println!("  data dir                  {dir}");
-    println!();
-    println!("Next:");
+    writeln!(
+        out,
+        "  CA certificate            {}",
+        info.ca_cert.display()
+    )?;
+    writeln!(out, "  data dir                  {dir}")?;
+    writeln!(out)?;
+    writeln!(out, "Next:")?;
     // The data dir option, only when it is not the one every command finds by itself.
     let data_dir = match crate::datadir::DataDir::default_root() {
         Ok(default) if default == info.data_dir => String::new(),
@@ -170,16 +204,21 @@ fn print_ready(info: &ReadyInfo) {
             "main" => String::new(),
             other => format!(" --space {other}"),
         };
-        println!(
+        writeln!(
+            out,
             "  cotald tail{space_arg}{data_dir}                  # what arrives, as the operator"
-        );
-        println!("  cotald send{space_arg}{data_dir} \"hello\"          # post on general");
-        println!(
+        )?;
+        writeln!(
+            out,
+            "  cotald send{space_arg}{data_dir} \"hello\"          # post on general"
+        )?;
+        writeln!(
+            out,
             "  cotald mint alice --allow-publish general{space_arg}{data_dir}   # an agent's credential"
-        );
-        println!("  cotald roster{space_arg}{data_dir}");
+        )?;
+        writeln!(out, "  cotald roster{space_arg}{data_dir}")?;
     }
-    println!("  cotald status{data_dir}");
-    println!("  cotald down{data_dir}");
-    println!("Stop with Ctrl-C, SIGTERM or `cotald down`.");
+    writeln!(out, "  cotald status{data_dir}")?;
+    writeln!(out, "  cotald down{data_dir}")?;
+    writeln!(out, "Stop with Ctrl-C, SIGTERM or `cotald down`.")
 }

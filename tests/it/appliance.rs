@@ -973,3 +973,64 @@ async fn the_broker_listens_only_on_its_client_port_which_demands_tls_and_creden
     );
     c.stop().await;
 }
+
+/// A log line that cannot be written never costs the appliance: `cotald up` whose stderr is a
+/// pipe nobody reads any more (as a terminal that closed: every write fails) keeps serving, its
+/// log goes to the data dir's `log/cotald.log`, and `mint` and `down` succeed.
+#[tokio::test]
+async fn an_appliance_whose_stderr_is_gone_keeps_serving_and_logs_to_its_data_dir() {
+    use tokio::io::AsyncBufReadExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut up = tokio::process::Command::new(cotald_bin())
+        .args([
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--dashboard",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(tmp.path())
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(writer)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = tokio::io::BufReader::new(up.stdout.take().unwrap()).lines();
+    tokio::time::timeout(TIMEOUT, async {
+        while let Some(line) = stdout.next_line().await.unwrap() {
+            if line.contains("cotald is ready") {
+                return;
+            }
+        }
+        panic!("cotald exited before it was ready");
+    })
+    .await
+    .expect("ready in time");
+    // Every request the appliance serves logs; none may fail for it.
+    for name in ["bob", "carol"] {
+        let minted = mint(tmp.path(), name, "main", &[]).await;
+        assert!(minted.creds.exists(), "{}", minted.creds.display());
+    }
+    let down = cotald_in(tmp.path(), &["down"]).await;
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    let exit = tokio::time::timeout(TIMEOUT, up.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
+    let log = std::fs::read_to_string(tmp.path().join("log/cotald.log")).unwrap();
+    assert!(log.contains("stderr failed"), "{log}");
+    assert!(
+        log.contains("minted"),
+        "the log goes on in the file:\n{log}"
+    );
+}
