@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream;
+use async_nats::jetstream::context::PublishErrorKind;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -187,6 +188,22 @@ pub enum ClientError {
         #[source]
         source: BoxError,
     },
+    /// A message was sent (and sent again, with the same id) and no acknowledgement came: the
+    /// broker may have stored it or not. Never reported as refused: sent again now it would be
+    /// stored twice once the broker's duplicate window (two minutes) is over.
+    #[error(
+        "{what} (id {id}) was sent, and sent again with the same id, but no acknowledgement \
+         came within {waited:?}: the broker may have stored it (once) or not; if you send it \
+         again, it may arrive twice"
+    )]
+    OutcomeUnknown {
+        /// What was sent, and to whom.
+        what: String,
+        /// The message id.
+        id: String,
+        /// How long the client tried.
+        waited: Duration,
+    },
     /// A request got no answer in time.
     #[error("{what}: no answer within {timeout:?}")]
     Timeout {
@@ -288,6 +305,31 @@ pub(crate) fn nats_err<E: Into<BoxError>>(
     }
 }
 
+/// What a message is, for the words of its refusal: `the direct message to U…`.
+fn sent_what(routing: &Routing) -> String {
+    match routing {
+        Routing::Channel(channel) => format!("the message to channel `{channel}`"),
+        Routing::To(target) => format!("the direct message to {target}"),
+        Routing::ToService(role) => format!("the task for role `{role}`"),
+    }
+}
+
+/// Whether a publish got no answer from JetStream: none in time (it may have been stored), or
+/// none could be given (no stream to take it yet: a broker that is restarting). Sent again
+/// with the same id, it is stored at most once.
+fn unanswered(e: &jetstream::context::PublishError) -> bool {
+    matches!(
+        e.kind(),
+        PublishErrorKind::TimedOut
+            | PublishErrorKind::StreamNotFound
+            | PublishErrorKind::BrokenPipe
+    )
+}
+
+/// How long a publish is sent again for while it gets no answer (well within the streams'
+/// duplicate window of two minutes, so that it is stored at most once).
+const PUBLISH_WAIT: Duration = Duration::from_secs(30);
+
 /// A publish the stream did not store: a fairness bound (per pair, or the stream's or the
 /// space's storage) is named with what the sender can do; anything else stays a NATS error.
 /// The first pause before a DM or task whose pair is full is sent again; it doubles up to
@@ -340,11 +382,7 @@ fn store_refusal(
     waited: Duration,
 ) -> ClientError {
     let source: BoxError = e.into();
-    let what = match routing {
-        Routing::Channel(channel) => format!("the message to channel `{channel}`"),
-        Routing::To(target) => format!("the direct message to {target}"),
-        Routing::ToService(role) => format!("the task for role `{role}`"),
-    };
+    let what = sent_what(routing);
     let Some(limit) = StoreLimit::of(source.as_ref()) else {
         return ClientError::Nats {
             action: format!("publish on {subject}"),
@@ -522,7 +560,7 @@ impl Client {
         let publish = async {
             let started = tokio::time::Instant::now();
             let mut backoff = PAIR_BACKOFF_FIRST;
-            let mut resent = false;
+            let (mut resend, mut maybe_stored) = (PAIR_BACKOFF_FIRST, false);
             loop {
                 let ack = self
                     .inner
@@ -537,15 +575,27 @@ impl Client {
                     .map_err(nats_err(format!("publish on {subject}")))?;
                 let refusal = match ack.await {
                     Ok(ack) => return Ok(ack),
-                    // The ack was lost (a reconnect in between, a broker that paused): the
-                    // same message again is stored once (same id, the stream's duplicate
-                    // window), so it is sent again, once, rather than reported lost.
-                    Err(e)
-                        if e.kind() == jetstream::context::PublishErrorKind::TimedOut
-                            && !resent =>
-                    {
-                        tracing::debug!(subject, "publish ack not received; sending again");
-                        resent = true;
+                    // No answer, or no JetStream to answer yet (a broker that paused or is
+                    // restarting, a reconnect in between): the same message again is stored
+                    // once (same id, the stream's duplicate window of two minutes), so it is
+                    // sent again until it is acknowledged, for up to PUBLISH_WAIT.
+                    Err(e) if unanswered(&e) => {
+                        maybe_stored |= e.kind() != PublishErrorKind::StreamNotFound;
+                        if started.elapsed() >= PUBLISH_WAIT {
+                            return Err(match maybe_stored {
+                                true => ClientError::OutcomeUnknown {
+                                    what: sent_what(&message.routing),
+                                    id: message.id.clone(),
+                                    waited: started.elapsed(),
+                                },
+                                false => {
+                                    store_refusal(&message.routing, &subject, e, started.elapsed())
+                                }
+                            });
+                        }
+                        tracing::debug!(subject, error = %e, "publish not acknowledged; sending again");
+                        tokio::time::sleep(resend).await;
+                        resend = (resend * 2).min(PAIR_BACKOFF_MAX);
                         continue;
                     }
                     Err(e) => store_refusal(&message.routing, &subject, e, started.elapsed()),

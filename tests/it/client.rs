@@ -1139,3 +1139,52 @@ async fn the_operator_reads_an_agents_reply_to_its_dm() {
     let log = c.drain_stderr().await;
     assert!(!log.contains("purged messages"), "nothing purged:\n{log}");
 }
+
+/// A send while the broker is paused past the acknowledgement's timeout (SIGSTOP, then
+/// SIGCONT): the client sends the same message again, with the same id, until it is
+/// acknowledged, and reports it sent; the stream holds it exactly once.
+#[tokio::test]
+async fn a_send_across_a_paused_broker_is_reported_sent_and_stored_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "pause"]).await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    let broker = c.state().broker_pid;
+    // SAFETY: plain syscall on the appliance's child.
+    assert_eq!(unsafe { libc::kill(broker as i32, libc::SIGSTOP) }, 0);
+    let sending = {
+        let client = a.client.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let sent = client
+                .send_text(Routing::channel(&Channel::new("pause").unwrap()), "once")
+                .await;
+            (sent, started.elapsed())
+        })
+    };
+    // Past two of the acknowledgement's timeouts (5 s each; the client sent it again once, and
+    // gave up, before it kept sending until acknowledged). The appliance restarts the stopped
+    // broker meanwhile (it kills one that does not answer for several seconds).
+    tokio::time::sleep(std::time::Duration::from_secs(12)).await;
+    // SAFETY: as above (a broker already killed and replaced ignores it: ESRCH).
+    unsafe { libc::kill(broker as i32, libc::SIGCONT) };
+    let (sent, took) = tokio::time::timeout(2 * TIMEOUT, sending)
+        .await
+        .expect("the send ends")
+        .unwrap();
+    let restarted = c.state().broker_pid != broker;
+    eprintln!("sent after {took:?} (broker restarted meanwhile: {restarted}): {sent:?}");
+    let (message, _) = sent.expect("reported sent, not refused");
+    let op = Probe::connect(&c, &tmp.path().join("spaces/main/local-operator.creds")).await;
+    let js = async_nats::jetstream::new(op.client.clone());
+    let subject = format!("cotal.main.chat.{}.pause", alice.id);
+    let stream = js.get_stream("CHAT_main").await.unwrap();
+    let mut subjects = stream.info_with_subjects(&subject).await.unwrap();
+    let mut stored = 0;
+    while let Some(entry) = futures_util::StreamExt::next(&mut subjects).await {
+        stored += entry.unwrap().1;
+    }
+    assert_eq!(stored, 1, "{} stored once", message.id);
+    a.client.close().await;
+    c.stop().await;
+}
