@@ -222,7 +222,8 @@ impl DataDir {
     }
     /// `spaces/<space>/local-operator.creds`: the machine operator's own credentials.
     pub fn operator_creds(&self, space: &str) -> PathBuf {
-        self.space(space).join("local-operator.creds")
+        self.space(space)
+            .join(format!("{}.creds", crate::ops::OPERATOR))
     }
     /// `spaces/<space>/space.toml`: the record of a space added at runtime.
     pub fn runtime_space(&self, space: &str) -> PathBuf {

@@ -90,6 +90,20 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// The identities known by name on this machine, (id, name): what the local appliance
+    /// minted for the link's space and its machine operator (none when remote).
+    pub fn directory(&self) -> Vec<(String, String)> {
+        let mut known: Vec<(String, String)> =
+            self.minted().into_iter().map(|r| (r.id, r.name)).collect();
+        let operator = self.local.as_ref().and_then(|dir| {
+            let text =
+                std::fs::read_to_string(dir.operator_creds(self.options.link.space())).ok()?;
+            crate::binding::Creds::parse(&text).ok()?.public_key().ok()
+        });
+        known.extend(operator.map(|id| (id, crate::ops::OPERATOR.to_owned())));
+        known
+    }
+
     /// The identities the local appliance minted for the link's space (none when remote).
     fn minted(&self) -> Vec<IdentityRecord> {
         self.local
@@ -271,7 +285,11 @@ fn local_spaces(dir: &DataDir) -> Vec<String> {
         .into_iter()
         .flatten()
         .flatten()
-        .filter(|e| e.path().join("local-operator.creds").exists())
+        .filter(|e| {
+            e.path()
+                .join(format!("{}.creds", crate::ops::OPERATOR))
+                .exists()
+        })
         .filter_map(|e| e.file_name().to_str().map(str::to_owned))
         .collect();
     out.sort();

@@ -41,7 +41,10 @@ pub(super) async fn run(args: McpArgs) -> anyhow::Result<ExitCode> {
     if let Some(format) = args.print_config {
         return print_config(&args, format);
     }
-    let opts = args.endpoint.options()?;
+    let endpoint = args.endpoint.resolve()?;
+    let mut opts = endpoint.options.clone();
+    // Peers that are away are still addressed by name (cotal_dm), as `cotald send --to`.
+    opts.known = endpoint.directory();
     crate::mcp::serve_stdio(opts, shutdown()?)
         .await
         .context("cotald mcp")?;

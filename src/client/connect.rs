@@ -53,6 +53,10 @@ pub struct ConnectOptions {
     /// durable channels it joined, and `@mention` copies. The trusted reader delivers only
     /// to members whose presence is live.
     pub receive_backstop: bool,
+    /// Identities known by name before any presence, (instance id, name): on the appliance's
+    /// own machine, those it minted and its operator, so that a peer that is away can be
+    /// addressed by name.
+    pub known: Vec<(String, String)>,
 }
 
 /// The default of [`ConnectOptions::pair_wait`].
@@ -75,6 +79,7 @@ impl ConnectOptions {
             presence: true,
             announce: true,
             receive_backstop: true,
+            known: Vec::new(),
         }
     }
 }
@@ -154,7 +159,11 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
     card.role = opts.role.clone();
     card.protocol_version = Some(WIRE_PROTOCOL_VERSION.to_owned());
     let max_payload = nats.server_info().max_payload;
-    let (sink, deliveries) = deliver::channel(max_payload, id.as_str().to_owned());
+    let roster = Roster::default();
+    for (id, name) in &opts.known {
+        roster.know(id, name);
+    }
+    let (sink, deliveries) = deliver::channel(max_payload, id.as_str().to_owned(), roster.clone());
     let grants = &claims.permissions;
     // Observers and admins hold no presence write (Appendix B): they watch, never announce.
     let announce = opts.presence
@@ -191,7 +200,7 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
         marked: Default::default(),
         grants: claims.permissions.clone(),
         tasks: Mutex::new(Vec::new()),
-        roster: Roster::default(),
+        roster,
         declared: Mutex::new(Default::default()),
         request_timeout: opts.request_timeout,
         pair_wait: opts.pair_wait,

@@ -277,6 +277,8 @@ pub(crate) struct Sink {
     handover: std::sync::Arc<Mutex<Handover>>,
     /// Told when a handled message's durable copy is acknowledged.
     settled: std::sync::Arc<tokio::sync::Notify>,
+    /// Learns the name of each sender whose message is surfaced (to address it while away).
+    roster: super::Roster,
 }
 
 #[derive(Default)]
@@ -302,7 +304,11 @@ impl Seen {
     }
 }
 
-pub(crate) fn channel(max_payload: usize, own_id: String) -> (Sink, Deliveries) {
+pub(crate) fn channel(
+    max_payload: usize,
+    own_id: String,
+    roster: super::Roster,
+) -> (Sink, Deliveries) {
     let (messages, rx) = mpsc::channel(1024);
     let (notices, notices_rx) = mpsc::unbounded_channel();
     (
@@ -316,6 +322,7 @@ pub(crate) fn channel(max_payload: usize, own_id: String) -> (Sink, Deliveries) 
             durable_channels: Mutex::default(),
             handover: std::sync::Arc::default(),
             settled: std::sync::Arc::default(),
+            roster,
         },
         Deliveries {
             messages: rx,
@@ -477,6 +484,8 @@ impl Sink {
             settle(ack);
             return false;
         }
+        self.roster
+            .know(&accepted.sender, &accepted.message.from.name);
         let key = format!("{} {}", accepted.sender, accepted.message.id);
         let first = self.seen.lock().map(|mut s| s.first(&key)).unwrap_or(true);
         let durable = matches!(ack, Ack::Backstop(_));
@@ -553,6 +562,7 @@ impl Sink {
             self.max_payload,
         ) {
             Ok(a) if a.kind != DeliveryKind::Channel => {
+                self.roster.know(&a.sender, &a.message.from.name);
                 let _ = self
                     .messages
                     .send(Delivery {

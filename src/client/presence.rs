@@ -33,6 +33,8 @@ use crate::protocol::{
     effective_status,
 };
 
+/// How many identities known besides presence a roster keeps (past it, it starts over).
+const KNOWN_MAX: usize = 4096;
 /// The fewest characters of an instance id that [`Roster::resolve`] takes as a prefix of one.
 pub const MIN_PREFIX: usize = 8;
 
@@ -60,10 +62,14 @@ impl Peer {
     }
 }
 
-/// The roster: every peer seen in the space's presence directory.
+/// The roster: every peer seen in the space's presence directory, and the identities known by
+/// name besides (the senders of what this endpoint received, the identities minted on the
+/// appliance it runs beside), by which a peer that is away is still addressed.
 #[derive(Clone, Default)]
 pub struct Roster {
     peers: Arc<Mutex<BTreeMap<String, Peer>>>,
+    /// Instance id → name, of identities known without their presence.
+    known: Arc<Mutex<BTreeMap<String, String>>>,
     loaded: Arc<AtomicBool>,
     stale: Arc<AtomicBool>,
     /// Our own key and when its record last came back through the watch; `None` when this
@@ -190,19 +196,39 @@ impl Roster {
         let chosen = match (online.as_slice(), named.as_slice()) {
             ([one], _) | ([], [one]) => one.0.clone(),
             ([], []) => {
-                if let Some(id) = self.unique_prefix(who) {
-                    return InstanceId::from_user_nkey(&id).map_err(|_| ResolveError::Unknown {
-                        name: who.to_owned(),
-                        known: Default::default(),
-                    });
-                }
-                return Err(ResolveError::Unknown {
+                let known = self.known();
+                let by_name: Vec<(String, PresenceStatus)> = known
+                    .iter()
+                    .filter(|(_, name)| name.as_str() == who)
+                    .map(|(id, _)| (id.clone(), PresenceStatus::Offline))
+                    .collect();
+                let id = match by_name.as_slice() {
+                    [(one, _)] => one.clone(),
+                    [] => match self.unique_prefix(who, &known) {
+                        Some(id) => id,
+                        None => {
+                            let mut names: std::collections::BTreeSet<String> = self
+                                .peers()
+                                .values()
+                                .map(|p| p.presence.card.name.clone())
+                                .collect();
+                            names.extend(known.into_values());
+                            return Err(ResolveError::Unknown {
+                                name: who.to_owned(),
+                                known: names.into_iter().collect(),
+                            });
+                        }
+                    },
+                    _ => {
+                        return Err(ResolveError::Ambiguous {
+                            name: who.to_owned(),
+                            candidates: by_name,
+                        });
+                    }
+                };
+                return InstanceId::from_user_nkey(&id).map_err(|_| ResolveError::Unknown {
                     name: who.to_owned(),
-                    known: self
-                        .peers()
-                        .values()
-                        .map(|p| p.presence.card.name.clone())
-                        .collect(),
+                    known: Default::default(),
                 });
             }
             _ => {
@@ -218,15 +244,37 @@ impl Roster {
         })
     }
 
-    /// The one peer whose id starts with `prefix` (at least [`MIN_PREFIX`] characters), as a
-    /// compact view shows ids.
-    fn unique_prefix(&self, prefix: &str) -> Option<String> {
+    /// The one peer or known identity whose id starts with `prefix` (at least [`MIN_PREFIX`]
+    /// characters), as a compact view shows ids.
+    fn unique_prefix(&self, prefix: &str, known: &BTreeMap<String, String>) -> Option<String> {
         if prefix.len() < MIN_PREFIX {
             return None;
         }
-        let mut matching = self.peers().into_keys().filter(|id| id.starts_with(prefix));
+        let mut ids: std::collections::BTreeSet<String> = self.peers().into_keys().collect();
+        ids.extend(known.keys().cloned());
+        let mut matching = ids.into_iter().filter(|id| id.starts_with(prefix));
         let one = matching.next()?;
         matching.next().is_none().then_some(one)
+    }
+
+    /// Records that the identity `id` goes by `name` (a sender whose message was accepted: its
+    /// id is the subject's, §5; or an identity minted on the appliance), so that it can be
+    /// addressed by name while it is away. At most [`KNOWN_MAX`] are kept.
+    pub fn know(&self, id: &str, name: &str) {
+        if let Ok(mut known) = self.known.lock() {
+            if known.get(id).is_some_and(|n| n == name) {
+                return;
+            }
+            if known.len() >= KNOWN_MAX && !known.contains_key(id) {
+                known.clear();
+            }
+            known.insert(id.to_owned(), name.to_owned());
+        }
+    }
+
+    /// The identities known besides presence: id → name.
+    fn known(&self) -> BTreeMap<String, String> {
+        self.known.lock().map(|k| k.clone()).unwrap_or_default()
     }
 
     fn mark_loaded(&self) {

@@ -296,7 +296,7 @@ impl Core {
         self.push_account(&keys, &config, &identities, None, Push::IfChanged)
             .await?;
         crate::files::private_dir(&self.dir.space(name))?;
-        let creds = keys.own_user_creds("local-operator")?;
+        let creds = keys.own_user_creds(crate::ops::OPERATOR)?;
         crate::files::write_atomic(
             &self.dir.operator_creds(name),
             creds.render().as_bytes(),
@@ -532,7 +532,7 @@ pub(super) struct AccountState {
 fn operator_record(space: &str, id: String) -> IdentityRecord {
     IdentityRecord {
         id,
-        name: "local-operator".into(),
+        name: crate::ops::OPERATOR.into(),
         space: space.to_owned(),
         profile: CredentialProfile::Admin,
         role: None,

@@ -114,7 +114,7 @@ fn observer(core: &Core, name: &str, served: &super::Served) -> Result<SpaceAcce
     connect.announce = false;
     connect.receive_backstop = false;
     let operator = keys
-        .own_user_creds("local-operator")
+        .own_user_creds(crate::ops::OPERATOR)
         .map_err(|e| fail(&e))?;
     let mut voice = ConnectOptions::new(connect.link.clone(), operator.render());
     voice.ca = Some(core.ca_cert.clone());

@@ -701,8 +701,10 @@ impl CotalServer {
         self.publish(message).await
     }
 
-    /// Send a direct message to one peer, by name (as cotal_roster shows it) or instance id.
-    /// Only that peer reads it; it is kept for the peer until it reads it, even if it is away.
+    /// Send a direct message to one peer, by name (as cotal_roster shows it), short id or
+    /// instance id; a peer that is away is found by name too when you received a message from
+    /// it, or when it was minted on this machine. Only that peer reads it; it is kept for the
+    /// peer until it reads it, even if it is away.
     #[tool(name = "cotal_dm")]
     async fn dm(&self, Parameters(args): Parameters<DmArgs>) -> Result<Json<Sent>, String> {
         let _ = tokio::time::timeout(ROSTER_LOAD, self.client.roster().loaded()).await;

@@ -52,6 +52,10 @@ use crate::protocol::{
     Channel, ChannelConfig, ChannelPattern, ControlReply, ControlRequest, EndpointRef, is_covered,
 };
 
+/// The name of the machine operator's own identity in every space (`spaces/<space>/
+/// local-operator.creds`): a person, unrestricted within the space.
+pub const OPERATOR: &str = "local-operator";
+
 /// Which transport a request arrived on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {

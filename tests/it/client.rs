@@ -1188,3 +1188,32 @@ async fn a_send_across_a_paused_broker_is_reported_sent_and_stored_once() {
     a.client.close().await;
     c.stop().await;
 }
+
+/// A sender is known by name once its message was received (its id is the subject's, §5): a
+/// peer that is away, and never was in the roster, is addressed by the name it signed with.
+#[tokio::test]
+async fn the_sender_of_a_received_message_is_addressed_by_name_while_away() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &[]).await;
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    let mut b = endpoint(&bob, |_| {}).await;
+    assert!(
+        b.client.roster().resolve("alice").is_err(),
+        "unknown before"
+    );
+    a.client
+        .send_text(
+            Routing::to(&InstanceId::from_user_nkey(&bob.id).unwrap()),
+            "hi bob",
+        )
+        .await
+        .unwrap();
+    delivery(&mut b.deliveries).await.ack().await.unwrap();
+    a.client.close().await;
+    let resolved = b.client.roster().resolve("alice").unwrap();
+    assert_eq!(resolved.as_str(), alice.id);
+    b.client.close().await;
+    c.stop().await;
+}

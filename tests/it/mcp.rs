@@ -1133,3 +1133,67 @@ async fn a_second_session_on_a_live_channel_replays_only_what_came_after_what_wa
     op.client.close().await;
     c.stop().await;
 }
+
+/// A peer that is away is addressed by name: on the appliance's machine `cotal_dm` knows the
+/// identities it minted (and its operator) as `cotald send --to` does; anywhere, it knows the
+/// senders of what the session received. The DM waits for the peer and reaches it.
+#[tokio::test]
+async fn cotal_dm_reaches_a_peer_that_is_away_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &[]).await;
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
+    // Alice's host launches her server on the appliance's machine (its data dir named).
+    let mut cmd = tokio::process::Command::new(cotald_bin());
+    cmd.arg("mcp")
+        .arg("--creds")
+        .arg(&alice.creds)
+        .args(["--link", &alice.link])
+        .arg("--ca")
+        .arg(&alice.ca)
+        .arg("--data-dir")
+        .arg(tmp.path());
+    let (transport, _) = TokioChildProcess::builder(cmd)
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let a = tokio::time::timeout(TIMEOUT, ().serve(transport))
+        .await
+        .unwrap()
+        .unwrap();
+    // Bob has never been online: he is in no roster, but minted here.
+    call(
+        &a,
+        "cotal_dm",
+        json!({"to": "bob", "text": "for when you are back"}),
+    )
+    .await;
+    call(
+        &a,
+        "cotal_dm",
+        json!({"to": &bob.id[..10], "text": "by short id"}),
+    )
+    .await;
+    let mut b = endpoint(&bob, |o| o.presence = false).await;
+    for want in ["for when you are back", "by short id"] {
+        let d = crate::helper::delivery(&mut b.deliveries).await;
+        assert_eq!(crate::helper::next_text_of(&d), want);
+        d.ack().await.unwrap();
+    }
+    // The operator, never in the roster either, answers its DM by name.
+    let asked = crate::helper::cotald_in(tmp.path(), &["send", "--to", "alice", "status?"]).await;
+    assert!(
+        asked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&asked.stderr)
+    );
+    call(
+        &a,
+        "cotal_dm",
+        json!({"to": "local-operator", "text": "all good"}),
+    )
+    .await;
+    a.cancel().await.unwrap();
+    b.client.close().await;
+    c.stop().await;
+}
