@@ -309,8 +309,14 @@ async fn an_unresponsive_broker_is_killed_and_restarted() {
 
     let after = wait_state(&c, "the new broker", |s| s.broker_pid != before.broker_pid).await;
     assert_eq!(after.listen, before.listen, "the new broker keeps the port");
-    let (ok, report) = status_json(tmp.path()).await;
-    assert!(ok, "healthy again: {report}");
+    // Healthy again once the services' connection is back too (until then status says it is
+    // reconnecting).
+    let dir = tmp.path();
+    let report = eventually("status healthy again", || async move {
+        let (ok, report) = status_json(dir).await;
+        ok.then_some(report)
+    })
+    .await;
     assert_eq!(report["broker_restarts"], 1);
     let reason = report["broker_last_restart"]["reason"].as_str().unwrap();
     assert!(reason.starts_with("unresponsive: "), "{report}");
