@@ -437,6 +437,9 @@ pub struct SendArgs {
 }
 
 pub(super) async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
+    if args.text.trim().is_empty() {
+        bail!("nothing to send: the text is empty");
+    }
     let endpoint = args.endpoint.resolve()?;
     /// Where the message goes, as given (a peer still by name).
     enum Route<'a> {
@@ -535,31 +538,20 @@ pub(super) async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Refuses `channel` when the space knows nothing of it (no config, no message), naming the
-/// closest it knows: a post would otherwise create it by a typo (`what` says what the refusal
-/// spares the caller). A failed look-up refuses nothing.
+/// closest it knows: naming it would otherwise create it by a typo (`what` says what the
+/// refusal spares the caller, or how to create it).
 pub(super) async fn unknown_channel_refused(
     client: &Client,
     channel: &Channel,
     what: &str,
 ) -> anyhow::Result<()> {
-    let Ok(known) = client.channels().await else {
-        return Ok(());
-    };
-    if known.iter().any(|c| &c.channel == channel) {
-        return Ok(());
+    match client.known_channel(channel).await {
+        Err(e @ crate::client::ClientError::UnknownChannel { .. }) => bail!(
+            "{}; {what} (`cotald channels` lists the channels)",
+            crate::ops::error_text(&e)
+        ),
+        _ => Ok(()),
     }
-    let hint = match crate::protocol::closest(
-        channel.as_str(),
-        known.iter().map(|c| c.channel.as_str()),
-    ) {
-        Some(name) => format!("did you mean `{name}`? "),
-        None => String::new(),
-    };
-    bail!(
-        "channel `{channel}` has no config and no messages yet: {hint}{what} (`cotald channels` \
-         lists the channels)",
-        channel = channel.as_str()
-    )
 }
 
 /// Options of `cotald tail`.
@@ -592,6 +584,11 @@ pub struct TailArgs {
     /// One JSON object per message: id, kind, historical, durable, channel, from, parts, ts.
     #[arg(long)]
     json: bool,
+    /// Join a --channel that has no config and no messages yet (without it, such a channel is
+    /// refused as a likely typo, naming the closest channel: on a durable channel, joining
+    /// makes a membership).
+    #[arg(long)]
+    new: bool,
 }
 
 pub(super) async fn tail(args: TailArgs) -> anyhow::Result<ExitCode> {
@@ -612,8 +609,20 @@ pub(super) async fn tail(args: TailArgs) -> anyhow::Result<ExitCode> {
              or --service ROLE"
         );
     }
+    let readable = super::membership::readable_channels(&opts);
     let conn = Client::connect(opts).await?;
     let (client, mut deliveries) = (conn.client, conn.deliveries);
+    // Only a concrete channel typed on the command line, that the credential may read, may be
+    // a typo (one it may not read is refused by the broker, in those words).
+    if !args.new {
+        let typed = args.channels.iter().filter_map(|c| Channel::new(c).ok());
+        for c in typed.filter(|c| super::membership::may_read(&readable, c)) {
+            if let Err(e) = unknown_channel_refused(&client, &c, "pass --new to join it").await {
+                client.close().await;
+                return Err(e);
+            }
+        }
+    }
     let replay = match (args.no_history, args.resume) {
         (true, _) => Replay::Off,
         (false, true) => Replay::Resume,

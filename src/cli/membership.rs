@@ -23,6 +23,10 @@ pub struct JoinArgs {
     pub(super) endpoint: EndpointArgs,
     /// The concrete channel (within the credential's read ACL).
     channel: String,
+    /// Join a channel that has no config and no messages yet (without it, such a channel is
+    /// refused as a likely typo, naming the closest channel).
+    #[arg(long)]
+    new: bool,
 }
 
 /// Options of `cotald leave`.
@@ -35,12 +39,26 @@ pub struct LeaveArgs {
 }
 
 pub(super) async fn join(args: JoinArgs) -> anyhow::Result<ExitCode> {
-    super::endpoint::concrete_channel("channel", &args.channel)?;
+    let channel = super::endpoint::concrete_channel("channel", &args.channel)?;
     let mut opts = args.endpoint.options()?;
     opts.receive_dms = false;
     opts.receive_backstop = false;
     let readable = readable_channels(&opts);
     let conn = Client::connect(opts).await?;
+    // A channel outside the read ACL is refused by the broker, in those words (below); one
+    // inside it that the space knows nothing of is taken for a typo.
+    if !args.new
+        && may_read(&readable, &channel)
+        && let Err(e) = super::endpoint::unknown_channel_refused(
+            &conn.client,
+            &channel,
+            "pass --new to join it",
+        )
+        .await
+    {
+        conn.client.close().await;
+        return Err(e);
+    }
     let joined = conn.client.join(&args.channel, Replay::Off).await;
     conn.client.clone().close().await;
     let report = match joined {
@@ -82,7 +100,15 @@ pub(super) async fn leave(args: LeaveArgs) -> anyhow::Result<ExitCode> {
 
 /// The channels the credential of `opts` may read (its `allowSubscribe`, as its grants say);
 /// empty when they cannot be read from it.
-fn readable_channels(opts: &ConnectOptions) -> Vec<String> {
+/// Whether the read ACL `readable` covers `channel`.
+pub(super) fn may_read(readable: &[String], channel: &crate::protocol::Channel) -> bool {
+    readable.iter().any(|r| {
+        crate::protocol::ChannelPattern::from_policy(r)
+            .is_ok_and(|p| crate::protocol::is_covered(&[p], channel))
+    })
+}
+
+pub(super) fn readable_channels(opts: &ConnectOptions) -> Vec<String> {
     let names = SpaceNames::new(opts.link.space());
     Creds::parse(&opts.creds)
         .and_then(|c| c.claims())

@@ -49,6 +49,27 @@ impl Client {
         }
     }
 
+    /// Refuses `channel` when the space knows nothing of it (no config, no message): posting to
+    /// it or joining it would make it, most often by a typo. The refusal names the closest
+    /// channel the space knows. A look-up that fails refuses nothing (what the caller does next
+    /// says what is wrong).
+    pub async fn known_channel(&self, channel: &Channel) -> Result<(), ClientError> {
+        let Ok(known) = self.channels().await else {
+            return Ok(());
+        };
+        if known.iter().any(|c| &c.channel == channel) {
+            return Ok(());
+        }
+        Err(ClientError::UnknownChannel {
+            channel: channel.as_str().to_owned(),
+            closest: crate::protocol::closest(
+                channel.as_str(),
+                known.iter().map(|c| c.channel.as_str()),
+            )
+            .map(str::to_owned),
+        })
+    }
+
     /// Every channel the registry configures or CHAT holds messages of, by name.
     pub async fn channels(&self) -> Result<Vec<ChannelInfo>, ClientError> {
         let registry = self.channel_registry().await?;

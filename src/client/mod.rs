@@ -228,6 +228,18 @@ pub enum ClientError {
         /// The reply's error.
         error: String,
     },
+    /// A channel the space knows nothing of (no config, no message), named where it would be
+    /// made (a likely typo).
+    #[error(
+        "channel `{channel}` has no config and no messages yet{}",
+        closest.as_ref().map(|c| format!(": did you mean `{c}`?")).unwrap_or_default()
+    )]
+    UnknownChannel {
+        /// The channel named.
+        channel: String,
+        /// The closest channel the space knows, if one is close.
+        closest: Option<String>,
+    },
     /// The channel's history may not be read (§7 effective `replay = false`).
     #[error(
         "the history of {channel} may not be read: the channel's config says replay = false (§7)"

@@ -126,6 +126,7 @@ fn observer(core: &Core, name: &str, served: &super::Served) -> Result<SpaceAcce
         name: name.to_owned(),
         connect,
         voice,
+        identities: served.identities.clone(),
     })
 }
 

@@ -47,6 +47,16 @@ pub enum Refused {
         /// What exists.
         known: String,
     },
+    /// A role no agent of the space holds: its tasks would be discarded.
+    #[error(
+        "no agent of this space holds role `{role}`, so a task for it would be discarded; roles held: {held}"
+    )]
+    NoRole {
+        /// What was asked for.
+        role: String,
+        /// The roles held.
+        held: String,
+    },
     /// A name that is not a valid channel, instance id or role.
     #[error("`{0}` is not a valid {1}")]
     Invalid(String, &'static str),
@@ -89,6 +99,24 @@ pub async fn send(observer: &Observer, form: Form, req: &Request) -> Result<Stri
             let role = required(req, "role")?;
             if role.is_empty() || role.contains(['.', '*', '>', ' ']) {
                 return Err(Refused::Invalid(role.to_owned(), "role"));
+            }
+            let mut held: Vec<String> = observer
+                .identities
+                .active()
+                .into_iter()
+                .filter_map(|r| r.role)
+                .collect();
+            held.sort();
+            held.dedup();
+            if !held.iter().any(|h| h == role) {
+                return Err(Refused::NoRole {
+                    role: role.to_owned(),
+                    held: if held.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        held.join(", ")
+                    },
+                });
             }
             (Routing::to_service(role), format!("/spaces/{space}/roster"))
         }

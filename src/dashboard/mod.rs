@@ -84,6 +84,9 @@ pub struct SpaceAccess {
     /// The machine operator's, whose voice a person at the dashboard speaks with (posts,
     /// replies, DMs, tasks).
     pub voice: ConnectOptions,
+    /// The identities minted for the space: who holds which role (a task for a role nobody
+    /// holds would be discarded).
+    pub identities: Arc<crate::space::Identities>,
 }
 
 /// The appliance's runtime state, read on each health page.

@@ -173,6 +173,8 @@ pub struct Observer {
     pub client: Client,
     /// The machine operator's client: what a person at the dashboard sends goes out with it.
     pub voice: Client,
+    /// The identities minted for the space.
+    pub identities: Arc<crate::space::Identities>,
     feed: Arc<Mutex<Feed>>,
     live: broadcast::Sender<Arc<FeedItem>>,
     pump: tokio::task::JoinHandle<()>,
@@ -236,6 +238,7 @@ impl Observer {
         let (live, _) = broadcast::channel(LIVE_BACKLOG);
         let pump = tokio::spawn(follow(live_copies, deliveries, feed.clone(), live.clone()));
         Ok(Observer {
+            identities: access.identities.clone(),
             space: space.to_owned(),
             client,
             voice,

@@ -153,6 +153,28 @@ impl CotalServer {
         })
     }
 
+    /// Refuses a channel the space knows nothing of (a likely typo), when the agent may read
+    /// or post to it (one it may not is refused in those words by what follows).
+    async fn known(&self, channel: &Channel) -> Result<(), String> {
+        let mine = |patterns: &[String]| {
+            patterns.iter().any(|p| {
+                crate::protocol::ChannelPattern::from_policy(p)
+                    .is_ok_and(|p| crate::protocol::is_covered(&[p], channel))
+            })
+        };
+        if !mine(&self.grants.read) && !mine(&self.grants.post) {
+            return Ok(());
+        }
+        match self.client.known_channel(channel).await {
+            Err(e) => Err(wording::refusal(
+                &crate::ops::error_text(&e),
+                "Fix: to create it, call again with new: true (cotal_channels lists the \
+                 channels).",
+            )),
+            Ok(()) => Ok(()),
+        }
+    }
+
     async fn publish(&self, message: CotalMessage) -> Result<Json<Sent>, String> {
         let sequence = self
             .client
@@ -166,7 +188,19 @@ impl CotalServer {
         }))
     }
 
-    fn draft(&self, routing: Routing, text: String, reply_to: Option<String>) -> CotalMessage {
+    /// A message of `text` (refused when it says nothing: an empty message is never meant).
+    fn draft(
+        &self,
+        routing: Routing,
+        text: String,
+        reply_to: Option<String>,
+    ) -> Result<CotalMessage, String> {
+        if text.trim().is_empty() {
+            return Err(wording::refusal(
+                "the text is empty",
+                "Fix: say something in text.",
+            ));
+        }
         let mut message = CotalMessage::new(
             self.client.space(),
             self.client.endpoint(),
@@ -174,7 +208,7 @@ impl CotalServer {
             vec![Part::text(text)],
         );
         message.reply_to = reply_to.filter(|r| !r.is_empty());
-        message
+        Ok(message)
     }
 }
 
@@ -206,6 +240,10 @@ pub struct SendArgs {
     /// The id of the message this answers.
     #[serde(default)]
     reply_to: Option<String>,
+    /// Post to a channel that has no config and no messages yet, creating it (without it such
+    /// a post is refused as a likely typo, naming the closest channel).
+    #[serde(default)]
+    new: bool,
 }
 
 /// Arguments of cotal_dm.
@@ -270,6 +308,10 @@ pub struct JoinArgs {
     /// Replay the channel's recent history into your inbox, as its config says (default true).
     #[serde(default)]
     history: Option<bool>,
+    /// Join a channel that has no config and no messages yet (without it such a join is
+    /// refused as a likely typo, naming the closest channel).
+    #[serde(default)]
+    new: bool,
 }
 
 /// Arguments of cotal_history.
@@ -695,8 +737,11 @@ impl CotalServer {
     #[tool(name = "cotal_send")]
     async fn send(&self, Parameters(args): Parameters<SendArgs>) -> Result<Json<Sent>, String> {
         let channel = self.channel(&args.channel)?;
+        if !args.new {
+            self.known(&channel).await?;
+        }
         let message = self
-            .draft(Routing::channel(&channel), args.text, args.reply_to)
+            .draft(Routing::channel(&channel), args.text, args.reply_to)?
             .with_mentions(&args.mentions);
         self.publish(message).await
     }
@@ -713,7 +758,7 @@ impl CotalServer {
             .roster()
             .resolve(&args.to)
             .map_err(|e| wording::resolve_error(&e))?;
-        let message = self.draft(Routing::to(&to), args.text, args.reply_to);
+        let message = self.draft(Routing::to(&to), args.text, args.reply_to)?;
         self.publish(message).await
     }
 
@@ -725,7 +770,7 @@ impl CotalServer {
         Parameters(args): Parameters<AnycastArgs>,
     ) -> Result<Json<Sent>, String> {
         let role = args.role.clone();
-        let message = self.draft(Routing::to_service(args.role), args.text, args.reply_to);
+        let message = self.draft(Routing::to_service(args.role), args.text, args.reply_to)?;
         let mut sent = self.publish(message).await?;
         let _ = tokio::time::timeout(ROSTER_LOAD, self.client.roster().loaded()).await;
         let online = self.client.roster().role_online(&role);
@@ -882,6 +927,10 @@ impl CotalServer {
             Some(false) => Replay::Off,
             _ => Replay::Resume,
         };
+        // A concrete channel may be a typo; a pattern names no channel to make.
+        if let (false, Ok(channel)) = (args.new, Channel::new(&args.channel)) {
+            self.known(&channel).await?;
+        }
         let report = self
             .client
             .join(&args.channel, replay)

@@ -157,7 +157,8 @@ fn connection_fix(e: &ClientError) -> String {
     }
 }
 
-fn refusal(text: &str, fix: &str) -> String {
+/// `Refused: <text>. <fix>`: how every tool says no.
+pub fn refusal(text: &str, fix: &str) -> String {
     if fix.is_empty() {
         format!("Refused: {text}.")
     } else {

@@ -750,6 +750,25 @@ async fn refusals_say_what_was_refused_and_the_fix() {
         ],
     )
     .await;
+    // An empty message is never meant.
+    cli.refused(&["send", "  "], &["nothing to send: the text is empty"])
+        .await;
+    // So are a join and a tail of one (a join on a durable channel makes a membership).
+    for args in [
+        &["join", "genral"][..],
+        &["tail", "--channel", "genral", "--count", "1"],
+    ] {
+        cli.refused(
+            args,
+            &[
+                "channel `genral` has no config and no messages yet",
+                "did you mean `general`?",
+                "pass --new to join it",
+            ],
+        )
+        .await;
+    }
+    cli.ok(&["join", "genral", "--new"]).await;
     cli.ok(&["send", "--channel", "generl", "--new", "x"]).await;
     cli.ok(&["send", "--channel", "generl", "again"]).await;
 

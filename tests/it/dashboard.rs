@@ -732,6 +732,31 @@ async fn forms_need_the_cookie_the_anti_forgery_field_and_this_origin() {
     assert_eq!(got.kind, cotald::protocol::DeliveryKind::Dm);
     assert!(matches!(&got.message.parts[0], Part::Text { text, .. } if text == "just for you"));
     got.ack().await.unwrap();
+    // A task for a role nobody holds would be discarded: refused, naming the roles held.
+    mint(tmp.path(), "rita", "main", &["--role", "reviewer"]).await;
+    let typo = site
+        .post(
+            "/spaces/main/task",
+            &format!("csrf={csrf}&role=reviewr&text=please"),
+            "",
+        )
+        .await;
+    assert_eq!(typo.status, 400, "{}", typo.body);
+    assert!(
+        typo.body
+            .contains("no agent of this space holds role `reviewr`")
+            && typo.body.contains("roles held: reviewer"),
+        "{}",
+        typo.body
+    );
+    let task = site
+        .post(
+            "/spaces/main/task",
+            &format!("csrf={csrf}&role=reviewer&text=please"),
+            "",
+        )
+        .await;
+    assert_eq!(task.status, 303, "{}", task.body);
     a.client.close().await;
     c.stop().await;
 }

@@ -1197,3 +1197,43 @@ async fn cotal_dm_reaches_a_peer_that_is_away_by_name() {
     b.client.close().await;
     c.stop().await;
 }
+
+/// A channel the agent may read or post to, that the space knows nothing of, is taken for a
+/// typo by cotal_join and cotal_send (naming the closest), unless new: true says to make it.
+#[tokio::test]
+async fn a_typo_in_a_channel_is_refused_unless_new_says_to_make_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let grants = ["--allow-subscribe", ">", "--allow-publish", ">"];
+    let alice = mint(tmp.path(), "alice", "main", &grants).await;
+    let a = agent(&alice).await;
+    for (tool, args) in [
+        ("cotal_join", json!({"channel": "genral"})),
+        ("cotal_send", json!({"channel": "genral", "text": "x"})),
+    ] {
+        let typo = refusal(&a, tool, args).await;
+        assert!(
+            typo.contains("channel `genral` has no config and no messages yet")
+                && typo.contains("did you mean `general`?")
+                && typo.contains("new: true"),
+            "{tool}: {typo}"
+        );
+    }
+    let empty = refusal(&a, "cotal_send", json!({"channel": "general", "text": " "})).await;
+    assert!(empty.contains("the text is empty"), "{empty}");
+    call(&a, "cotal_join", json!({"channel": "genral", "new": true})).await;
+    call(
+        &a,
+        "cotal_send",
+        json!({"channel": "lab", "text": "x", "new": true}),
+    )
+    .await;
+    call(
+        &a,
+        "cotal_send",
+        json!({"channel": "lab", "text": "known now"}),
+    )
+    .await;
+    a.cancel().await.unwrap();
+    c.stop().await;
+}
