@@ -457,7 +457,10 @@ fn install_tracing(verbose: u8, format: LogFormat, serving: bool) {
         // that say what to do; the NATS library's log of the same refusal would only repeat
         // it in other words.
         let nats = if serving { "warn" } else { "off" };
-        EnvFilter::new(format!("{level},async_nats={nats}"))
+        // The broker's own lines (its start-up banner among them; all of them are in
+        // log/nats-server.log) only when they warn, unless -v asks for more.
+        let broker = if verbose == 0 { "warn" } else { level };
+        EnvFilter::new(format!("{level},async_nats={nats},nats_server={broker}"))
     });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

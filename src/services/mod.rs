@@ -236,7 +236,9 @@ impl ServiceSet {
                     Health::Degraded(reason) => {
                         tracing::warn!(scope = log_scope, service = name, reason, "service degraded")
                     }
-                    other => tracing::info!(scope = log_scope, service = name, health = ?other, "service"),
+                    // Running and stopped are the expected states: said at debug, so that
+                    // `up` prints its phases, not one line per service.
+                    other => tracing::debug!(scope = log_scope, service = name, health = ?other, "service"),
                 }
             }
         });
