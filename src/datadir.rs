@@ -163,6 +163,10 @@ pub struct LastServed {
     pub link_host: String,
     /// The spaces served.
     pub spaces: Vec<crate::ops::SpaceInfo>,
+    /// The dashboard's listener as bound, when it was served: a port picked with `HOST:0` is
+    /// picked again, so that its bookmarked URL stays valid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dashboard: Option<SocketAddr>,
 }
 
 /// A space the appliance knows but could not serve.

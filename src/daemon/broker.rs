@@ -156,20 +156,35 @@ fn leaf_remotes(
 /// last time on the same address, when that port is free: the join links handed out then
 /// stay valid. When it is taken, a new port is picked and the warning says the links change.
 fn keep_picked_port(listen: SocketAddr, dir: &DataDir) -> SocketAddr {
-    let Some(last) = dir.read_last_served() else {
+    let last = dir.read_last_served().map(|l| l.listen);
+    keep_picked(
+        listen,
+        last,
+        "join links handed out before name the old one",
+    )
+}
+
+/// `listen` as given, except that a port 0 on the address of `last` becomes `last`'s port when
+/// it is free; when it is taken, a new port is picked, and the warning says so and what that
+/// changes (`changes`).
+pub(super) fn keep_picked(
+    listen: SocketAddr,
+    last: Option<SocketAddr>,
+    changes: &str,
+) -> SocketAddr {
+    let Some(last) = last else {
         return listen;
     };
-    if listen.port() != 0 || last.listen.ip() != listen.ip() {
+    if listen.port() != 0 || last.ip() != listen.ip() {
         return listen;
     }
-    match std::net::TcpListener::bind(last.listen) {
-        Ok(_) => last.listen,
+    match std::net::TcpListener::bind(last) {
+        Ok(_) => last,
         Err(e) => {
             tracing::warn!(
-                port = last.listen.port(),
+                port = last.port(),
                 error = %e,
-                "the port picked last time is taken; a new one is picked, and join links \
-                 handed out before name the old one"
+                "the port picked last time is taken; a new one is picked, and {changes}"
             );
             listen
         }

@@ -488,10 +488,13 @@ impl Core {
             .values()
             .map(|s| self.space_info(&s.space))
             .collect::<Result<_, _>>()?;
+        // The dashboard records its own listener once bound; it is kept here.
+        let dashboard = self.dir.read_last_served().and_then(|l| l.dashboard);
         self.dir.write_last_served(&LastServed {
             listen,
             link_host: self.link_host.clone(),
             spaces,
+            dashboard,
         })?;
         Ok(())
     }

@@ -29,7 +29,11 @@ pub(super) async fn start(
     if !config.enabled {
         return Availability::Disabled;
     }
-    let listen = listen.unwrap_or(config.listen);
+    let listen = super::broker::keep_picked(
+        listen.unwrap_or(config.listen),
+        core.dir.read_last_served().and_then(|l| l.dashboard),
+        "a dashboard URL kept from before names the old one",
+    );
     let token = match Token::load_or_create(&core.dir.dashboard_token()) {
         Ok(token) => token,
         Err(e) => return not_served(crate::ops::error_text(&e)),
@@ -56,6 +60,13 @@ pub(super) async fn start(
         }
     };
     let url = dashboard.url();
+    // Remembered for the next start (a port picked with `HOST:0` is picked again).
+    if let Some(mut last) = core.dir.read_last_served() {
+        last.dashboard = Some(dashboard.addr());
+        if let Err(e) = core.dir.write_last_served(&last) {
+            tracing::warn!(error = %e, "where the dashboard listens is not remembered");
+        }
+    }
     if let Err(e) = services.start(Arc::new(dashboard)).await {
         return not_served(crate::ops::error_text(&e));
     }

@@ -137,6 +137,11 @@ impl Dashboard {
         })
     }
 
+    /// Where it listens, as bound.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     /// The URL that opens it, token included; a wildcard listener is opened on loopback.
     pub fn url(&self) -> String {
         let mut addr = self.addr;
