@@ -161,19 +161,17 @@ fn optional(req: &Request, field: &str) -> Option<String> {
 }
 
 /// The channels a post may go to: those with a config, and those with messages.
+/// Asked of the broker: a channel removed with its messages is gone from it at once, while the
+/// feed still shows what it had; only when the broker cannot be asked are the feed's channels
+/// offered.
 pub async fn known_channels(observer: &Observer) -> Vec<String> {
-    let mut names: Vec<String> = observer
-        .client
-        .channels()
-        .await
-        .map(|channels| {
-            channels
-                .into_iter()
-                .map(|c| c.channel.as_str().to_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    names.extend(observer.kept().iter().map(|i| i.channel.clone()));
+    let mut names: Vec<String> = match observer.client.channels().await {
+        Ok(channels) => channels
+            .into_iter()
+            .map(|c| c.channel.as_str().to_owned())
+            .collect(),
+        Err(_) => observer.kept().iter().map(|i| i.channel.clone()).collect(),
+    };
     names.sort();
     names.dedup();
     names

@@ -744,7 +744,11 @@ async fn down_stops_the_appliance_and_a_picked_port_is_kept() {
     // (`--dashboard 127.0.0.1:0`) too, so that its URL does.
     let c = Cotald::up(tmp.path()).await;
     assert_eq!(c.state().listen.port(), port);
-    assert_eq!(c.state().dashboard, first.dashboard, "the dashboard's URL is kept");
+    assert_eq!(
+        c.state().dashboard,
+        first.dashboard,
+        "the dashboard's URL is kept"
+    );
     let conn = crate::helper::endpoint(&minted, |_| {}).await;
     conn.client.close().await;
     c.stop().await;

@@ -347,6 +347,23 @@ async fn pages_show_the_roster_the_channels_and_the_live_feed() {
     assert!(feed.contains("hello from alice"), "{feed}");
     let filtered = site.page("/spaces/main/feed?channel=elsewhere").await;
     assert!(!filtered.contains("hello from alice"), "{filtered}");
+    // A channel removed with its messages is offered no more (the feed still shows them).
+    let made = cotald_in(tmp.path(), &["send", "--channel", "scratch", "--new", "x"]).await;
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    site.page_with("/spaces/main/feed", &[r#"<option value="scratch""#])
+        .await;
+    let removed = cotald_in(tmp.path(), &["channels", "rm", "scratch", "--purge"]).await;
+    assert!(
+        removed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&removed.stderr)
+    );
+    let feed = site.page("/spaces/main/feed").await;
+    assert!(!feed.contains(r#"<option value="scratch""#), "{feed}");
     // The observer asked the broker for nothing its grants refuse (a refused request waits
     // out its timeout: the pages took 10 s once a message existed).
     let mut c = c;
