@@ -304,8 +304,9 @@ pub enum Command {
     Bench(crate::bench::BenchArgs),
     /// Print a shell completion script: `cotald completions bash > ~/.local/share/bash-completion/completions/cotald`.
     Completions(shell::CompletionsArgs),
-    /// Print the manual page (roff): `cotald man | man -l -`.
-    Man,
+    /// Print a manual page (roff): `cotald man | man -l -`, and each command's own with
+    /// `cotald man COMMAND` (the pages the first one names, cotald-COMMAND(1)).
+    Man(shell::ManArgs),
     /// Who is in the space: name, id, status (by the liveness rule), attention, role, last seen.
     Roster(roster::RosterArgs),
     /// The channels of the space: effective config, message count, last activity; `set`
@@ -395,7 +396,7 @@ pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
                 Ok(ExitCode::SUCCESS)
             }
             Command::Completions(args) => shell::completions(args),
-            Command::Man => shell::man(),
+            Command::Man(args) => shell::man(args),
             Command::Identities(args) => identities::run(args).await,
             Command::Roster(args) => roster::run(args).await,
             Command::Channels(args) => channels::run(args).await,

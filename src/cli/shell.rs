@@ -24,9 +24,35 @@ pub(super) fn completions(args: CompletionsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub(super) fn man() -> anyhow::Result<ExitCode> {
+/// Options of `cotald man`.
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// The command whose page to print (cotald-COMMAND(1)), e.g. `send`; `channels set` for
+    /// one of a command's own [default: cotald(1)]
+    #[arg(value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+pub(super) fn man(args: ManArgs) -> anyhow::Result<ExitCode> {
+    let mut command = Cli::command();
+    let (mut name, mut invoked) = ("cotald".to_owned(), "cotald".to_owned());
+    for word in &args.command {
+        let Some(sub) = command.find_subcommand(word).cloned() else {
+            let known: Vec<&str> = command.get_subcommands().map(|c| c.get_name()).collect();
+            anyhow::bail!(
+                "`{name}` has no command `{word}`; it has: {}",
+                known.join(", ")
+            );
+        };
+        name = format!("{name}-{}", sub.get_name());
+        invoked = format!("{invoked} {}", sub.get_name());
+        command = sub;
+    }
+    // The page's title is cotald-COMMAND, as the parent page names it; its synopsis shows
+    // the command as typed.
+    let command = command.display_name(name).bin_name(invoked);
     let mut page = Vec::new();
-    clap_mangen::Man::new(Cli::command()).render(&mut page)?;
+    clap_mangen::Man::new(command).render(&mut page)?;
     super::stdout(|out| out.write_all(&page))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -807,6 +807,20 @@ async fn version_completions_man_page_and_plain_logs() {
     }
     let man = run(&["man"]).await;
     assert!(text(&man.stdout).contains(".TH cotald 1"));
+    // Every page the first one names is there.
+    assert!(text(&man.stdout).contains("cotald\\-send(1)"));
+    let send = run(&["man", "send"]).await;
+    assert!(
+        text(&send.stdout).contains(".TH cotald-send 1"),
+        "{}",
+        text(&send.stdout)
+    );
+    assert!(text(&send.stdout).contains("\\fBcotald send\\fR"));
+    let set = run(&["man", "channels", "set"]).await;
+    assert!(text(&set.stdout).contains(".TH cotald-channels-set 1"));
+    let unknown = run(&["man", "nope"]).await;
+    assert!(!unknown.status.success());
+    assert!(text(&unknown.stderr).contains("has no command `nope`; it has: up"));
 
     // Logs into a pipe carry no colour codes; --log-format json prints one object per line.
     let mut c = Cotald::spawn(tmp.path(), &["--log-format", "json"]);
