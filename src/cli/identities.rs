@@ -1,5 +1,5 @@
 //! `cotald identities`: what this appliance minted for a space, read from the data dir (it
-//! works with the appliance stopped). Revoked identities are not listed.
+//! works with the appliance stopped). Revoked identities are listed as revoked, with when.
 
 use std::process::ExitCode;
 
@@ -15,7 +15,7 @@ pub struct IdentitiesArgs {
     #[arg(long, value_name = "SPACE")]
     pub(super) space: Option<String>,
     /// One JSON array of {"name","id","profile","role","subscribe","allowSubscribe",
-    /// "allowPublish","expiresAt","issuedAt","creds"}.
+    /// "allowPublish","expiresAt","issuedAt","revokedAt","creds"}.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -32,10 +32,7 @@ pub(super) async fn run(args: IdentitiesArgs) -> anyhow::Result<ExitCode> {
             dir.root().display()
         );
     }
-    let mut records: Vec<IdentityRecord> = crate::space::store::identities(&dir, space)
-        .into_iter()
-        .filter(|r| r.revoked_at.is_none())
-        .collect();
+    let mut records: Vec<IdentityRecord> = crate::space::store::identities(&dir, space);
     records.sort_by(|a, b| a.name.cmp(&b.name).then(a.issued_at.cmp(&b.issued_at)));
     let creds = |r: &IdentityRecord| {
         Some(super::endpoint::default_creds_path(&dir, r)).filter(|p| p.exists())
@@ -55,6 +52,7 @@ pub(super) async fn run(args: IdentitiesArgs) -> anyhow::Result<ExitCode> {
                         "allowPublish": r.allow_publish,
                         "expiresAt": r.expires_at.map(crate::provision::rfc3339),
                         "issuedAt": crate::provision::rfc3339(r.issued_at),
+                        "revokedAt": r.revoked_at.map(crate::provision::rfc3339),
                         "creds": creds(r),
                     })
                 })
@@ -76,19 +74,23 @@ pub(super) async fn run(args: IdentitiesArgs) -> anyhow::Result<ExitCode> {
             .max(4);
         writeln!(
             out,
-            "{:name_width$}  {:56}  {:8}  {:20}  {:20}  GRANTS",
+            "{:name_width$}  {:56}  {:8}  {:20}  {:28}  GRANTS",
             "NAME", "ID", "PROFILE", "ISSUED", "EXPIRES"
         )?;
         for r in &records {
             writeln!(
                 out,
-                "{:name_width$}  {:56}  {:8}  {:20}  {:20}  {}",
+                "{:name_width$}  {:56}  {:8}  {:20}  {:28}  {}",
                 r.name,
                 r.id,
                 format!("{:?}", r.profile).to_lowercase(),
                 crate::provision::rfc3339(r.issued_at),
-                r.expires_at
-                    .map_or_else(|| "never".to_owned(), crate::provision::rfc3339),
+                match r.revoked_at {
+                    Some(at) => format!("REVOKED {}", crate::provision::rfc3339(at)),
+                    None => r
+                        .expires_at
+                        .map_or_else(|| "never".to_owned(), crate::provision::rfc3339),
+                },
                 grants(r)
             )?;
         }

@@ -37,10 +37,21 @@ pub(super) async fn run(args: RevokeArgs) -> anyhow::Result<ExitCode> {
         );
     };
     let record: IdentityRecord = serde_json::from_value(data).context("malformed reply")?;
+    // The credential `mint` wrote where it writes by default is of no use any more.
+    let creds = super::endpoint::default_creds_path(&dir, &record);
+    let removed = match std::fs::remove_file(&creds) {
+        Ok(()) => format!("; its credential file {} deleted", creds.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => format!(
+            "; its credential file {} could not be deleted: {e}",
+            creds.display()
+        ),
+    };
     super::stdout(|out| {
         writeln!(
             out,
-            "revoked {} ({}) in space {}: its connections are closed, its durables and backlog deleted",
+            "revoked {} ({}) in space {}: its connections are closed, its durables and backlog \
+             deleted{removed}",
             record.name, record.id, record.space
         )
     })?;

@@ -458,6 +458,9 @@ async fn a_revoked_identity_cannot_connect_and_its_backlog_is_gone() {
     })
     .await;
 
+    // A copy of the credential, which revoke deletes where mint wrote it.
+    let kept = tmp.path().join("bob-kept.creds");
+    std::fs::copy(&bob.creds, &kept).unwrap();
     let out = tokio::process::Command::new(crate::helper::cotald_bin())
         .args(["revoke", "bob", "--space", "main", "--data-dir"])
         .arg(tmp.path())
@@ -469,9 +472,21 @@ async fn a_revoked_identity_cannot_connect_and_its_backlog_is_gone() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(!bob.creds.exists(), "its credential file is deleted");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("credential file"), "{said}");
+    let listed = crate::helper::cotald_in(tmp.path(), &["identities", "--json"]).await;
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let bob_row = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "bob")
+        .unwrap_or_else(|| panic!("bob listed as revoked: {listed}"));
+    assert!(bob_row["revokedAt"].is_string(), "{bob_row}");
 
     assert!(
-        Probe::try_connect(&c, &bob.creds).await.is_err(),
+        Probe::try_connect(&c, &kept).await.is_err(),
         "the broker refuses the revoked credential"
     );
     assert!(
