@@ -308,8 +308,12 @@ fn summary(parts: &[Part]) -> String {
         .join(" ")
 }
 
-/// The feed page: the compose form, the channel filter, the kept messages as conversations
-/// (a reply under the message it answers, §5 `replyTo`), and where the live stream starts.
+/// How many messages a feed page opens with.
+pub const FEED_SHOWN: usize = 150;
+
+/// The feed page: the compose form, the channel filter, the newest kept messages as
+/// conversations (a reply under the message it answers, §5 `replyTo`), and where the live
+/// stream starts.
 pub fn feed(
     space: &str,
     channel: Option<&str>,
@@ -331,12 +335,22 @@ pub fn feed(
             }
         );
     }
-    let shown: Vec<&FeedItem> = items
+    let matching: Vec<&FeedItem> = items
         .iter()
         .map(|i| i.as_ref())
         .filter(|i| channel.is_none_or(|c| c == i.channel))
         .collect();
-    let list = conversations(&shown);
+    // The newest FEED_SHOWN: the page stays light (each message is about half a KiB of HTML,
+    // and the browser lays out all of it before the page is usable); what arrives next is
+    // added live.
+    let shown = &matching[matching.len().saturating_sub(FEED_SHOWN)..];
+    let older = match matching.len() - shown.len() {
+        0 => String::new(),
+        n => format!(
+            r#"<p class="older">{n} older messages are not shown here (`cotald tail --channel CH` prints a channel's history).</p>"#
+        ),
+    };
+    let list = conversations(shown);
     let events = format!(
         "/spaces/{}/events?after={last_seq}{}",
         encode(space),
@@ -345,7 +359,7 @@ pub fn feed(
             .unwrap_or_default()
     );
     format!(
-        r#"{compose}<form method="get" class="filter"><label>channel <select name="channel">{options}</select></label> <button type="submit">show</button> <span id="live" class="live">connecting…</span></form><ol id="feed" class="feed" data-events="{events}">{list}</ol>"#,
+        r#"{compose}<form method="get" class="filter"><label>channel <select name="channel">{options}</select></label> <button type="submit">show</button> <span id="live" class="live">connecting…</span></form><ol id="feed" class="feed" data-events="{events}">{list}</ol>{older}"#,
         events = esc(&events),
     )
 }

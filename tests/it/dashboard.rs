@@ -862,3 +862,70 @@ async fn a_person_posts_from_the_browser_and_an_agents_reply_appears_under_it_li
     a.client.close().await;
     c.stop().await;
 }
+
+/// Every page of the dashboard in a real browser with 10,000 messages in the space: each loads
+/// in full (the feed shows the newest message), and the load times are reported (Navigation
+/// Timing: from the request to the page's load event, and the server's part of it).
+#[tokio::test]
+async fn every_page_loads_in_a_browser_with_ten_thousand_messages() {
+    use futures_util::StreamExt;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    const MESSAGES: usize = 10_000;
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let site = Site::of(&c).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    let stored = Instant::now();
+    futures_util::stream::iter(0..MESSAGES)
+        .map(|i| {
+            let client = a.client.clone();
+            async move { client.send_text(general(), &format!("m{i}")).await.unwrap() }
+        })
+        .buffer_unordered(256)
+        .collect::<Vec<_>>()
+        .await;
+    a.client
+        .send_text(general(), "the newest message")
+        .await
+        .unwrap();
+    eprintln!("{MESSAGES} messages stored in {:?}", stored.elapsed());
+    let base = format!("http://{}", site.addr);
+    browser.open(&format!("{base}/?token={}", site.token)).await;
+    let timing = "const t = performance.getEntriesByType('navigation')[0]; \
+                  return [Math.round(t.loadEventEnd - t.requestStart), \
+                          Math.round(t.responseEnd - t.requestStart), \
+                          Math.round(t.domInteractive - t.responseEnd), \
+                          Math.round(t.domContentLoadedEventEnd - t.domInteractive), \
+                          Math.round(t.loadEventEnd - t.domContentLoadedEventEnd), t.transferSize]";
+    let mut report = Vec::new();
+    for (page, shows) in [
+        ("/", "main"),
+        ("/health", "CHAT_main"),
+        ("/spaces/main/roster", "Roster of main"),
+        ("/spaces/main/channels", "#general"),
+        ("/spaces/main/feed", "older messages are not shown here"),
+        ("/spaces/main/feed?channel=general", "the newest message"),
+    ] {
+        browser.open(&format!("{base}{page}")).await;
+        let text = browser.eval("return document.body.innerText").await;
+        assert!(
+            text.as_str().is_some_and(|t| t.contains(shows)),
+            "{page} shows {shows:?}: {text}"
+        );
+        let t = browser.eval(timing).await;
+        report.push(format!(
+            "{page}: loaded in {} ms (server {} ms; parse {}, scripts {}, load {}; {} bytes)",
+            t[0], t[1], t[2], t[3], t[4], t[5]
+        ));
+    }
+    eprintln!(
+        "with {MESSAGES} messages in the space:\n  {}",
+        report.join("\n  ")
+    );
+    browser.quit().await;
+    a.client.close().await;
+    c.stop().await;
+}

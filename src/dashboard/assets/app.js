@@ -4,16 +4,18 @@
 // stays open). Times are shown in the reader's own locale and zone.
 "use strict";
 (function () {
-  const timeFormat = {
+  // One formatter for every time: made per call (toLocaleString), it cost the feed's 500 times
+  // a tenth of a second at each load.
+  const timeFormat = new Intl.DateTimeFormat(undefined, {
     year: "numeric", month: "short", day: "numeric",
     hour: "2-digit", minute: "2-digit", second: "2-digit", timeZoneName: "short",
-  };
+  });
   function localTimes(root) {
     for (const t of root.querySelectorAll("time[datetime]")) {
       const when = new Date(t.getAttribute("datetime"));
       if (!isNaN(when)) {
         t.title = t.getAttribute("datetime");
-        t.textContent = when.toLocaleString(undefined, timeFormat);
+        t.textContent = timeFormat.format(when);
       }
     }
   }
