@@ -93,7 +93,7 @@ pub async fn send(observer: &Observer, form: Form, req: &Request) -> Result<Stri
             let target: InstanceId = to
                 .parse()
                 .map_err(|_| Refused::Invalid(to.to_owned(), "instance id"))?;
-            (Routing::to(&target), format!("/spaces/{space}/roster"))
+            (Routing::to(&target), format!("/spaces/{space}/direct"))
         }
         Form::Task => {
             let role = required(req, "role")?;

@@ -34,6 +34,7 @@ mod compose;
 mod http;
 mod observer;
 mod pages;
+mod person;
 mod token;
 
 pub use token::{Token, TokenError};
@@ -375,6 +376,7 @@ impl Site {
                 };
                 let part = match *page {
                     "roster" => Part::Roster(observer),
+                    "direct" => Part::Direct(observer),
                     "channels" => Part::Channels(observer),
                     "feed" => return Route::Done(self.feed(&observer, req).await),
                     "events" => return Route::Events(observer),
@@ -426,6 +428,11 @@ impl Site {
                     ),
                 )
             }
+            Part::Direct(o) => (
+                format!("direct messages in {}", o.space),
+                Some((o.space.as_str(), Tab::Direct)),
+                format!("<h1>Direct messages in {}</h1>", pages::esc(&o.space)),
+            ),
             Part::Channels(o) => (
                 format!("channels of {}", o.space),
                 Some((o.space.as_str(), Tab::Channels)),
@@ -446,6 +453,23 @@ impl Site {
                 let ids: Vec<&str> = peers.iter().map(|(id, ..)| id.as_str()).collect();
                 let memberships = o.memberships(&ids).await;
                 pages::roster(&peers, &memberships, o.client.roster().is_stale())
+            }
+            Part::Direct(o) => {
+                let me = crate::ops::OPERATOR;
+                let kept = o.kept();
+                let mentions: Vec<&observer::FeedItem> = kept
+                    .iter()
+                    .map(|i| i.as_ref())
+                    .filter(|i| i.message.mentions.iter().any(|m| m == me))
+                    .collect();
+                pages::direct(
+                    &o.space,
+                    &self.token.csrf(),
+                    me,
+                    o.person.unread(&o.voice).await,
+                    &o.person.kept(),
+                    &mentions,
+                )
             }
             Part::Channels(o) => match o.client.channels().await {
                 Ok(channels) => pages::channels(&o.space, &channels, &o.kept()),
@@ -548,6 +572,8 @@ enum Part {
     Health,
     /// A space's roster.
     Roster(Arc<Observer>),
+    /// The direct messages of the person at the dashboard.
+    Direct(Arc<Observer>),
     /// A space's channels.
     Channels(Arc<Observer>),
 }

@@ -175,6 +175,8 @@ pub struct Observer {
     pub voice: Client,
     /// The identities minted for the space.
     pub identities: Arc<crate::space::Identities>,
+    /// The DMs to and from the person (the voice's identity).
+    pub person: super::person::Person,
     feed: Arc<Mutex<Feed>>,
     live: broadcast::Sender<Arc<FeedItem>>,
     pump: tokio::task::JoinHandle<()>,
@@ -229,6 +231,14 @@ impl Observer {
                 ));
             }
         };
+        let person = match super::person::Person::start(&voice).await {
+            Ok(person) => person,
+            Err(e) => {
+                voice.close().await;
+                client.close().await;
+                return Err(e);
+            }
+        };
         let mut feed = Feed::new(client.inner.nats.server_info().max_payload);
         // What the history read returned may arrive live as well (it was subscribed first).
         for message in recent {
@@ -239,6 +249,7 @@ impl Observer {
         let pump = tokio::spawn(follow(live_copies, deliveries, feed.clone(), live.clone()));
         Ok(Observer {
             identities: access.identities.clone(),
+            person,
             space: space.to_owned(),
             client,
             voice,

@@ -11,7 +11,7 @@ use super::http::encode;
 use super::observer::FeedItem;
 use crate::client::{ChannelInfo, Peer};
 use crate::datadir::RuntimeState;
-use crate::protocol::{EpochMillis, Part, PresenceStatus};
+use crate::protocol::{CotalMessage, EpochMillis, Part, PresenceStatus};
 use crate::services::Health;
 use crate::services::membership::MembershipEntry;
 
@@ -38,6 +38,8 @@ pub fn esc(s: &str) -> String {
 pub enum Tab {
     /// Who is there.
     Roster,
+    /// The person's direct messages.
+    Direct,
     /// The channels.
     Channels,
     /// The messages.
@@ -48,6 +50,7 @@ impl Tab {
     fn path(self) -> &'static str {
         match self {
             Tab::Roster => "roster",
+            Tab::Direct => "direct",
             Tab::Channels => "channels",
             Tab::Feed => "feed",
         }
@@ -59,7 +62,7 @@ pub fn layout(title: &str, spaces: &[String], here: Option<(&str, Tab)>, body: &
     let mut nav = String::new();
     for space in spaces {
         let _ = write!(nav, r#"<span class="space">{}</span>"#, esc(space));
-        for tab in [Tab::Roster, Tab::Channels, Tab::Feed] {
+        for tab in [Tab::Roster, Tab::Direct, Tab::Channels, Tab::Feed] {
             let current = here == Some((space.as_str(), tab));
             let _ = write!(
                 nav,
@@ -226,6 +229,95 @@ pub fn roster_forms(space: &str, csrf: &str, peers: &[(String, Peer, PresenceSta
     format!(
         r#"<div class="forms"><form method="post" action="/spaces/{s}/dm" class="compose dm"><input type="hidden" name="csrf" value="{csrf}"><label>direct message to <select name="to" required>{to}</select></label><textarea name="text" rows="2" required placeholder="what to say"></textarea><button type="submit">send DM</button></form><form method="post" action="/spaces/{s}/task" class="compose task"><input type="hidden" name="csrf" value="{csrf}"><label>task for role <input name="role" list="roles" required autocomplete="off"></label><datalist id="roles">{roles}</datalist><textarea name="text" rows="2" required placeholder="what to do"></textarea><button type="submit">send task</button></form></div>"#,
         csrf = esc(csrf),
+    )
+}
+
+/// The person's direct messages (`person`, its name `me`): how many wait unread, what needs
+/// them (the DMs to them, the channel messages that mention them: newest first), then each
+/// conversation both ways (newest conversation first) with a form to answer in it. `names`
+/// gives a peer's name as its messages sign it.
+pub fn direct(
+    space: &str,
+    csrf: &str,
+    me: &str,
+    unread: Option<u64>,
+    dms: &[std::sync::Arc<super::person::DirectItem>],
+    mentions: &[&FeedItem],
+) -> String {
+    let s = encode(space);
+    let unread = match unread {
+        Some(0) => "no direct message waits unread".to_owned(),
+        Some(1) => "1 direct message waits unread (`cotald tail --dm` reads it)".to_owned(),
+        Some(n) => format!("{n} direct messages wait unread (`cotald tail --dm` reads them)"),
+        None => "how many wait unread is unknown (the broker did not say)".to_owned(),
+    };
+    let entry = |m: &CotalMessage, class: &str, place: &str| {
+        let (datetime, time) = when(m);
+        format!(
+            r#"<li class="msg {class}"><div class="meta">{place}<span class="from">{from}</span> {sender} <time datetime="{datetime}">{time}</time></div>{parts}</li>"#,
+            from = esc(&m.from.name),
+            sender = short_id(&m.from.id),
+            parts = parts_html(m),
+        )
+    };
+    let mut needs: Vec<(u64, String)> = dms
+        .iter()
+        .filter(|d| d.incoming)
+        .map(|d| {
+            (
+                d.message.ts.as_u64().unwrap_or(0),
+                entry(&d.message, "dm in", "DM "),
+            )
+        })
+        .collect();
+    needs.extend(mentions.iter().map(|i| {
+        let place = format!(r#"<span class="chan">#{}</span> "#, esc(&i.channel));
+        (
+            i.message.ts.as_u64().unwrap_or(0),
+            entry(&i.message, "mention", &place),
+        )
+    }));
+    needs.sort_by_key(|n| std::cmp::Reverse(n.0));
+    let needs: String = needs.into_iter().take(50).map(|(_, html)| html).collect();
+    // Conversations by peer, the one with the newest message first.
+    let mut peers: Vec<(&str, Vec<&super::person::DirectItem>)> = Vec::new();
+    for d in dms.iter().rev() {
+        match peers.iter_mut().find(|(p, _)| *p == d.peer) {
+            Some((_, items)) => items.push(d),
+            None => peers.push((d.peer.as_str(), vec![d])),
+        }
+    }
+    let mut conversations = String::new();
+    for (peer, items) in &peers {
+        let name = items
+            .iter()
+            .find(|d| d.incoming)
+            .map_or("a peer", |d| d.message.from.name.as_str());
+        let list: String = items
+            .iter()
+            .rev()
+            .map(|d| match d.incoming {
+                true => entry(&d.message, "dm in", ""),
+                false => entry(&d.message, "dm out", "→ "),
+            })
+            .collect();
+        let _ = write!(
+            conversations,
+            r#"<section class="conversation"><h3>{name} {short}</h3><ol class="feed">{list}</ol><form method="post" action="/spaces/{s}/dm" class="compose dm"><input type="hidden" name="csrf" value="{csrf}"><input type="hidden" name="to" value="{to}"><textarea name="text" rows="2" required placeholder="answer {name}"></textarea><button type="submit">send DM</button></form></section>"#,
+            name = esc(name),
+            short = short_id(peer),
+            to = esc(peer),
+            csrf = esc(csrf),
+        );
+    }
+    if conversations.is_empty() {
+        conversations =
+            "<p>No direct message to or from you yet: send one from the roster.</p>".to_owned();
+    }
+    format!(
+        r#"<p class="unread">{me}: {unread}</p><h2>Needs you</h2><ol class="feed needs">{needs}</ol><h2>Conversations</h2>{conversations}"#,
+        me = esc(me),
+        unread = esc(&unread),
     )
 }
 
@@ -453,12 +545,48 @@ pub fn message(item: &FeedItem) -> String {
 /// One message as a list item, `replies` rendered under it.
 fn message_with(item: &FeedItem, replies: &str) -> String {
     let m = &item.message;
-    // Shown as UTC until `app.js` puts it in the reader's locale and zone.
+    let (datetime, time) = when(m);
+    let parts = parts_html(m);
+    let mentions = if m.mentions.is_empty() {
+        String::new()
+    } else {
+        let names: Vec<String> = m
+            .mentions
+            .iter()
+            .map(|n| format!(r#"<mark class="mention">@{}</mark>"#, esc(n)))
+            .collect();
+        format!(r#" <span class="mentions">{}</span>"#, names.join(" "))
+    };
+    let reply_to = m
+        .reply_to
+        .as_deref()
+        .map(|r| format!(r#" data-reply-to="{}""#, esc(r)))
+        .unwrap_or_default();
+    format!(
+        r#"<li class="msg" id="m-{id}" data-channel="{channel}"{reply_to}><div class="meta"><span class="chan">#{channel}</span> <span class="from">{from}</span> {sender} <time datetime="{datetime}">{time}</time>{mentions} <a class="reply" href="/spaces/{space}/feed?channel={c}&amp;reply={i}">reply</a></div>{parts}<ol class="replies">{replies}</ol></li>"#,
+        id = esc(&m.id),
+        channel = esc(&item.channel),
+        from = esc(&m.from.name),
+        sender = short_id(&m.from.id),
+        space = encode(&m.space),
+        c = encode(&item.channel),
+        i = encode(&m.id),
+    ) + "\n"
+}
+
+/// When a message was sent: (RFC 3339, shown as UTC until `app.js` puts it in the reader's
+/// locale and zone).
+fn when(m: &CotalMessage) -> (String, String) {
     let datetime =
         m.ts.as_u64()
             .map(|ms| crate::provision::rfc3339((ms / 1000) as i64))
             .unwrap_or_default();
     let time = datetime.replacen('T', " ", 1).replace('Z', " UTC");
+    (datetime, time)
+}
+
+/// A message's parts, escaped: text (its `@mentions` marked), data and extension parts folded.
+fn parts_html(m: &CotalMessage) -> String {
     let mut parts = String::new();
     for part in &m.parts {
         match part {
@@ -489,31 +617,7 @@ fn message_with(item: &FeedItem, replies: &str) -> String {
             }
         }
     }
-    let mentions = if m.mentions.is_empty() {
-        String::new()
-    } else {
-        let names: Vec<String> = m
-            .mentions
-            .iter()
-            .map(|n| format!(r#"<mark class="mention">@{}</mark>"#, esc(n)))
-            .collect();
-        format!(r#" <span class="mentions">{}</span>"#, names.join(" "))
-    };
-    let reply_to = m
-        .reply_to
-        .as_deref()
-        .map(|r| format!(r#" data-reply-to="{}""#, esc(r)))
-        .unwrap_or_default();
-    format!(
-        r#"<li class="msg" id="m-{id}" data-channel="{channel}"{reply_to}><div class="meta"><span class="chan">#{channel}</span> <span class="from">{from}</span> {sender} <time datetime="{datetime}">{time}</time>{mentions} <a class="reply" href="/spaces/{space}/feed?channel={c}&amp;reply={i}">reply</a></div>{parts}<ol class="replies">{replies}</ol></li>"#,
-        id = esc(&m.id),
-        channel = esc(&item.channel),
-        from = esc(&m.from.name),
-        sender = short_id(&m.from.id),
-        space = encode(&m.space),
-        c = encode(&item.channel),
-        i = encode(&m.id),
-    ) + "\n"
+    parts
 }
 
 /// The health page: the broker as it reports itself (`VARZ`, `JSZ`), the appliance's

@@ -133,9 +133,15 @@ impl Site {
 
     /// Opens the feed's event stream of `main`.
     pub(crate) async fn events(&self, query: &str) -> Events {
+        self.stream(&format!("/spaces/main/events{query}"), ": following")
+            .await
+    }
+
+    /// Opens the event stream at `target` and reads until `ready`.
+    async fn stream(&self, target: &str, ready: &str) -> Events {
         let mut stream = TcpStream::connect(self.addr).await.unwrap();
         let request = format!(
-            "GET /spaces/main/events{query} HTTP/1.1\r\nHost: {}\r\nCookie: {}\r\n\r\n",
+            "GET {target} HTTP/1.1\r\nHost: {}\r\nCookie: {}\r\n\r\n",
             self.addr,
             self.cookie()
         );
@@ -144,7 +150,7 @@ impl Site {
             stream,
             seen: String::new(),
         };
-        events.until(": following").await;
+        events.until(ready).await;
         assert!(events.seen.starts_with("HTTP/1.1 200"), "{}", events.seen);
         assert!(events.seen.contains("text/event-stream"), "{}", events.seen);
         events
@@ -161,9 +167,10 @@ impl Events {
     /// Reads until what arrived contains `needle`; returns how long that took.
     pub(crate) async fn until(&mut self, needle: &str) -> Duration {
         let start = Instant::now();
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
         let mut buf = [0u8; 4096];
         while !self.seen.contains(needle) {
-            let n = tokio::time::timeout(TIMEOUT, self.stream.read(&mut buf))
+            let n = tokio::time::timeout_at(deadline, self.stream.read(&mut buf))
                 .await
                 .unwrap_or_else(|_| panic!("no {needle:?} in the event stream:\n{}", self.seen))
                 .unwrap();
@@ -776,6 +783,91 @@ async fn forms_need_the_cookie_the_anti_forgery_field_and_this_origin() {
     assert_eq!(task.status, 303, "{}", task.body);
     a.client.close().await;
     c.stop().await;
+}
+
+/// A person and their agents, both ways, at the dashboard: the person DMs an agent from the
+/// roster's form, the agent answers the operator by name, and the answer shows on the person's
+/// direct page as it arrives (its live part), waiting unread until `cotald tail --dm` reads
+/// it. Nothing is purged as addressed to no agent.
+#[tokio::test]
+async fn the_person_sees_an_agents_answer_on_the_direct_page_live() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Cotald::up(tmp.path()).await;
+    let site = Site::of(&c).await;
+    let alice = mint(tmp.path(), "alice", "main", &[]).await;
+    let mut a = endpoint(&alice, |_| {}).await;
+    let roster = site.page_with("/spaces/main/roster", &["alice"]).await;
+    let csrf = csrf_of(&roster);
+    let empty = site.page("/spaces/main/direct").await;
+    assert!(
+        empty.contains("No direct message to or from you yet"),
+        "{empty}"
+    );
+    let mut live = site
+        .stream(
+            "/spaces/main/direct?live=1",
+            "no direct message waits unread",
+        )
+        .await;
+
+    let dm = site
+        .post(
+            "/spaces/main/dm",
+            &format!("csrf={csrf}&to={}&text=can+you+review+%231%3F", alice.id),
+            "",
+        )
+        .await;
+    assert_eq!(dm.status, 303, "{}", dm.body);
+    assert_eq!(dm.header("location"), Some("/spaces/main/direct"));
+    let asked = delivery(&mut a.deliveries).await;
+    assert_eq!(asked.message.from.name, "local-operator");
+    asked.ack().await.unwrap();
+    live.until("can you review #1?").await;
+
+    // The agent answers the person by name, as a person would be addressed.
+    let operator = a.client.roster().resolve("local-operator").unwrap();
+    a.client
+        .send_text(Routing::to(&operator), "reviewed: <b>ship it</b>")
+        .await
+        .unwrap();
+    live.until("reviewed: &lt;b&gt;ship it&lt;/b&gt;").await;
+    live.until("1 direct message waits unread").await;
+    let direct = site.page("/spaces/main/direct").await;
+    let needs = direct
+        .split_once("<h2>Needs you</h2>")
+        .and_then(|(_, rest)| rest.split_once("<h2>Conversations</h2>"))
+        .map(|(needs, _)| needs)
+        .unwrap();
+    assert!(
+        needs.contains("ship it") && !needs.contains("can you review"),
+        "{needs}"
+    );
+    assert!(
+        direct.contains(&format!(r#"name="to" value="{}""#, alice.id)),
+        "{direct}"
+    );
+
+    let tail = cotald_in(tmp.path(), &["tail", "--dm", "--count", "1", "--json"]).await;
+    assert!(
+        tail.status.success(),
+        "{}",
+        String::from_utf8_lossy(&tail.stderr)
+    );
+    let line: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&tail.stdout).trim()).unwrap();
+    assert_eq!(line["from"]["name"], "alice", "{line}");
+    assert_eq!(
+        line["parts"][0]["text"], "reviewed: <b>ship it</b>",
+        "{line}"
+    );
+    live.seen.clear();
+    live.until("no direct message waits unread").await;
+
+    a.client.close().await;
+    c.signal(libc::SIGTERM);
+    assert!(c.wait_exit().await.success());
+    let log = c.drain_stderr().await;
+    assert!(!log.contains("purged messages"), "nothing purged:\n{log}");
 }
 
 #[tokio::test]

@@ -1,0 +1,176 @@
+//! The person at the dashboard and their direct messages, both ways (§4 unicast).
+//!
+//! What a person types at the dashboard goes out as the machine operator (its "voice",
+//! unrestricted in the space), and an agent answers the sender of what it got: its DM to the
+//! operator waits in the operator's `dm_<id>`, which `cotald tail --dm` reads. The dashboard
+//! shows those conversations without consuming them: the last [`KEEP`] DMs to and from the
+//! person, read from the DM stream when the dashboard starts, then as they arrive on the
+//! voice's own subscriptions. Each is checked as a delivery (§5) before it is kept.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+use futures_util::StreamExt;
+
+use crate::binding::frame::accept_delivery;
+use crate::client::Client;
+use crate::protocol::{CotalMessage, DeliveryKind};
+use crate::services::ServiceError;
+
+/// How many DMs to and from the person are kept.
+pub const KEEP: usize = 200;
+
+/// One DM to or from the person.
+#[derive(Debug)]
+pub struct DirectItem {
+    /// Whether it was sent to the person (else by the person).
+    pub incoming: bool,
+    /// The other side: its instance id.
+    pub peer: String,
+    /// The message.
+    pub message: CotalMessage,
+}
+
+/// The person's DMs.
+pub struct Person {
+    /// The person's instance id.
+    pub id: String,
+    kept: Arc<Mutex<Kept>>,
+    pump: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct Kept {
+    items: VecDeque<Arc<DirectItem>>,
+    /// (sender, id) of every kept message: a DM read from history and seen live is kept once.
+    seen: HashSet<(String, String)>,
+}
+
+impl Kept {
+    /// Keeps a DM, once; returns whether it was new.
+    fn keep(&mut self, me: &str, subject: &str, msg: &async_nats::Message, max: usize) -> bool {
+        let Ok(accepted) =
+            accept_delivery(subject, msg.headers.as_ref(), msg.status, &msg.payload, max)
+        else {
+            return false;
+        };
+        if accepted.kind != DeliveryKind::Dm {
+            return false;
+        }
+        let key = (accepted.sender.clone(), accepted.message.id.clone());
+        if !self.seen.insert(key) {
+            return false;
+        }
+        // `inst.<target>.<sender>`: the route is the target.
+        let incoming = accepted.route == me;
+        let peer = match incoming {
+            true => accepted.sender,
+            false => accepted.route,
+        };
+        if self.items.len() == KEEP
+            && let Some(old) = self.items.pop_front()
+        {
+            self.seen
+                .remove(&(old.message.from.id.clone(), old.message.id.clone()));
+        }
+        self.items.push_back(Arc::new(DirectItem {
+            incoming,
+            peer,
+            message: accepted.message,
+        }));
+        true
+    }
+}
+
+impl Person {
+    /// Follows the DMs to and from `voice`'s identity: subscribed first, then the history
+    /// read, so that none falls between.
+    pub async fn start(voice: &Client) -> Result<Self, ServiceError> {
+        let at = |what: &str| format!("space `{}`: the person's DMs: {what}", voice.space());
+        let me = voice.inner.id.as_str().to_owned();
+        let names = &voice.inner.names;
+        let subjects = [names.dms_to(&me), names.dms_from(&me)];
+        let mut live = Vec::new();
+        for subject in &subjects {
+            live.push(
+                voice
+                    .inner
+                    .nats
+                    .subscribe(subject.clone())
+                    .await
+                    .map_err(|e| ServiceError::new(at("subscribing"), e))?,
+            );
+        }
+        let max = voice.inner.nats.server_info().max_payload;
+        let kept = Arc::new(Mutex::new(Kept::default()));
+        let history = async {
+            let stream = voice.inner.js.get_stream(names.dm_stream()).await?;
+            let consumer = stream
+                .create_consumer(pull::OrderedConfig {
+                    filter_subjects: subjects.to_vec(),
+                    deliver_policy: DeliverPolicy::All,
+                    ..Default::default()
+                })
+                .await?;
+            let mut pending = consumer.cached_info().num_pending;
+            let mut messages = consumer.messages().await?;
+            while pending > 0 {
+                let Some(Ok(msg)) = messages.next().await else {
+                    break;
+                };
+                pending = msg.info().map_or(0, |i| i.pending);
+                let mut k = kept.lock().unwrap_or_else(|e| e.into_inner());
+                k.keep(&me, msg.subject.as_str(), &msg.message, max);
+            }
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        };
+        history
+            .await
+            .map_err(|e| ServiceError::new(at("reading the history"), e))?;
+        let pump = tokio::spawn(follow(
+            futures_util::stream::select_all(live),
+            kept.clone(),
+            me.clone(),
+            max,
+        ));
+        Ok(Person { id: me, kept, pump })
+    }
+
+    /// How many DMs to the person wait unread in its `dm_<id>` (not yet acknowledged by a
+    /// reader such as `cotald tail --dm`); `None` when the broker cannot say.
+    pub async fn unread(&self, voice: &Client) -> Option<u64> {
+        let names = &voice.inner.names;
+        let stream = voice.inner.js.get_stream(names.dm_stream()).await.ok()?;
+        let info = stream
+            .consumer_info(crate::binding::dm_durable(&self.id))
+            .await
+            .ok()?;
+        Some(info.num_pending + info.num_ack_pending as u64)
+    }
+
+    /// The kept DMs, oldest first.
+    pub fn kept(&self) -> Vec<Arc<DirectItem>> {
+        let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        kept.items.iter().cloned().collect()
+    }
+}
+
+impl Drop for Person {
+    fn drop(&mut self) {
+        self.pump.abort();
+    }
+}
+
+/// Keeps every DM to or from the person as it arrives, until the subscriptions end.
+async fn follow(
+    mut live: futures_util::stream::SelectAll<async_nats::Subscriber>,
+    kept: Arc<Mutex<Kept>>,
+    me: String,
+    max: usize,
+) {
+    while let Some(msg) = live.next().await {
+        let mut k = kept.lock().unwrap_or_else(|e| e.into_inner());
+        k.keep(&me, msg.subject.as_str(), &msg, max);
+    }
+}
