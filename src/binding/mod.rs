@@ -5,6 +5,7 @@
 //! these to one.
 
 pub mod acl;
+pub mod backlog;
 pub mod credential;
 pub mod frame;
 mod names;

@@ -17,10 +17,11 @@
 //! after every reconnect, so a backlog that built up while it was away starts flowing at once,
 //! and copies that were in flight when the connection dropped are handed over again.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tokio::sync::mpsc;
+use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::deliver::BackstopToken;
@@ -54,22 +55,30 @@ pub(crate) async fn start(client: &Client) -> Result<(), ClientError> {
         .await
         .map_err(nats_err("subscribe to the backstop inbox"))?;
     inner.out.receiving_durable_copies();
+    inner.catch_up.register(FIRST_SESSION, BACKLOG);
+    let first = Arc::new(Mutex::new(FirstSession::default()));
     let (acks, mut batch) = mpsc::unbounded_channel::<String>();
 
     let receiver = {
         let client = client.clone();
         let acks = acks.clone();
+        let first = first.clone();
         tokio::spawn(async move {
             let inner = &client.inner;
             while let Some(msg) = copies.next().await {
-                let offered = msg
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get(ops::BATCH_KIND))
-                    .is_some_and(|kind| kind.as_str() == ops::OFFERS);
-                if offered {
-                    take_offers(&client, &msg.payload, &acks).await;
-                    continue;
+                let kind = msg.headers.as_ref().and_then(|h| h.get(ops::BATCH_KIND));
+                match kind.map(|k| k.as_str()) {
+                    Some(ops::OFFERS) => {
+                        take_offers(&client, &msg.payload, &acks).await;
+                        continue;
+                    }
+                    Some(ops::CAUGHT_UP) => {
+                        if let Some((session, consumer)) = ops::caught_up(&msg.payload) {
+                            first.lock().await.reported(&client, session, consumer);
+                        }
+                        continue;
+                    }
+                    _ => {}
                 }
                 let batch = match ops::copies(&msg.payload) {
                     Ok(batch) => batch,
@@ -131,12 +140,13 @@ pub(crate) async fn start(client: &Client) -> Result<(), ClientError> {
         tokio::spawn(async move {
             let mut state = client.state();
             state.borrow_and_update();
-            let mut dropped = !resume(&client, &mut state).await;
+            let mut dropped = !resume(&client, &mut state, Some(&first)).await;
             while state.changed().await.is_ok() {
                 let now = *state.borrow_and_update();
+                let first = (!first.lock().await.started).then_some(&*first);
                 match now {
                     ConnectionState::Connected if dropped => {
-                        dropped = !resume(&client, &mut state).await;
+                        dropped = !resume(&client, &mut state, first).await;
                     }
                     ConnectionState::Connected => {}
                     ConnectionState::Reconnecting | ConnectionState::Disconnected => dropped = true,
@@ -185,17 +195,67 @@ async fn take_offers(client: &Client, body: &[u8], acks: &mpsc::UnboundedSender<
     }
 }
 
+/// The catch-up key of the first delivery session, until its reply names its consumers.
+const FIRST_SESSION: &str = "backstop";
+/// What the backstop's backlog is, in words.
+const BACKLOG: &str = "durable channel backlog";
+
+/// The first delivery session since connecting: its backlog is the one found at connect.
+#[derive(Default)]
+struct FirstSession {
+    /// Its name, once asked for.
+    name: Option<String>,
+    /// Whether the manager started it.
+    started: bool,
+    /// The consumers that said they handed over their backlog.
+    reported: std::collections::HashSet<String>,
+}
+
+impl FirstSession {
+    /// A consumer of `session` handed over what it held.
+    fn reported(&mut self, client: &Client, session: &str, consumer: &str) {
+        if self.name.as_deref() == Some(session) {
+            self.reported.insert(consumer.to_owned());
+            client.inner.catch_up.done(&catch_up_key(consumer));
+        }
+    }
+
+    /// The manager started it with `consumers`: the backlog is on its way from those that
+    /// have not reported yet.
+    fn started(&mut self, client: &Client, consumers: &[String]) {
+        self.started = true;
+        for consumer in consumers.iter().filter(|c| !self.reported.contains(*c)) {
+            client
+                .inner
+                .catch_up
+                .register(&catch_up_key(consumer), BACKLOG);
+        }
+        client.inner.catch_up.done(FIRST_SESSION);
+    }
+}
+
+fn catch_up_key(consumer: &str) -> String {
+    format!("{FIRST_SESSION}/{consumer}")
+}
+
 /// Asks for a new delivery session until the manager answers (it may still be starting after
 /// a restart of the appliance); false when the connection dropped first. A refusal is final:
-/// this identity has no backstop here.
+/// this identity has no backstop here. `first` while the first session has not started.
 async fn resume(
     client: &Client,
     state: &mut tokio::sync::watch::Receiver<ConnectionState>,
+    first: Option<&Mutex<FirstSession>>,
 ) -> bool {
     let mut wait = Duration::from_millis(100);
+    let session = crate::protocol::new_message_id();
+    if let Some(first) = first {
+        let mut first = first.lock().await;
+        first.name = Some(session.clone());
+        first.reported.clear();
+    }
     loop {
         let request = Request::Resume(Resume {
-            session: crate::protocol::new_message_id(),
+            session: session.clone(),
             offers: true,
         });
         match client.manager::<Resumed>(&request).await {
@@ -205,10 +265,16 @@ async fn resume(
                     memberships = resumed.memberships.len(),
                     "backstop session started"
                 );
+                if let Some(first) = first {
+                    first.lock().await.started(client, &resumed.consumers);
+                }
                 return true;
             }
             Err(ClientError::Refused { error, .. }) => {
                 tracing::info!(error, "no durable backstop for this identity");
+                if let Some(first) = first {
+                    first.lock().await.started(client, &[]);
+                }
                 return true;
             }
             Err(e) => tracing::debug!(error = %e, "backstop session not started yet"),

@@ -206,6 +206,7 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
         pair_wait: opts.pair_wait,
         announced: announce,
         ack_batcher: Mutex::default(),
+        catch_up: Default::default(),
     });
     let client = Client { inner };
     let backstop = opts.receive_backstop && super::backstop::granted(&client, grants);
@@ -343,10 +344,11 @@ async fn start(
     let names = &client.inner.names;
     if bind_dm {
         let dm = dm_durable(client.inner.id.as_str());
-        deliver::bind(client, &names.dm_stream(), &dm).await?;
+        deliver::bind(client, &names.dm_stream(), &dm, "direct messages").await?;
     }
     if let Some(role) = &opts.role {
-        deliver::bind(client, &names.task_stream(), &svc_durable(role)).await?;
+        let svc = svc_durable(role);
+        deliver::bind(client, &names.task_stream(), &svc, "tasks for your role").await?;
     }
     if opts.presence {
         presence::start(client, announce).await?;

@@ -279,6 +279,8 @@ pub(crate) struct Sink {
     settled: std::sync::Arc<tokio::sync::Notify>,
     /// Learns the name of each sender whose message is surfaced (to address it while away).
     roster: super::Roster,
+    /// How many messages were surfaced.
+    surfaced: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Default)]
@@ -323,6 +325,7 @@ pub(crate) fn channel(
             handover: std::sync::Arc::default(),
             settled: std::sync::Arc::default(),
             roster,
+            surfaced: Default::default(),
         },
         Deliveries {
             messages: rx,
@@ -505,17 +508,30 @@ impl Sink {
             }
             other => other,
         };
-        self.messages
-            .send(Delivery {
-                message: accepted.message,
-                kind: DeliveryKind::Channel,
-                historical,
-                channel: Some(accepted.route),
-                durable,
-                ack,
-            })
-            .await
-            .is_ok()
+        self.surface(Delivery {
+            message: accepted.message,
+            kind: DeliveryKind::Channel,
+            historical,
+            channel: Some(accepted.route),
+            durable,
+            ack,
+        })
+        .await
+    }
+
+    /// Hands a message to the application, counted; false when the application is gone.
+    async fn surface(&self, delivery: Delivery) -> bool {
+        let sent = self.messages.send(delivery).await.is_ok();
+        if sent {
+            self.surfaced
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        sent
+    }
+
+    /// How many messages were surfaced.
+    pub(crate) fn surfaced(&self) -> u64 {
+        self.surfaced.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Whether a live copy of `key` on `channel` is to hand its ack over to the durable copy
@@ -563,17 +579,15 @@ impl Sink {
         ) {
             Ok(a) if a.kind != DeliveryKind::Channel => {
                 self.roster.know(&a.sender, &a.message.from.name);
-                let _ = self
-                    .messages
-                    .send(Delivery {
-                        message: a.message,
-                        kind: a.kind,
-                        historical: false,
-                        channel: None,
-                        durable: false,
-                        ack: Ack::Stream(Box::new(msg)),
-                    })
-                    .await;
+                self.surface(Delivery {
+                    message: a.message,
+                    kind: a.kind,
+                    historical: false,
+                    channel: None,
+                    durable: false,
+                    ack: Ack::Stream(Box::new(msg)),
+                })
+                .await;
             }
             outcome => {
                 let (reason, detail) = match outcome {
@@ -600,8 +614,14 @@ struct Frame<'a> {
 }
 
 /// Binds a pre-created pull durable (`CONSUMER.INFO` only, never create: Appendix B) and
-/// pumps it into the sink until the client closes, rebinding after failures.
-pub(crate) async fn bind(client: &Client, stream: &str, durable: &str) -> Result<(), ClientError> {
+/// pumps it into the sink until the client closes, rebinding after failures. What it held
+/// when bound (`what`, in words) is on its way until it has been surfaced.
+pub(crate) async fn bind(
+    client: &Client,
+    stream: &str,
+    durable: &str,
+    what: &'static str,
+) -> Result<(), ClientError> {
     let js = &client.inner.js;
     let consumer = super::transient::retried(durable, || {
         js.get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(durable, stream)
@@ -612,6 +632,10 @@ pub(crate) async fn bind(client: &Client, stream: &str, durable: &str) -> Result
         stream: stream.to_owned(),
         source: e.into(),
     })?;
+    let mut backlog = crate::binding::backlog::Backlog::at(consumer.cached_info());
+    if !backlog.is_done() {
+        client.inner.catch_up.register(durable, what);
+    }
     let inner = client.inner.clone();
     let (stream, durable) = (stream.to_owned(), durable.to_owned());
     let task = tokio::spawn(async move {
@@ -628,7 +652,13 @@ pub(crate) async fn bind(client: &Client, stream: &str, durable: &str) -> Result
                 Ok(mut messages) => {
                     while let Some(next) = messages.next().await {
                         match next {
-                            Ok(msg) => inner.out.stream_copy(msg).await,
+                            Ok(msg) => {
+                                let last = backlog.took_one();
+                                inner.out.stream_copy(msg).await;
+                                if last {
+                                    inner.catch_up.done(&durable);
+                                }
+                            }
                             Err(e) => {
                                 tracing::debug!(durable, error = %e, "pull stream error");
                                 if matches!(

@@ -18,6 +18,7 @@
 //! | §5 control request/reply | [`Client::control`] |
 
 mod backstop;
+mod catch_up;
 mod channels;
 mod connect;
 pub mod deliver;
@@ -487,6 +488,8 @@ pub(crate) struct Inner {
     /// The durable acks' batcher and what tells it to send its last ones, confirmed, before
     /// the connection closes (`client::backstop`).
     pub(crate) ack_batcher: Mutex<Option<(CancellationToken, tokio::task::JoinHandle<()>)>>,
+    /// The backlog found at connect, source by source, until it is surfaced.
+    pub(crate) catch_up: catch_up::CatchUp,
 }
 
 /// A connected endpoint.
@@ -499,6 +502,25 @@ impl Client {
     /// Connects to the space of `opts.link` (see [`ConnectOptions`]).
     pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
         connect::connect(opts).await
+    }
+
+    /// Waits until what waited for this endpoint when it connected (its DMs, its role's tasks,
+    /// its durable channels' backlog) has been surfaced on [`Deliveries`], or as much of it as
+    /// the broker hands out before copies are acknowledged. Unbounded: wrap it in a timeout,
+    /// and say what [`Client::catching_up`] names when it passes.
+    pub async fn caught_up(&self) {
+        self.inner.catch_up.wait().await;
+    }
+
+    /// What of the backlog found at connect is still on its way, in words.
+    pub fn catching_up(&self) -> Vec<&'static str> {
+        self.inner.catch_up.outstanding()
+    }
+
+    /// How many messages have been surfaced on [`Deliveries`] so far: a reader that has taken
+    /// this many has everything surfaced before the call.
+    pub fn surfaced(&self) -> u64 {
+        self.inner.out.surfaced()
     }
 
     /// The instance id (the credential's user key, §2).

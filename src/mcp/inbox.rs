@@ -36,6 +36,8 @@ const RENEW_EVERY: Duration = Duration::from_secs(20);
 /// One waiting copy.
 struct Waiting {
     delivery: Delivery,
+    /// Whether a peek showed it (a `wait` does not wake for it again).
+    shown: bool,
 }
 
 #[derive(Default)]
@@ -49,8 +51,21 @@ struct State {
     notices: Vec<String>,
     /// Notices not kept since the last read.
     notices_dropped: u64,
+    /// How many of `notices` a peek showed.
+    notices_shown: usize,
     /// Whether the client is gone (nothing more will arrive).
     closed: bool,
+    /// How many messages the client surfaced have been taken in (see [`Inbox::reached`]).
+    taken_in: u64,
+}
+
+impl State {
+    /// Whether something is here that the agent has not seen: a copy or notice no peek showed.
+    fn news(&self) -> bool {
+        self.closed
+            || self.notices.len() > self.notices_shown
+            || self.waiting.iter().any(|w| !w.shown)
+    }
 }
 
 /// What a read takes out of the inbox.
@@ -97,21 +112,26 @@ impl Inbox {
         self.arrived.notify_waiters();
     }
 
-    /// Waits up to `wait` for at least one copy or notice to be there.
+    /// Waits up to `wait` for something the agent has not seen: a copy or notice that no peek
+    /// showed (what a peek showed does not end a wait again).
     pub async fn wait(&self, wait: Duration) {
-        let _ = tokio::time::timeout(wait, async {
-            loop {
-                let arrived = self.arrived.notified();
-                {
-                    let state = self.state.lock().await;
-                    if !state.waiting.is_empty() || !state.notices.is_empty() || state.closed {
-                        return;
-                    }
-                }
-                arrived.await;
+        let _ = tokio::time::timeout(wait, self.until(State::news)).await;
+    }
+
+    /// Waits until the inbox has taken in the first `surfaced` messages the client surfaced
+    /// ([`crate::client::Client::surfaced`]): everything surfaced before that count was read.
+    pub async fn reached(&self, surfaced: u64) {
+        self.until(|s| s.closed || s.taken_in >= surfaced).await;
+    }
+
+    async fn until(&self, done: impl Fn(&State) -> bool) {
+        loop {
+            let arrived = self.arrived.notified();
+            if done(&*self.state.lock().await) {
+                return;
             }
-        })
-        .await;
+            arrived.await;
+        }
     }
 
     /// Takes up to `limit` copies (oldest first), with the overflow and notices since the last
@@ -122,6 +142,7 @@ impl Inbox {
         let deliveries: Vec<Delivery> = state.waiting.drain(..n).map(|w| w.delivery).collect();
         state.live -= deliveries.iter().filter(|d| !d.needs_ack()).count();
         let mut notices = std::mem::take(&mut state.notices);
+        state.notices_shown = 0;
         let dropped = std::mem::take(&mut state.notices_dropped);
         if dropped > 0 {
             notices.push(format!("{dropped} more notices were not kept"));
@@ -141,13 +162,17 @@ impl Inbox {
         limit: usize,
         view: impl Fn(&Delivery) -> T,
     ) -> (Vec<T>, Vec<String>, usize) {
-        let state = self.state.lock().await;
+        let mut state = self.state.lock().await;
         let seen = state
             .waiting
-            .iter()
+            .iter_mut()
             .take(limit)
-            .map(|w| view(&w.delivery))
+            .map(|w| {
+                w.shown = true;
+                view(&w.delivery)
+            })
             .collect();
+        state.notices_shown = state.notices.len();
         (seen, state.notices.clone(), state.waiting.len())
     }
 
@@ -181,6 +206,7 @@ async fn pump(inbox: Arc<Inbox>, mut deliveries: Deliveries, on_arrival: OnArriv
                 on_arrival(&delivery);
                 let mut state = inbox.state.lock().await;
                 admit(&mut state, *delivery);
+                state.taken_in += 1;
             }
             Event::Notice(notice) => {
                 let mut state = inbox.state.lock().await;
@@ -211,7 +237,10 @@ fn admit(state: &mut State, delivery: Delivery) {
     if !delivery.needs_ack() {
         state.live += 1;
     }
-    state.waiting.push_back(Waiting { delivery });
+    state.waiting.push_back(Waiting {
+        delivery,
+        shown: false,
+    });
     if state.live > LIVE_CAPACITY
         && let Some(at) = state.waiting.iter().position(|w| !w.delivery.needs_ack())
         && let Some(dropped) = state.waiting.remove(at)

@@ -155,6 +155,8 @@ pub struct CotalServer {
     grants: Arc<Grants>,
     /// What the joins of the boot channels said (or that they are under way).
     boot: Arc<Mutex<Vec<String>>>,
+    /// How far the session is from answering exactly.
+    start: tokio::sync::watch::Receiver<Start>,
     /// Whether `cotal_orientation` already gave this session the guide.
     guided: Arc<std::sync::atomic::AtomicBool>,
     tool_router: rmcp::handler::server::router::tool::ToolRouter<CotalServer>,
@@ -195,15 +197,20 @@ pub async fn serve_stdio(
             }
         }),
     );
+    let (started, start) = tokio::sync::watch::channel(Start::Joining {
+        done: 0,
+        of: boot.len(),
+    });
     let server = CotalServer {
         client: conn.client.clone(),
         inbox,
         grants: Arc::new(grants),
         boot: Arc::default(),
+        start,
         guided: Arc::default(),
         tool_router: CotalServer::tool_router(),
     };
-    server.join_boot_channels(boot);
+    server.start(boot, started);
     let result = async {
         let running = server
             .clone()
@@ -254,13 +261,33 @@ fn arrival_note(d: &Delivery) -> LoggingMessageNotificationParam {
     .with_logger("cotal")
 }
 
+/// How far a session is from answering exactly: the link's channels joined (their history in
+/// the inbox), then what waited for the endpoint when it connected (its DMs, its role's tasks,
+/// its durable channels' backlog) surfaced and in the inbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// Joining the boot channels: `done` of `of`.
+    Joining { done: usize, of: usize },
+    /// Receiving what waited.
+    Receiving,
+    /// Every first answer is exact from now on.
+    Ready,
+}
+
+/// How long a first answer waits for the session to be [`Start::Ready`] before it says what is
+/// still under way instead.
+const START_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl CotalServer {
     /// Joins the boot channels in the background (history is surfaced while joining, into the
-    /// inbox); each outcome is kept for `cotal_orientation` and reported in the inbox.
-    fn join_boot_channels(&self, channels: Vec<String>) {
+    /// inbox), each outcome kept for `cotal_orientation` and reported in the inbox; then waits
+    /// for the backlog found at connect to be in the inbox, and says so on `started`.
+    fn start(&self, channels: Vec<String>, started: tokio::sync::watch::Sender<Start>) {
         let server = self.clone();
         tokio::spawn(async move {
-            for channel in channels {
+            let of = channels.len();
+            for (done, channel) in channels.into_iter().enumerate() {
+                started.send_replace(Start::Joining { done, of });
                 let said = match server.client.join(&channel, Replay::Resume).await {
                     Ok(report) => report.summary(),
                     Err(e) => format!(
@@ -276,7 +303,39 @@ impl CotalServer {
                     .push(said.clone());
                 server.inbox.notice(said).await;
             }
+            started.send_replace(Start::Receiving);
+            server.client.caught_up().await;
+            server.inbox.reached(server.client.surfaced()).await;
+            started.send_replace(Start::Ready);
         });
+    }
+
+    /// Waits (up to [`START_WAIT`]) until the session answers exactly; `None` then, else what
+    /// is still under way, for the answer to say.
+    pub(super) async fn started(&self) -> Option<String> {
+        let mut start = self.start.clone();
+        let ready = tokio::time::timeout(START_WAIT, start.wait_for(|s| *s == Start::Ready))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        if ready {
+            return None;
+        }
+        let now = *self.start.borrow();
+        Some(match now {
+            Start::Joining { done, of } => format!(
+                "still joining the channels of your link ({done} of {of} done): what waits for                  you may not all be here yet; ask again shortly"
+            ),
+            _ => {
+                let what = self.client.catching_up();
+                let what = match what.is_empty() {
+                    true => "what waited for you".to_owned(),
+                    false => what.join(", "),
+                };
+                format!(
+                    "still receiving {what} from the broker: not all of it is here yet; ask                      again shortly"
+                )
+            }
+        })
     }
 }
 

@@ -280,7 +280,8 @@ pub struct InboxArgs {
     /// Look without consuming: nothing is acknowledged, the same messages come again.
     #[serde(default)]
     peek: bool,
-    /// When nothing waits, block up to this many seconds (at most 300) for the next message.
+    /// Unless something you have not seen waits, block up to this many seconds (at most 300)
+    /// for the next message or notice. What a peek showed you does not end a wait.
     #[serde(default)]
     wait: Option<u64>,
 }
@@ -439,6 +440,10 @@ pub struct InboxView {
     /// Acknowledgements that failed (those messages may come again).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     ack_errors: Vec<String>,
+    /// Present while the session is still starting: what is under way (the answer may miss
+    /// messages that waited for you; ask again shortly).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    starting: Option<String>,
 }
 
 /// One peer in the roster.
@@ -624,6 +629,10 @@ pub struct OrientationView {
     your_status: StatusView,
     /// Messages waiting in your inbox.
     waiting: usize,
+    /// Present while the session is still starting: what is under way (`joined` and `waiting`
+    /// may not be complete yet; ask again shortly).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    starting: Option<String>,
     /// How to work here: on the first call of a session (the server's instructions carry it
     /// too).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -701,6 +710,7 @@ impl CotalServer {
     /// messages wait for you, and how to work in the space.
     #[tool(name = "cotal_orientation")]
     async fn orientation(&self) -> Result<Json<OrientationView>, String> {
+        let starting = self.started().await;
         let _ = tokio::time::timeout(ROSTER_LOAD, self.client.roster().loaded()).await;
         let card = self.client.card();
         let connection = state_word(*self.client.state().borrow()).to_owned();
@@ -726,6 +736,7 @@ impl CotalServer {
             present,
             your_status: status_view(&self.client.declared()),
             waiting: self.inbox.waiting().await,
+            starting,
             guide: (!self.guided.swap(true, std::sync::atomic::Ordering::Relaxed))
                 .then(|| wording::GUIDE.to_owned()),
         }))
@@ -787,14 +798,16 @@ impl CotalServer {
     /// Read what arrived for you since the last call, oldest first: channel messages, direct
     /// messages, anycast tasks, messages kept for you while away, mentions. What this returns
     /// is consumed (acknowledged, it will not come again); what it does not return stays for
-    /// the next call. peek looks without consuming. wait blocks until a message arrives (use it
-    /// when you are idle and waiting for others). Also reports notices and any overflow.
+    /// the next call. peek looks without consuming. wait blocks until something you have not
+    /// seen arrives (use it when you are idle and waiting for others; what a peek showed does
+    /// not count). Also reports notices and any overflow.
     #[tool(name = "cotal_inbox")]
     async fn inbox(
         &self,
         Parameters(args): Parameters<InboxArgs>,
     ) -> Result<Json<InboxView>, String> {
         let limit = args.limit.unwrap_or(INBOX_DEFAULT).clamp(1, INBOX_MAX);
+        let starting = self.started().await;
         if let Some(wait) = args.wait.filter(|w| *w > 0) {
             self.inbox
                 .wait(Duration::from_secs(wait.min(WAIT_MAX)))
@@ -810,6 +823,7 @@ impl CotalServer {
                 overflow: BTreeMap::new(),
                 notices,
                 ack_errors: Vec::new(),
+                starting,
             }));
         }
         let taken = self.inbox.take(limit).await;
@@ -838,6 +852,7 @@ impl CotalServer {
             overflow: taken.overflow,
             notices: taken.notices,
             ack_errors,
+            starting,
         }))
     }
 

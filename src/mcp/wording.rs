@@ -17,9 +17,10 @@ they wait in your inbox until you read them.
 How to work here:
 1. Call cotal_orientation first: who you are, what you may read and post, who is present, how \
 many messages wait.
-2. Read with cotal_inbox. Pass wait (seconds) to block until something arrives when you have \
-nothing else to do. What cotal_inbox returns is acknowledged and will not come again; \
-peek looks without consuming.
+2. Read with cotal_inbox. Pass wait (seconds) to block until something new arrives when you \
+have nothing else to do. What cotal_inbox returns is acknowledged and will not come again; \
+peek looks without consuming. An answer that says \"starting\" may miss messages that waited \
+for you: ask again shortly.
 3. Post with cotal_send (a channel), cotal_dm (one peer, by name or id) or cotal_anycast (a \
 role: one of its holders gets it). Answer a message with reply_to set to its id. Mention \
 peers by name to make sure they see it.

@@ -610,6 +610,10 @@ pub struct Resumed {
     pub session: String,
     /// The caller's open memberships.
     pub memberships: Vec<Membership>,
+    /// The consumers whose backlog this session hands over: each says [`CAUGHT_UP`] once what
+    /// it held at the session's start has been handed over.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub consumers: Vec<String>,
 }
 
 /// `backstop-ack`.
@@ -736,11 +740,29 @@ pub fn copies(body: &[u8]) -> Result<Vec<Copy<'_>>, CopyBatchError> {
     Ok(out)
 }
 
-/// Header of a message on the backstop inbox whose body is an [`OfferBatch`], not a
-/// [`CopyBatch`].
+/// Header of a message on the backstop inbox whose body is not a [`CopyBatch`]: its value
+/// says what it is.
 pub const BATCH_KIND: &str = "Cotal-Batch";
-/// [`BATCH_KIND`]'s value for offers.
+/// [`BATCH_KIND`]'s value for an [`OfferBatch`].
 pub const OFFERS: &str = "offers";
+/// [`BATCH_KIND`]'s value for a consumer's word that what it held when the session started has
+/// been handed over (or as much as its window lets out before acknowledgements): the body is
+/// `<session> <consumer>`. It follows that consumer's copies on the same inbox, so a member
+/// that reads it has every one of them.
+pub const CAUGHT_UP: &str = "caught-up";
+
+/// The body of a [`CAUGHT_UP`] message.
+pub fn caught_up_body(session: &str, consumer: &str) -> String {
+    format!("{session} {consumer}")
+}
+
+/// Reads a [`CAUGHT_UP`] body: (session, consumer); `None` when it is not one.
+pub fn caught_up(body: &[u8]) -> Option<(&str, &str)> {
+    let text = std::str::from_utf8(body).ok()?;
+    let (session, consumer) = text.split_once(' ')?;
+    (!session.is_empty() && !consumer.is_empty() && !consumer.contains(' '))
+        .then_some((session, consumer))
+}
 
 /// Entries offered to a member that follows its channel, without their content: each framed
 /// as `<subject> <token> <id>\n`, the chat subject (which names the sender, §3), the token the

@@ -181,12 +181,14 @@ impl Manager {
             Request::DurableLeave(req) => json(&self.durable_leave(&caller, req).await?),
             Request::Memberships => json(&self.memberships(&caller.id)),
             Request::Resume(req) => {
-                self.backstop
+                let consumers = self
+                    .backstop
                     .resume(&caller.id, &req.session, req.offers)
                     .await?;
                 json(&Resumed {
                     session: req.session,
                     memberships: self.memberships(&caller.id),
+                    consumers,
                 })
             }
             Request::BackstopAck(req) => {

@@ -97,13 +97,15 @@ async fn refusal(agent: &Agent, tool: &str, args: Value) -> String {
         .collect()
 }
 
-/// Reads the inbox (blocking up to 30 s per call) until a message satisfying `pred` comes;
-/// returns it and every message read on the way.
+/// Reads the inbox (what waits, then blocking up to 30 s per call for what is new) until a
+/// message satisfying `pred` comes; returns it and every message read on the way.
 async fn inbox_until(agent: &Agent, pred: impl Fn(&Value) -> bool) -> (Value, Vec<Value>) {
     let mut read = Vec::new();
     let found = tokio::time::timeout(TIMEOUT, async {
+        let mut args = json!({});
         loop {
-            let got = call(agent, "cotal_inbox", json!({"wait": 30})).await;
+            let got = call(agent, "cotal_inbox", args.clone()).await;
+            args = json!({"wait": 30});
             for m in got["messages"].as_array().unwrap() {
                 read.push(m.clone());
                 if pred(m) {
@@ -983,6 +985,91 @@ async fn a_second_session_surfaces_nothing_the_first_acknowledged_and_waits_for_
         .map(text)
         .collect();
     assert_eq!(texts, ["new-1"], "{got}");
+    b.cancel().await.unwrap();
+    sender.client.close().await;
+    c.stop().await;
+}
+
+/// A new session's first answers are exact: with two channel messages and two DMs waiting
+/// for the agent while it was away, its first `cotal_orientation` (its very first call) says
+/// it joined its channel and that 4 wait, and its first `cotal_inbox` returns those 4. A wait
+/// after a peek wakes only for what the peek did not show.
+#[tokio::test]
+async fn a_new_sessions_first_answers_are_exact_with_four_waiting() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+    let sender = endpoint(&alice, |o| o.presence = false).await;
+    let general =
+        cotald::protocol::Routing::channel(&cotald::protocol::Channel::new("general").unwrap());
+    let to_bob = cotald::protocol::Routing::to(
+        &cotald::protocol::InstanceId::from_user_nkey(&bob.id).unwrap(),
+    );
+    let b = agent(&bob).await;
+    notice_until(&b, "joined durable general").await;
+    b.cancel().await.unwrap();
+
+    for (to, t) in [
+        (&general, "post-1"),
+        (&to_bob, "dm-1"),
+        (&general, "post-2"),
+        (&to_bob, "dm-2"),
+    ] {
+        sender.client.send_text(to.clone(), t).await.unwrap();
+    }
+
+    let b = agent(&bob).await;
+    let me = call(&b, "cotal_orientation", json!({})).await;
+    assert_eq!(me["joined"], json!(["general"]), "{me}");
+    assert_eq!(me["waiting"], 4, "{me}");
+    assert!(me.get("starting").is_none(), "{me}");
+    let got = call(&b, "cotal_inbox", json!({})).await;
+    let mut texts: Vec<&str> = got["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(text)
+        .collect();
+    texts.sort_unstable();
+    assert_eq!(texts, ["dm-1", "dm-2", "post-1", "post-2"], "{got}");
+    assert_eq!(got["remaining"], 0, "{got}");
+    assert!(got.get("starting").is_none(), "{got}");
+
+    // A peek shows what arrived; a wait after it wakes only for something newer.
+    sender
+        .client
+        .send_text(to_bob.clone(), "dm-3")
+        .await
+        .unwrap();
+    let peeked = call(&b, "cotal_inbox", json!({"peek": true, "wait": 30})).await;
+    assert_eq!(peeked["messages"][0]["text"], "dm-3", "{peeked}");
+    let mut waiting = {
+        let b = b.peer().clone();
+        tokio::spawn(async move { call(&b, "cotal_inbox", json!({"wait": 30})).await })
+    };
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), &mut waiting)
+            .await
+            .is_err(),
+        "the wait returned for what the peek had shown"
+    );
+    sender
+        .client
+        .send_text(to_bob.clone(), "dm-4")
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(TIMEOUT, waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    let texts: Vec<&str> = got["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(text)
+        .collect();
+    assert_eq!(texts, ["dm-3", "dm-4"], "{got}");
     b.cancel().await.unwrap();
     sender.client.close().await;
     c.stop().await;

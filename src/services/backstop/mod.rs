@@ -60,6 +60,7 @@ use tokio_util::task::TaskTracker;
 use self::follow::{Demoted, Feeds, Stopped};
 use super::presence::PresenceView;
 use super::{Context, Health, Service, ServiceError};
+use crate::binding::backlog::Backlog;
 use crate::binding::backstop_inbox;
 use crate::binding::frame::header_rejection;
 use crate::ops::status::MemberDelivery;
@@ -391,13 +392,14 @@ impl Backstop {
     }
 
     /// `resume`: starts a new delivery session for `member` named `session`, ending the
-    /// previous one (whose unacknowledged copies are delivered again).
+    /// previous one (whose unacknowledged copies are delivered again); returns the consumers
+    /// whose backlog the session hands over.
     pub async fn resume(
         &self,
         member: &str,
         session: &str,
         offers: bool,
-    ) -> Result<(), BackstopError> {
+    ) -> Result<Vec<String>, BackstopError> {
         let (root, tracker) = self
             .running
             .lock()
@@ -422,7 +424,7 @@ impl Backstop {
         if let Some(old) = old {
             self.end_session(member, &old).await;
         }
-        self.start_pumps(member, &fresh).await;
+        let consumers = self.start_pumps(member, &fresh).await;
         // Held copies get their `ack_wait` extended while the session lasts.
         let held = fresh.held.clone();
         let token = fresh.token.clone();
@@ -467,13 +469,15 @@ impl Backstop {
             session,
             "backstop session started"
         );
-        Ok(())
+        Ok(consumers)
     }
 
-    /// Starts a pump for every consumer of `member` that has none in `session`.
-    async fn start_pumps(&self, member: &str, session: &Arc<Session>) {
+    /// Starts a pump for every consumer of `member` that has none in `session`; returns the
+    /// consumers it started.
+    async fn start_pumps(&self, member: &str, session: &Arc<Session>) -> Vec<String> {
+        let mut started = Vec::new();
         let Some(run) = self.running.lock().ok().and_then(|r| r.clone()) else {
-            return;
+            return started;
         };
         let mut wanted = vec![(mention_consumer(member), Source::Mention)];
         for record in self.members.of(member) {
@@ -535,8 +539,10 @@ impl Backstop {
                 taken: AtomicU64::new(0),
                 unsent: AtomicBool::new(false),
             };
+            started.push(pump.consumer.clone());
             run.1.spawn(async move { pump.run(token).await });
         }
+        started
     }
 
     async fn stop_pump(&self, member: &str, consumer: &str) {
@@ -1001,7 +1007,8 @@ impl Pump {
     /// The consumer's messages; bound again shortly after a failure (the broker restarting, or
     /// the connection being dialed again), so the member's delivery goes on. `None` once the
     /// consumer is gone (parked, drained, or the identity revoked) or the pump is cancelled.
-    async fn messages(&self, token: &CancellationToken) -> Option<pull::Stream> {
+    /// With them, what the consumer held when it was bound.
+    async fn messages(&self, token: &CancellationToken) -> Option<(pull::Stream, Backlog)> {
         loop {
             let bound = match self
                 .space
@@ -1009,13 +1016,17 @@ impl Pump {
                 .get_consumer_from_stream::<pull::Config, _, _>(&self.consumer, &self.stream)
                 .await
             {
-                Ok(consumer) => consumer
-                    .stream()
-                    .max_messages_per_batch(BATCH)
-                    .heartbeat(Duration::from_secs(5))
-                    .messages()
-                    .await
-                    .map_err(|e| e.to_string()),
+                Ok(consumer) => {
+                    let backlog = Backlog::at(consumer.cached_info());
+                    consumer
+                        .stream()
+                        .max_messages_per_batch(BATCH)
+                        .heartbeat(Duration::from_secs(5))
+                        .messages()
+                        .await
+                        .map(|m| (m, backlog))
+                        .map_err(|e| e.to_string())
+                }
                 Err(e) if is_not_found(&e) => {
                     tracing::debug!(consumer = self.consumer, error = %e, "backstop consumer gone");
                     return None;
@@ -1039,12 +1050,25 @@ impl Pump {
         }
     }
 
+    /// Hands the consumer's entries over until the session ends or the consumer is done. Once
+    /// what it held at the first bind has been handed over (or a window of it), the member is
+    /// told ([`crate::ops::CAUGHT_UP`]), after those copies.
     async fn run(self, token: CancellationToken) {
         let mut acl = Acl::unread();
+        // What the consumer held when the session started, until the member is told.
+        let mut owed: Option<Backlog> = None;
+        let mut told = self.session.is_none();
         while !token.is_cancelled() {
-            let Some(messages) = self.messages(&token).await else {
+            let Some((messages, at_bind)) = self.messages(&token).await else {
+                self.tell_caught_up(&mut told).await;
                 return;
             };
+            if !told && owed.is_none() {
+                if at_bind.is_done() {
+                    self.tell_caught_up(&mut told).await;
+                }
+                owed = Some(at_bind);
+            }
             // Every entry already received goes out in one batch (at most [`BATCH`]).
             let mut ready = messages.ready_chunks(BATCH);
             loop {
@@ -1061,9 +1085,11 @@ impl Pump {
                     .is_some_and(|info| info.pending == 0);
                 let mut batch = Batch::default();
                 let mut finished = false;
+                let mut last_owed = false;
                 // A leave recorded while the pump runs is a boundary at once.
                 let current = self.current_interval();
                 for entry in entries {
+                    last_owed |= owed.as_mut().is_some_and(Backlog::took_one);
                     finished = match entry {
                         Ok(msg) => {
                             let flow = self.handle(msg, &mut acl, current.as_ref(), &mut batch);
@@ -1080,6 +1106,9 @@ impl Pump {
                     }
                 }
                 self.hand_over(batch).await;
+                if last_owed || finished {
+                    self.tell_caught_up(&mut told).await;
+                }
                 if finished {
                     return;
                 }
@@ -1091,10 +1120,32 @@ impl Pump {
                         () = tokio::time::sleep(LINGER) => {}
                     }
                     if self.follow(&token).await {
+                        self.tell_caught_up(&mut told).await;
                         return;
                     }
                 }
             }
+        }
+    }
+
+    /// Tells the member, once, that what this consumer held when the session started has been
+    /// handed over. Lost on the way, the member's application answers later, never wrongly: it
+    /// then says the backlog is still on its way.
+    async fn tell_caught_up(&self, told: &mut bool) {
+        let Some(session) = self.session.as_deref().filter(|_| !*told) else {
+            return;
+        };
+        *told = true;
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(crate::ops::BATCH_KIND, crate::ops::CAUGHT_UP);
+        let body = crate::ops::caught_up_body(session, &self.consumer);
+        let sent = self
+            .space
+            .nats()
+            .publish_with_headers(self.inbox.clone(), headers, body.into())
+            .await;
+        if let Err(e) = sent {
+            tracing::debug!(member = self.member, error = %e, "caught-up not sent");
         }
     }
 
