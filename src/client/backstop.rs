@@ -49,7 +49,7 @@ pub(crate) fn granted(client: &Client, grants: &crate::binding::UserPermissions)
 /// receiver, the ack batcher, and the session keeper (`resume` now and after reconnects).
 pub(crate) async fn start(client: &Client) -> Result<(), ClientError> {
     let inner = &client.inner;
-    let mut copies = inner
+    let copies = inner
         .nats
         .subscribe(crate::binding::backstop_inbox(inner.id.as_str()))
         .await
@@ -57,103 +57,11 @@ pub(crate) async fn start(client: &Client) -> Result<(), ClientError> {
     inner.out.receiving_durable_copies();
     inner.catch_up.register(FIRST_SESSION, BACKLOG);
     let first = Arc::new(Mutex::new(FirstSession::default()));
-    let (acks, mut batch) = mpsc::unbounded_channel::<String>();
-
-    let receiver = {
-        let client = client.clone();
-        let acks = acks.clone();
-        let first = first.clone();
-        tokio::spawn(async move {
-            let inner = &client.inner;
-            while let Some(msg) = copies.next().await {
-                let kind = msg.headers.as_ref().and_then(|h| h.get(ops::BATCH_KIND));
-                match kind.map(|k| k.as_str()) {
-                    Some(ops::OFFERS) => {
-                        take_offers(&client, &msg.payload, &acks).await;
-                        continue;
-                    }
-                    Some(ops::CAUGHT_UP) => {
-                        if let Some((session, consumer)) = ops::caught_up(&msg.payload) {
-                            first.lock().await.reported(&client, session, consumer);
-                        }
-                        continue;
-                    }
-                    _ => {}
-                }
-                let batch = match ops::copies(&msg.payload) {
-                    Ok(batch) => batch,
-                    Err(e) => {
-                        // Its copies are handed over again once the handoff times out.
-                        tracing::warn!(error = %e, "durable copies dropped");
-                        continue;
-                    }
-                };
-                for copy in batch {
-                    let token = BackstopToken {
-                        token: copy.token.to_owned(),
-                        acks: acks.clone(),
-                    };
-                    inner
-                        .out
-                        .durable_copy(copy.subject, copy.payload, token)
-                        .await;
-                }
-            }
-        })
-    };
-
+    let (acks, batch) = mpsc::unbounded_channel::<String>();
+    let receiver = tokio::spawn(receive(client.clone(), copies, acks, first.clone()));
     let stop = CancellationToken::new();
-    let batcher = {
-        let client = client.clone();
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let mut tokens = Vec::with_capacity(ACK_BATCH);
-            loop {
-                tokio::select! {
-                    n = batch.recv_many(&mut tokens, ACK_BATCH) => if n == 0 { return },
-                    () = stop.cancelled() => break,
-                }
-                let request = Request::BackstopAck(BackstopAck {
-                    tokens: std::mem::take(&mut tokens),
-                })
-                .to_control(client.endpoint());
-                if let Err(e) = client.notify(MANAGER_SERVICE, &request).await {
-                    // Unacknowledged copies are handed over again: at-least-once holds.
-                    tracing::debug!(error = %e, "backstop acks not sent");
-                }
-            }
-            // Stopping: the last acks go as a request, answered once the reader has them.
-            while let Ok(token) = batch.try_recv() {
-                tokens.push(token);
-            }
-            if !tokens.is_empty() {
-                let request = Request::BackstopAck(BackstopAck { tokens });
-                if let Err(e) = client.manager::<serde_json::Value>(&request).await {
-                    tracing::debug!(error = %e, "the last backstop acks not confirmed");
-                }
-            }
-        })
-    };
-
-    let keeper = {
-        let client = client.clone();
-        tokio::spawn(async move {
-            let mut state = client.state();
-            state.borrow_and_update();
-            let mut dropped = !resume(&client, &mut state, Some(&first)).await;
-            while state.changed().await.is_ok() {
-                let now = *state.borrow_and_update();
-                let first = (!first.lock().await.started).then_some(&*first);
-                match now {
-                    ConnectionState::Connected if dropped => {
-                        dropped = !resume(&client, &mut state, first).await;
-                    }
-                    ConnectionState::Connected => {}
-                    ConnectionState::Reconnecting | ConnectionState::Disconnected => dropped = true,
-                }
-            }
-        })
-    };
+    let batcher = tokio::spawn(send_acks(client.clone(), batch, stop.clone()));
+    let keeper = tokio::spawn(keep_sessions(client.clone(), first));
     if let Ok(mut tasks) = inner.tasks.lock() {
         tasks.extend([receiver, keeper]);
     }
@@ -161,6 +69,102 @@ pub(crate) async fn start(client: &Client) -> Result<(), ClientError> {
         *slot = Some((stop, batcher));
     }
     Ok(())
+}
+
+/// Surfaces each copy of the backstop inbox, takes offers, and records what the first
+/// session's consumers say they handed over.
+async fn receive(
+    client: Client,
+    mut copies: async_nats::Subscriber,
+    acks: mpsc::UnboundedSender<String>,
+    first: Arc<Mutex<FirstSession>>,
+) {
+    while let Some(msg) = copies.next().await {
+        let kind = msg.headers.as_ref().and_then(|h| h.get(ops::BATCH_KIND));
+        match kind.map(|k| k.as_str()) {
+            Some(ops::OFFERS) => {
+                take_offers(&client, &msg.payload, &acks).await;
+                continue;
+            }
+            Some(ops::CAUGHT_UP) => {
+                if let Some((session, consumer)) = ops::caught_up(&msg.payload) {
+                    first.lock().await.reported(&client, session, consumer);
+                }
+                continue;
+            }
+            _ => {}
+        }
+        let batch = match ops::copies(&msg.payload) {
+            Ok(batch) => batch,
+            Err(e) => {
+                // Its copies are handed over again once the handoff times out.
+                tracing::warn!(error = %e, "durable copies dropped");
+                continue;
+            }
+        };
+        for copy in batch {
+            let token = BackstopToken {
+                token: copy.token.to_owned(),
+                acks: acks.clone(),
+            };
+            client
+                .inner
+                .out
+                .durable_copy(copy.subject, copy.payload, token)
+                .await;
+        }
+    }
+}
+
+/// Sends the handled copies' tokens in batches (`backstop-ack`); when `stop` says so, the last
+/// ones as a request, answered once the reader has them.
+async fn send_acks(
+    client: Client,
+    mut batch: mpsc::UnboundedReceiver<String>,
+    stop: CancellationToken,
+) {
+    let mut tokens = Vec::with_capacity(ACK_BATCH);
+    loop {
+        tokio::select! {
+            n = batch.recv_many(&mut tokens, ACK_BATCH) => if n == 0 { return },
+            () = stop.cancelled() => break,
+        }
+        let request = Request::BackstopAck(BackstopAck {
+            tokens: std::mem::take(&mut tokens),
+        })
+        .to_control(client.endpoint());
+        if let Err(e) = client.notify(MANAGER_SERVICE, &request).await {
+            // Unacknowledged copies are handed over again: at-least-once holds.
+            tracing::debug!(error = %e, "backstop acks not sent");
+        }
+    }
+    while let Ok(token) = batch.try_recv() {
+        tokens.push(token);
+    }
+    if !tokens.is_empty() {
+        let request = Request::BackstopAck(BackstopAck { tokens });
+        if let Err(e) = client.manager::<serde_json::Value>(&request).await {
+            tracing::debug!(error = %e, "the last backstop acks not confirmed");
+        }
+    }
+}
+
+/// Asks for a delivery session now and again after every reconnect.
+async fn keep_sessions(client: Client, first: Arc<Mutex<FirstSession>>) {
+    let mut state = client.state();
+    state.borrow_and_update();
+    let mut dropped = !resume(&client, &mut state, Some(&first)).await;
+    while state.changed().await.is_ok() {
+        let now = *state.borrow_and_update();
+        let first = (!first.lock().await.started).then_some(&*first);
+        match now {
+            ConnectionState::Connected if dropped => {
+                dropped = !resume(&client, &mut state, first).await;
+            }
+            ConnectionState::Connected => {}
+            ConnectionState::Reconnecting | ConnectionState::Disconnected => dropped = true,
+        }
+    }
 }
 
 /// Offers: each one surfaced already is acknowledged as a duplicate copy would be; the content

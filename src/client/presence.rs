@@ -259,7 +259,7 @@ impl Roster {
 
     /// Records that the identity `id` goes by `name` (a sender whose message was accepted: its
     /// id is the subject's, §5; or an identity minted on the appliance), so that it can be
-    /// addressed by name while it is away. At most [`KNOWN_MAX`] are kept.
+    /// addressed by name while it is away. At most `KNOWN_MAX` (4,096) are kept.
     pub fn know(&self, id: &str, name: &str) {
         if let Ok(mut known) = self.known.lock() {
             if known.get(id).is_some_and(|n| n == name) {

@@ -251,34 +251,7 @@ pub fn direct(
         Some(n) => format!("{n} direct messages wait unread (`cotald tail --dm` reads them)"),
         None => "how many wait unread is unknown (the broker did not say)".to_owned(),
     };
-    let entry = |m: &CotalMessage, class: &str, place: &str| {
-        let (datetime, time) = when(m);
-        format!(
-            r#"<li class="msg {class}"><div class="meta">{place}<span class="from">{from}</span> {sender} <time datetime="{datetime}">{time}</time></div>{parts}</li>"#,
-            from = esc(&m.from.name),
-            sender = short_id(&m.from.id),
-            parts = parts_html(m),
-        )
-    };
-    let mut needs: Vec<(u64, String)> = dms
-        .iter()
-        .filter(|d| d.incoming)
-        .map(|d| {
-            (
-                d.message.ts.as_u64().unwrap_or(0),
-                entry(&d.message, "dm in", "DM "),
-            )
-        })
-        .collect();
-    needs.extend(mentions.iter().map(|i| {
-        let place = format!(r#"<span class="chan">#{}</span> "#, esc(&i.channel));
-        (
-            i.message.ts.as_u64().unwrap_or(0),
-            entry(&i.message, "mention", &place),
-        )
-    }));
-    needs.sort_by_key(|n| std::cmp::Reverse(n.0));
-    let needs: String = needs.into_iter().take(50).map(|(_, html)| html).collect();
+    let needs = needs_you(dms, mentions);
     // Conversations by peer, the one with the newest message first.
     let mut peers: Vec<(&str, Vec<&super::person::DirectItem>)> = Vec::new();
     for d in dms.iter().rev() {
@@ -297,8 +270,8 @@ pub fn direct(
             .iter()
             .rev()
             .map(|d| match d.incoming {
-                true => entry(&d.message, "dm in", ""),
-                false => entry(&d.message, "dm out", "→ "),
+                true => direct_entry(&d.message, "dm in", ""),
+                false => direct_entry(&d.message, "dm out", "→ "),
             })
             .collect();
         let _ = write!(
@@ -319,6 +292,37 @@ pub fn direct(
         me = esc(me),
         unread = esc(&unread),
     )
+}
+
+/// One message of the direct page, `place` (HTML) before its sender.
+fn direct_entry(m: &CotalMessage, class: &str, place: &str) -> String {
+    let (datetime, time) = when(m);
+    format!(
+        r#"<li class="msg {class}"><div class="meta">{place}<span class="from">{from}</span> {sender} <time datetime="{datetime}">{time}</time></div>{parts}</li>"#,
+        from = esc(&m.from.name),
+        sender = short_id(&m.from.id),
+        parts = parts_html(m),
+    )
+}
+
+/// "Needs you": the DMs to the person and the channel messages mentioning them, newest
+/// first, at most 50.
+fn needs_you(dms: &[std::sync::Arc<super::person::DirectItem>], mentions: &[&FeedItem]) -> String {
+    let mut needs: Vec<(u64, String)> = dms
+        .iter()
+        .filter(|d| d.incoming)
+        .map(|d| {
+            let ts = d.message.ts.as_u64().unwrap_or(0);
+            (ts, direct_entry(&d.message, "dm in", "DM "))
+        })
+        .collect();
+    needs.extend(mentions.iter().map(|i| {
+        let place = format!(r#"<span class="chan">#{}</span> "#, esc(&i.channel));
+        let ts = i.message.ts.as_u64().unwrap_or(0);
+        (ts, direct_entry(&i.message, "mention", &place))
+    }));
+    needs.sort_by_key(|n| std::cmp::Reverse(n.0));
+    needs.into_iter().take(50).map(|(_, html)| html).collect()
 }
 
 /// The channels: effective config, stored messages, the last message seen.
