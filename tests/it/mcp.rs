@@ -157,6 +157,37 @@ async fn roster_shows_bob_reviewing(agent: &Agent) {
     .await;
 }
 
+/// Starts a `cotal_inbox` wait, checks that it still waits a second later (nothing it has
+/// not seen is there), then sends `what` to `to` and returns the texts the wait came back with.
+async fn a_wait_ends_only_with(
+    agent: &Agent,
+    sender: &cotald::client::Client,
+    to: &cotald::protocol::Routing,
+    what: &str,
+) -> Vec<String> {
+    let mut waiting = {
+        let agent = agent.clone();
+        tokio::spawn(async move { call(&agent, "cotal_inbox", json!({"wait": 30})).await })
+    };
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), &mut waiting)
+            .await
+            .is_err(),
+        "the wait returned before anything new arrived"
+    );
+    sender.send_text(to.clone(), what).await.unwrap();
+    let got = tokio::time::timeout(TIMEOUT, waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    got["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| text(m).to_owned())
+        .collect()
+}
+
 fn text(m: &Value) -> &str {
     m["text"].as_str().unwrap()
 }
@@ -959,32 +990,8 @@ async fn a_second_session_surfaces_nothing_the_first_acknowledged_and_waits_for_
     assert_eq!(me["waiting"], 0, "{me}");
 
     // A wait returns only with what is new.
-    let mut waiting = {
-        let b = b.peer().clone();
-        tokio::spawn(async move { call(&b, "cotal_inbox", json!({"wait": 30})).await })
-    };
-    assert!(
-        tokio::time::timeout(Duration::from_secs(1), &mut waiting)
-            .await
-            .is_err(),
-        "the wait returned before anything new arrived"
-    );
-    sender
-        .client
-        .send_text(general.clone(), "new-1")
-        .await
-        .unwrap();
-    let got = tokio::time::timeout(TIMEOUT, waiting)
-        .await
-        .unwrap()
-        .unwrap();
-    let texts: Vec<&str> = got["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(text)
-        .collect();
-    assert_eq!(texts, ["new-1"], "{got}");
+    let texts = a_wait_ends_only_with(&b, &sender.client, &general, "new-1").await;
+    assert_eq!(texts, ["new-1"]);
     b.cancel().await.unwrap();
     sender.client.close().await;
     c.stop().await;
@@ -1044,32 +1051,8 @@ async fn a_new_sessions_first_answers_are_exact_with_four_waiting() {
         .unwrap();
     let peeked = call(&b, "cotal_inbox", json!({"peek": true, "wait": 30})).await;
     assert_eq!(peeked["messages"][0]["text"], "dm-3", "{peeked}");
-    let mut waiting = {
-        let b = b.peer().clone();
-        tokio::spawn(async move { call(&b, "cotal_inbox", json!({"wait": 30})).await })
-    };
-    assert!(
-        tokio::time::timeout(Duration::from_secs(1), &mut waiting)
-            .await
-            .is_err(),
-        "the wait returned for what the peek had shown"
-    );
-    sender
-        .client
-        .send_text(to_bob.clone(), "dm-4")
-        .await
-        .unwrap();
-    let got = tokio::time::timeout(TIMEOUT, waiting)
-        .await
-        .unwrap()
-        .unwrap();
-    let texts: Vec<&str> = got["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(text)
-        .collect();
-    assert_eq!(texts, ["dm-3", "dm-4"], "{got}");
+    let texts = a_wait_ends_only_with(&b, &sender.client, &to_bob, "dm-4").await;
+    assert_eq!(texts, ["dm-3", "dm-4"]);
     b.cancel().await.unwrap();
     sender.client.close().await;
     c.stop().await;
