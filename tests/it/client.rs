@@ -1105,7 +1105,7 @@ async fn names_resolve_through_the_loaded_roster() {
 #[tokio::test]
 async fn the_operator_reads_an_agents_reply_to_its_dm() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut c = Cotald::up(tmp.path()).await;
+    let c = Cotald::up(tmp.path()).await;
     let alice = mint(tmp.path(), "alice", "main", &[]).await;
     let mut a = endpoint(&alice, |o| o.presence = false).await;
     let sent = cotald_in(tmp.path(), &["send", "--to", "alice", "are you there?"]).await;
@@ -1134,9 +1134,7 @@ async fn the_operator_reads_an_agents_reply_to_its_dm() {
     assert_eq!(line["from"]["name"], "alice", "{line}");
     assert_eq!(line["parts"][0]["text"], "yes, on it", "{line}");
     a.client.close().await;
-    c.signal(libc::SIGTERM);
-    assert!(c.wait_exit().await.success());
-    let log = c.drain_stderr().await;
+    let log = c.stop_for_log().await;
     assert!(!log.contains("purged messages"), "nothing purged:\n{log}");
 }
 

@@ -373,10 +373,7 @@ async fn pages_show_the_roster_the_channels_and_the_live_feed() {
     assert!(!feed.contains(r#"<option value="scratch""#), "{feed}");
     // The observer asked the broker for nothing its grants refuse (a refused request waits
     // out its timeout: the pages took 10 s once a message existed).
-    let mut c = c;
-    c.signal(libc::SIGTERM);
-    assert!(c.wait_exit().await.success());
-    let log = c.drain_stderr().await;
+    let log = c.stop_for_log().await;
     assert!(!log.contains("Violation"), "{log}");
 }
 
@@ -792,7 +789,7 @@ async fn forms_need_the_cookie_the_anti_forgery_field_and_this_origin() {
 #[tokio::test]
 async fn the_person_sees_an_agents_answer_on_the_direct_page_live() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut c = Cotald::up(tmp.path()).await;
+    let c = Cotald::up(tmp.path()).await;
     let site = Site::of(&c).await;
     let alice = mint(tmp.path(), "alice", "main", &[]).await;
     let mut a = endpoint(&alice, |_| {}).await;
@@ -864,9 +861,7 @@ async fn the_person_sees_an_agents_answer_on_the_direct_page_live() {
     live.until("no direct message waits unread").await;
 
     a.client.close().await;
-    c.signal(libc::SIGTERM);
-    assert!(c.wait_exit().await.success());
-    let log = c.drain_stderr().await;
+    let log = c.stop_for_log().await;
     assert!(!log.contains("purged messages"), "nothing purged:\n{log}");
 }
 

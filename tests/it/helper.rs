@@ -188,6 +188,14 @@ impl Cotald {
         let status = self.wait_exit().await;
         assert!(status.success(), "cotald exited with {status}");
     }
+
+    /// [`Cotald::stop`], then what it logged.
+    pub async fn stop_for_log(mut self) -> String {
+        self.signal(libc::SIGTERM);
+        let status = self.wait_exit().await;
+        assert!(status.success(), "cotald exited with {status}");
+        self.drain_stderr().await
+    }
 }
 
 fn lines(

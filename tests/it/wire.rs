@@ -109,7 +109,7 @@ async fn receive_all(conn: &mut Connection, want: &BTreeSet<String>, who: &str) 
 #[tokio::test]
 async fn a_malformed_frame_costs_its_own_message_only() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut c = Cotald::up(tmp.path()).await;
+    let c = Cotald::up(tmp.path()).await;
     let grants = ["--allow-publish", "general,lounge"];
     let mallory = mint(tmp.path(), "mallory", "main", &grants).await;
     let bob = mint(
@@ -234,9 +234,7 @@ async fn a_malformed_frame_costs_its_own_message_only() {
     for conn in [b, cc, op] {
         conn.client.close().await;
     }
-    c.signal(libc::SIGTERM);
-    assert!(c.wait_exit().await.success());
-    let log = c.drain_stderr().await;
+    let log = c.stop_for_log().await;
     assert!(!log.contains("panicked"), "no panic:\n{log}");
     // The members' joins were confirmed without a subscription the broker refuses (and logs).
     assert!(!log.contains("Subscription Violation"), "{log}");
