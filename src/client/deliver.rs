@@ -181,6 +181,18 @@ impl Delivery {
             ack: Ack::None,
         }
     }
+
+    /// A DM, for tests of what consumes deliveries (nothing to acknowledge).
+    pub(crate) fn dm(message: CotalMessage) -> Delivery {
+        Delivery {
+            message,
+            kind: DeliveryKind::Dm,
+            historical: false,
+            channel: None,
+            durable: false,
+            ack: Ack::None,
+        }
+    }
 }
 
 /// A message that was not surfaced, and why (§5 rejection reasons).

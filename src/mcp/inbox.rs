@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use tokio::sync::{Mutex, Notify};
 
+use super::wake::Reason;
 use crate::client::deliver::Event;
 use crate::client::{Deliveries, Delivery, Notice};
 
@@ -38,6 +39,10 @@ struct Waiting {
     delivery: Delivery,
     /// Whether a peek showed it (a `wait` does not wake for it again).
     shown: bool,
+    /// Why it wakes the agent, if it does.
+    wake: Option<Reason>,
+    /// Whether a wake announced it (or a peek showed it).
+    announced: bool,
 }
 
 #[derive(Default)]
@@ -57,6 +62,8 @@ struct State {
     closed: bool,
     /// How many messages the client surfaced have been taken in (see [`Inbox::reached`]).
     taken_in: u64,
+    /// How many times the agent read (or peeked at) the inbox.
+    reads: u64,
 }
 
 impl State {
@@ -80,8 +87,9 @@ pub struct Taken {
     pub notices: Vec<String>,
 }
 
-/// Called for every copy as it arrives (e.g. to notify the MCP host).
-pub type OnArrival = Box<dyn Fn(&Delivery) + Send + Sync>;
+/// Called for every copy as it arrives (e.g. to notify the MCP host); says why the copy wakes
+/// the agent, if it does.
+pub type OnArrival = Box<dyn Fn(&Delivery) -> Option<Reason> + Send + Sync>;
 
 /// The waiting copies and notices, fed by the client's [`Deliveries`].
 pub struct Inbox {
@@ -124,6 +132,47 @@ impl Inbox {
         self.until(|s| s.closed || s.taken_in >= surfaced).await;
     }
 
+    /// Why each waiting copy that wakes the agent does, oldest first (nothing is marked).
+    pub async fn waking(&self) -> Vec<Reason> {
+        let state = self.state.lock().await;
+        state
+            .waiting
+            .iter()
+            .filter_map(|w| w.wake.clone())
+            .collect()
+    }
+
+    /// Resolves at the next change: an arrival, a notice, a read.
+    pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.arrived.notified()
+    }
+
+    /// Decides under one lock whether to announce what wakes the agent: `due` gets how many
+    /// waking copies no wake announced yet, how many wait in all, and how many reads there
+    /// were. When it says yes, every waiting waking copy is marked announced and returned, with
+    /// the read count.
+    pub async fn announce(
+        &self,
+        due: impl FnOnce(usize, usize, u64) -> bool,
+    ) -> Option<(Vec<Reason>, u64)> {
+        let mut state = self.state.lock().await;
+        let waking = state.waiting.iter().filter(|w| w.wake.is_some());
+        let unannounced = waking.clone().filter(|w| !w.announced).count();
+        let unread = waking.count();
+        if !due(unannounced, unread, state.reads) {
+            return None;
+        }
+        let reasons = state
+            .waiting
+            .iter_mut()
+            .filter_map(|w| {
+                w.announced = true;
+                w.wake.clone()
+            })
+            .collect();
+        Some((reasons, state.reads))
+    }
+
     async fn until(&self, done: impl Fn(&State) -> bool) {
         loop {
             let arrived = self.arrived.notified();
@@ -143,6 +192,8 @@ impl Inbox {
         state.live -= deliveries.iter().filter(|d| !d.needs_ack()).count();
         let mut notices = std::mem::take(&mut state.notices);
         state.notices_shown = 0;
+        state.reads += 1;
+        self.arrived.notify_waiters();
         let dropped = std::mem::take(&mut state.notices_dropped);
         if dropped > 0 {
             notices.push(format!("{dropped} more notices were not kept"));
@@ -169,10 +220,13 @@ impl Inbox {
             .take(limit)
             .map(|w| {
                 w.shown = true;
+                w.announced = true;
                 view(&w.delivery)
             })
             .collect();
         state.notices_shown = state.notices.len();
+        state.reads += 1;
+        self.arrived.notify_waiters();
         (seen, state.notices.clone(), state.waiting.len())
     }
 
@@ -203,9 +257,9 @@ async fn pump(inbox: Arc<Inbox>, mut deliveries: Deliveries, on_arrival: OnArriv
     while let Some(event) = deliveries.next_event().await {
         match event {
             Event::Message(delivery) => {
-                on_arrival(&delivery);
+                let wake = on_arrival(&delivery);
                 let mut state = inbox.state.lock().await;
-                admit(&mut state, *delivery);
+                admit(&mut state, *delivery, wake);
                 state.taken_in += 1;
             }
             Event::Notice(notice) => {
@@ -222,7 +276,7 @@ async fn pump(inbox: Arc<Inbox>, mut deliveries: Deliveries, on_arrival: OnArriv
 /// Queues a copy. A redelivered DM or anycast copy of a message that already waits takes the
 /// place of the earlier one (its ack handle is the current one). Past [`LIVE_CAPACITY`], the
 /// oldest live copy is dropped and counted.
-fn admit(state: &mut State, delivery: Delivery) {
+fn admit(state: &mut State, delivery: Delivery, wake: Option<Reason>) {
     if delivery.needs_ack()
         && let Some(earlier) = state.waiting.iter_mut().find(|w| {
             w.delivery.needs_ack()
@@ -231,7 +285,9 @@ fn admit(state: &mut State, delivery: Delivery) {
                 && w.delivery.message.from.id == delivery.message.from.id
         })
     {
+        // Delivered again unacknowledged: announced again (a wake may have been missed).
         earlier.delivery = delivery;
+        earlier.announced = false;
         return;
     }
     if !delivery.needs_ack() {
@@ -240,6 +296,8 @@ fn admit(state: &mut State, delivery: Delivery) {
     state.waiting.push_back(Waiting {
         delivery,
         shown: false,
+        wake,
+        announced: false,
     });
     if state.live > LIVE_CAPACITY
         && let Some(at) = state.waiting.iter().position(|w| !w.delivery.needs_ack())
@@ -313,7 +371,7 @@ mod tests {
         {
             let mut state = inbox.state.lock().await;
             for n in 0..LIVE_CAPACITY + 3 {
-                admit(&mut state, live(&from, n));
+                admit(&mut state, live(&from, n), None);
             }
         }
         assert_eq!(inbox.waiting().await, LIVE_CAPACITY);

@@ -23,9 +23,10 @@
 
 pub mod inbox;
 mod tools;
+pub mod wake;
 mod wording;
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
@@ -34,7 +35,7 @@ use rmcp::model::{
     ResourceContents, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
-use rmcp::{ErrorData, Peer, RoleServer, ServerHandler, ServiceExt, tool_handler};
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt, tool_handler};
 
 use crate::binding::{CredsError, SpaceNames, UserPermissions, svc_durable};
 use crate::client::{Client, ClientError, ConnectOptions, Delivery, Replay};
@@ -157,6 +158,10 @@ pub struct CotalServer {
     boot: Arc<Mutex<Vec<String>>>,
     /// How far the session is from answering exactly.
     start: tokio::sync::watch::Receiver<Start>,
+    /// The host: its peer once initialized, its subscription to the inbox.
+    host: Arc<wake::Host>,
+    /// What wakes the agent.
+    prefs: Arc<wake::Prefs>,
     /// Whether `cotal_orientation` already gave this session the guide.
     guided: Arc<std::sync::atomic::AtomicBool>,
     tool_router: rmcp::handler::server::router::tool::ToolRouter<CotalServer>,
@@ -179,24 +184,29 @@ pub async fn serve_stdio(
     }
     let boot = opts.link.channels().to_vec();
     let conn = Client::connect(opts).await?;
-    let peer: Arc<OnceLock<Peer<RoleServer>>> = Arc::default();
-    let announce = peer.clone();
-    let inbox = Inbox::start(
-        conn.deliveries,
-        Box::new(move |d| {
-            // History replayed by a join is not news: only what arrives now is announced.
-            if d.historical {
-                return;
-            }
-            if let Some(peer) = announce.get() {
-                let peer = peer.clone();
-                let note = arrival_note(d);
-                tokio::spawn(async move {
-                    let _ = peer.notify_logging_message(note).await;
-                });
-            }
-        }),
-    );
+    let host: Arc<wake::Host> = Arc::default();
+    let prefs = Arc::new(wake::Prefs {
+        me: conn.client.card().name.to_lowercase(),
+        every_message: Default::default(),
+    });
+    let inbox = {
+        let (host, prefs, client) = (host.clone(), prefs.clone(), conn.client.clone());
+        Inbox::start(
+            conn.deliveries,
+            Box::new(move |d| {
+                // History replayed by a join is not news: only what arrives now is announced.
+                if let Some(peer) = host.peer().filter(|_| !d.historical) {
+                    let peer = peer.clone();
+                    let note = arrival_note(d);
+                    tokio::spawn(async move {
+                        let _ = peer.notify_logging_message(note).await;
+                    });
+                }
+                prefs.reason(d, &client.declared())
+            }),
+        )
+    };
+    tokio::spawn(wake::run(inbox.clone(), host.clone()));
     let (started, start) = tokio::sync::watch::channel(Start::Joining {
         done: 0,
         of: boot.len(),
@@ -207,6 +217,8 @@ pub async fn serve_stdio(
         grants: Arc::new(grants),
         boot: Arc::default(),
         start,
+        host,
+        prefs,
         guided: Arc::default(),
         tool_router: CotalServer::tool_router(),
     };
@@ -217,7 +229,6 @@ pub async fn serve_stdio(
             .serve(rmcp::transport::stdio_pipes())
             .await
             .map_err(|e| McpError::Session(e.into()))?;
-        let _ = peer.set(running.peer().clone());
         let stop = running.cancellation_token();
         let waiting = running.waiting();
         tokio::pin!(waiting);
@@ -347,8 +358,12 @@ impl ServerHandler for CotalServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(
             ServerCapabilities::builder()
+                .enable_experimental_with(
+                    [(wake::CHANNEL_CAPABILITY.to_owned(), Default::default())].into(),
+                )
                 .enable_tools()
                 .enable_resources()
+                .enable_resources_subscribe()
                 .enable_logging()
                 .build(),
         )
@@ -389,8 +404,47 @@ impl ServerHandler for CotalServer {
         }
     }
 
-    /// One resource per channel that has a description or instructions (§7), for hosts that
-    /// put resources in the agent's context; `cotal_channel_info` says the same.
+    /// The host is initialized: what wakes the agent may be announced from now on.
+    async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
+        self.host.initialized(context.peer);
+    }
+
+    /// A subscription to the inbox resource: it is said updated with every wake.
+    async fn subscribe(
+        &self,
+        request: rmcp::model::SubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        match request.uri == wake::INBOX_RESOURCE {
+            true => {
+                self.host.subscribe(true);
+                Ok(())
+            }
+            false => Err(ErrorData::resource_not_found(
+                format!(
+                    "{} cannot be subscribed to; {} can",
+                    request.uri,
+                    wake::INBOX_RESOURCE
+                ),
+                None,
+            )),
+        }
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: rmcp::model::UnsubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        if request.uri == wake::INBOX_RESOURCE {
+            self.host.subscribe(false);
+        }
+        Ok(())
+    }
+
+    /// The inbox (what waits and what of it is for the agent), and one resource per channel
+    /// that has a description or instructions (§7), for hosts that put resources in the
+    /// agent's context; `cotal_channel_info` says the same.
     async fn list_resources(
         &self,
         _request: Option<PaginatedRequestParams>,
@@ -417,8 +471,14 @@ impl ServerHandler for CotalServer {
                 }
                 Some(resource)
             })
-            .collect();
-        Ok(ListResourcesResult::with_all_items(resources))
+            .collect::<Vec<_>>();
+        let inbox = Resource::new(wake::INBOX_RESOURCE, "inbox")
+            .with_title("What waits for you")
+            .with_mime_type("text/plain")
+            .with_description("How many messages wait and which are for you; subscribe to be told when that changes");
+        Ok(ListResourcesResult::with_all_items(
+            std::iter::once(inbox).chain(resources).collect(),
+        ))
     }
 
     async fn read_resource(
@@ -435,6 +495,20 @@ impl ServerHandler for CotalServer {
                 None,
             )
         };
+        if request.uri == wake::INBOX_RESOURCE {
+            let waiting = self.inbox.waiting().await;
+            let waking = self.inbox.waking().await;
+            let text = match waking.is_empty() {
+                true => format!("{waiting} waiting, none addressed to you."),
+                false => wake::describe(&waking, false).0,
+            };
+            let text = format!("{text} (in all, {waiting} messages wait)");
+            return Ok(ReadResourceResult::new(vec![ResourceContents::text(
+                text,
+                request.uri.clone(),
+            )])
+            .into());
+        }
         let channel = request
             .uri
             .strip_prefix(CHANNEL_RESOURCE)

@@ -374,6 +374,9 @@ pub enum ModeWord {
     Quiet,
     /// Muted: you do not want to be interrupted by it.
     Muted,
+    /// As normal, and every message here wakes you (by default only DMs, tasks for your role
+    /// and mentions of you do).
+    All,
 }
 
 /// Arguments of cotal_channel_mode.
@@ -381,7 +384,7 @@ pub enum ModeWord {
 pub struct ChannelModeArgs {
     /// The channel.
     channel: String,
-    /// normal, quiet or muted.
+    /// normal, quiet, muted, or all (normal, and every message here wakes you).
     mode: ModeWord,
 }
 
@@ -560,6 +563,9 @@ pub struct StatusView {
     attention: String,
     /// Your per-channel modes.
     channel_modes: BTreeMap<String, Value>,
+    /// Channels where every message wakes you (mode all; only you see this).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    wake_on_every_message: Vec<String>,
 }
 
 /// Your card.
@@ -642,7 +648,13 @@ pub struct OrientationView {
 /// How many characters of an instance id a message shows of its sender.
 pub const SHORT_ID: usize = 12;
 
-fn status_view(d: &crate::client::Declared) -> StatusView {
+fn status_view(d: &crate::client::Declared, prefs: &super::wake::Prefs) -> StatusView {
+    let mut every: Vec<String> = prefs
+        .every_message
+        .lock()
+        .map(|e| e.iter().cloned().collect())
+        .unwrap_or_default();
+    every.sort_unstable();
     StatusView {
         status: d.status.as_str().to_owned(),
         activity: d.activity.clone(),
@@ -657,6 +669,7 @@ fn status_view(d: &crate::client::Declared) -> StatusView {
             .iter()
             .map(|(c, m)| (c.clone(), serde_json::to_value(m).unwrap_or_default()))
             .collect(),
+        wake_on_every_message: every,
     }
 }
 
@@ -734,7 +747,7 @@ impl CotalServer {
             joined: self.client.joined().await,
             joins_at_start: self.boot.lock().map(|b| b.clone()).unwrap_or_default(),
             present,
-            your_status: status_view(&self.client.declared()),
+            your_status: status_view(&self.client.declared(), &self.prefs),
             waiting: self.inbox.waiting().await,
             starting,
             guide: (!self.guided.swap(true, std::sync::atomic::Ordering::Relaxed))
@@ -1057,11 +1070,12 @@ impl CotalServer {
                 .await
                 .map_err(|e| wording::other_error(&e))?;
         }
-        Ok(Json(status_view(&self.client.declared())))
+        Ok(Json(status_view(&self.client.declared(), &self.prefs)))
     }
 
     /// Set how a channel concerns you (advisory, others see it): quiet, muted, or normal to
-    /// clear. Returns everything you declare.
+    /// clear; all also wakes you for every message there (yours alone, others do not see it).
+    /// Returns everything you declare.
     #[tool(name = "cotal_channel_mode")]
     async fn channel_mode(
         &self,
@@ -1069,15 +1083,21 @@ impl CotalServer {
     ) -> Result<Json<StatusView>, String> {
         let channel = self.channel(&args.channel)?;
         let mode = match args.mode {
-            ModeWord::Normal => None,
+            ModeWord::Normal | ModeWord::All => None,
             ModeWord::Quiet => Some(ChannelMode::Quiet),
             ModeWord::Muted => Some(ChannelMode::Muted),
         };
+        if let Ok(mut every) = self.prefs.every_message.lock() {
+            match args.mode {
+                ModeWord::All => every.insert(channel.as_str().to_owned()),
+                _ => every.remove(channel.as_str()),
+            };
+        }
         self.client
             .set_channel_mode(&channel, mode)
             .await
             .map_err(|e| wording::other_error(&e))?;
-        Ok(Json(status_view(&self.client.declared())))
+        Ok(Json(status_view(&self.client.declared(), &self.prefs)))
     }
 
     /// Describe yourself to others (your card): a one-line description, tags and skills. Your

@@ -21,4 +21,5 @@ mod packaging;
 mod raw;
 mod space;
 mod upgrade;
+mod wake;
 mod wire;

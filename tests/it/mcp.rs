@@ -19,7 +19,7 @@ use crate::helper::{
     set_channel,
 };
 
-type Agent = Peer<RoleClient>;
+pub(crate) type Agent = Peer<RoleClient>;
 
 /// An MCP client that passes on the log notifications it receives.
 struct Listener(mpsc::UnboundedSender<Value>);
@@ -41,7 +41,15 @@ async fn agent(m: &Minted) -> RunningService<RoleClient, ()> {
 }
 
 /// [`agent`] with a client handler of its own.
-async fn agent_as<H: ClientHandler>(m: &Minted, handler: H) -> RunningService<RoleClient, H> {
+pub(crate) async fn agent_as<H: ClientHandler>(
+    m: &Minted,
+    handler: H,
+) -> RunningService<RoleClient, H> {
+    initialize(launch(m), handler).await
+}
+
+/// Starts `cotald mcp` as `m`, the way a host does; its MCP session is not initialized yet.
+pub(crate) fn launch(m: &Minted) -> TokioChildProcess {
     let mut cmd = tokio::process::Command::new(cotald_bin());
     cmd.arg("mcp")
         .arg("--creds")
@@ -53,6 +61,14 @@ async fn agent_as<H: ClientHandler>(m: &Minted, handler: H) -> RunningService<Ro
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn cotald mcp");
+    transport
+}
+
+/// Initializes the MCP session over `transport`, as `handler`.
+pub(crate) async fn initialize<H: ClientHandler>(
+    transport: TokioChildProcess,
+    handler: H,
+) -> RunningService<RoleClient, H> {
     tokio::time::timeout(TIMEOUT, handler.serve(transport))
         .await
         .expect("initialize in time")
@@ -74,7 +90,7 @@ async fn call_raw(agent: &Agent, tool: &str, args: Value) -> CallToolResult {
 }
 
 /// Calls a tool that must succeed; its structured result.
-async fn call(agent: &Agent, tool: &str, args: Value) -> Value {
+pub(crate) async fn call(agent: &Agent, tool: &str, args: Value) -> Value {
     let result = call_raw(agent, tool, args).await;
     assert_ne!(result.is_error, Some(true), "{tool} failed: {result:?}");
     result
