@@ -404,12 +404,6 @@ async fn resolve_peer(
     }
 }
 
-/// Whether an instance holding `role` is online (§6: the card's role, the liveness rule).
-async fn role_held(client: &Client, role: &str) -> bool {
-    let _ = tokio::time::timeout(ROSTER_WAIT, client.roster().loaded()).await;
-    client.roster().role_online(role)
-}
-
 /// Options of `cotald send`.
 #[derive(Debug, Args)]
 pub struct SendArgs {
@@ -432,6 +426,11 @@ pub struct SendArgs {
     /// such a post is refused as a likely typo, naming the closest channel).
     #[arg(long)]
     new: bool,
+    /// Print one JSON object: id, sequence, delivered (in words) and receipt (the counts:
+    /// tier, durable_members, durable_away, live_now, target, target_online, role_holders,
+    /// role_online; a count the appliance could not establish is absent).
+    #[arg(long)]
+    json: bool,
     /// The text to send.
     text: String,
 }
@@ -474,9 +473,8 @@ pub(super) async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
     }
     let needs_roster = !args.mentions.is_empty()
         || match route {
-            Route::Channel(_) => false,
+            Route::Channel(_) | Route::Service(_) => false,
             Route::To(to) => InstanceId::from_user_nkey(to).is_err(),
-            Route::Service(_) => true,
         };
     let mut opts = endpoint.options.clone();
     opts.receive_dms = false;
@@ -508,32 +506,33 @@ pub(super) async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
                     .1,
             );
         }
-        Ok::<_, anyhow::Error>(
-            conn.client
-                .send(
-                    routing,
-                    vec![crate::protocol::Part::text(&args.text)],
-                    &mentions,
-                )
-                .await?,
-        )
+        let parts = vec![crate::protocol::Part::text(&args.text)];
+        let (message, seq) = conn.client.send(routing.clone(), parts, &mentions).await?;
+        Ok::<_, anyhow::Error>((message, seq, conn.client.receipt(&routing).await))
     }
     .await;
-    let unheld = match route {
-        Route::Service(role) if sent.is_ok() => {
-            (!role_held(&conn.client, role).await).then_some(role)
-        }
-        _ => None,
-    };
     conn.client.clone().close().await;
-    let (message, seq) = sent?;
-    super::stdout(|out| writeln!(out, "sent {} (stream sequence {seq})", message.id))?;
-    if let Some(role) = unheld {
-        eprintln!(
-            "warning: nobody holding role {role} is online; the task is queued and goes to the \
-             first holder that connects"
-        );
-    }
+    let (message, seq, receipt) = sent?;
+    let delivered = match &receipt {
+        Ok(r) => r.words(),
+        Err(e) => format!("where it went is unknown: {}", crate::ops::error_text(e)),
+    };
+    super::stdout(|out| match args.json {
+        true => {
+            let line = serde_json::json!({
+                "id": message.id,
+                "sequence": seq,
+                "delivered": delivered,
+                "receipt": receipt.as_ref().ok(),
+            });
+            writeln!(out, "{line}")
+        }
+        false => writeln!(
+            out,
+            "sent {} (stream sequence {seq}): {delivered}",
+            message.id
+        ),
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 

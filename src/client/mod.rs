@@ -734,6 +734,18 @@ impl Client {
             .map_err(nats_err(format!("control {} on {subject}", request.op)))
     }
 
+    /// Where a message sent on `routing` goes now, as the appliance counts it (`receipt` on
+    /// `ctl.manager`): durable members and how many are away, live subscribers, whether a
+    /// DM's target is online, a role's holders online.
+    pub async fn receipt(&self, routing: &Routing) -> Result<ops::Receipt, ClientError> {
+        let to = match routing {
+            Routing::Channel(c) => ops::ReceiptFor::Channel(c.clone()),
+            Routing::To(id) => ops::ReceiptFor::To(id.clone()),
+            Routing::ToService(role) => ops::ReceiptFor::Role(role.clone()),
+        };
+        self.manager(&ops::Request::Receipt(to)).await
+    }
+
     /// An operation of the appliance's manager (`ctl.manager`, §7; the ops are listed in
     /// [`crate::ops`]): its reply's `data` as `T`, or [`ClientError::Refused`].
     pub async fn manager<T: serde::de::DeserializeOwned>(

@@ -92,17 +92,6 @@ impl Roster {
         self.peers.lock().ok()?.get(id).cloned()
     }
 
-    /// Whether an instance advertising `role` on its card is online (§6: the liveness rule),
-    /// i.e. whether an anycast to the role may be taken now.
-    pub fn role_online(&self, role: &str) -> bool {
-        self.peers.lock().is_ok_and(|peers| {
-            peers.values().any(|p| {
-                p.presence.card.role.as_deref() == Some(role)
-                    && p.status() != PresenceStatus::Offline
-            })
-        })
-    }
-
     /// True while the connection is down or the roster is being read again, and while our own
     /// heartbeat has not come back for `ECHO_WINDOW`: the view is old, not the peers dead.
     pub fn is_stale(&self) -> bool {

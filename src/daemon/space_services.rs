@@ -18,6 +18,7 @@ use crate::services::manager::Manager;
 use crate::services::membership::{BrokerView, MembershipFeed};
 use crate::services::mentions::Mentions;
 use crate::services::presence::{PresenceView, PresenceWatch};
+use crate::services::receipts::Receipts;
 use crate::services::warden::{PushAccount, Warden};
 use crate::services::{ServiceError, ServiceSet};
 use crate::space::members::Members;
@@ -70,13 +71,21 @@ impl SpaceServices {
             members.clone(),
             presence.clone(),
         ));
+        let view = broker_view(core, space)?;
+        let receipts = Arc::new(Receipts::new(
+            space.clone(),
+            identities.clone(),
+            members.clone(),
+            presence.clone(),
+            view.clone(),
+        ));
         let manager = Arc::new(Manager::new(
             space.clone(),
             identities.clone(),
             members.clone(),
             backstop.clone(),
+            receipts,
         ));
-        let view = broker_view(core, space)?;
         set.start(Arc::new(LinkWatch::new(space.clone())))
             .await
             .map_err(|e| service_error(name, e))?;

@@ -181,10 +181,15 @@ impl CotalServer {
             .publish(&message)
             .await
             .map_err(|e| wording::send_error(&message.routing, &e, &self.grants))?;
+        let receipt = self.client.receipt(&message.routing).await;
         Ok(Json(Sent {
             id: message.id,
             sequence,
-            warning: None,
+            delivered: match &receipt {
+                Ok(r) => r.words(),
+                Err(e) => format!("where it went is unknown: {}", wording::other_error(e)),
+            },
+            receipt: receipt.ok().and_then(|r| serde_json::to_value(r).ok()),
         }))
     }
 
@@ -219,9 +224,14 @@ pub struct Sent {
     id: String,
     /// Its position in the space's stream (the broker stored it).
     sequence: u64,
-    /// Something to know before waiting for an answer (an anycast nobody online can take).
+    /// Where it went, in words: stored for how many durable members (how many away), how
+    /// many received it live (0 is said), whether a DM's target is online, whether anyone
+    /// online holds a task's role; "unknown" when the appliance could not say.
+    delivered: String,
+    /// The same as counts: tier (durable, live, dm, task), durable_members, durable_away,
+    /// live_now, target, target_online, role_holders, role_online (absent = unknown).
     #[serde(skip_serializing_if = "Option::is_none")]
-    warning: Option<String>,
+    receipt: Option<Value>,
 }
 
 // ----- arguments -----
@@ -793,19 +803,22 @@ impl CotalServer {
         &self,
         Parameters(args): Parameters<AnycastArgs>,
     ) -> Result<Json<Sent>, String> {
-        let role = args.role.clone();
-        let message = self.draft(Routing::to_service(args.role), args.text, args.reply_to)?;
-        let mut sent = self.publish(message).await?;
-        let _ = tokio::time::timeout(ROSTER_LOAD, self.client.roster().loaded()).await;
-        let online = self.client.roster().role_online(&role);
-        if !online {
-            sent.0.warning = Some(format!(
-                "nobody holding role {role} is online: the task waits for the first holder that \
-                 connects (and is discarded if no agent of the space holds the role), so an \
-                 answer may not come soon"
+        let routing = Routing::to_service(args.role.clone());
+        // A task for a role no identity holds would be discarded: refused before it is sent.
+        if let Ok(receipt) = self.client.receipt(&routing).await
+            && receipt.role_holders == Some(0)
+        {
+            return Err(wording::refusal(
+                &format!(
+                    "no identity of this space holds role {}, so the task would be discarded",
+                    args.role
+                ),
+                "Fix: cotal_roster shows the roles peers hold; the operator mints a holder with \
+                 `cotald mint NAME --role ROLE`.",
             ));
         }
-        Ok(sent)
+        let message = self.draft(routing, args.text, args.reply_to)?;
+        self.publish(message).await
     }
 
     /// Read what arrived for you since the last call, oldest first: channel messages, direct

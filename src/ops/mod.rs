@@ -29,6 +29,7 @@
 //! | `backstop-want` | [`BackstopWant`] | | agents | none (the copies come on the backstop inbox) |
 //! | `replay-mark` | [`ReplayMark`] | | agents | none (published without a reply) |
 //! | `replay-marks` | — | | agents | channel → stream sequence |
+//! | `receipt` | [`ReceiptFor`] | | agents | [`Receipt`] |
 //!
 //! An op a transport does not serve, an unknown op, or arguments of the wrong shape are
 //! refused with `{ok: false, error}` naming the op.
@@ -40,8 +41,10 @@
 //! offered entries without their content ([`OfferBatch`]): it acks the token of what it
 //! surfaced already and asks for the rest with `backstop-want`.
 
+pub mod receipt;
 pub mod status;
 
+pub use receipt::{Receipt, ReceiptFor};
 pub use status::BrokerHealth;
 
 use serde::{Deserialize, Serialize};
@@ -110,6 +113,8 @@ pub enum Request {
     ReplayMark(ReplayMark),
     /// How far the caller has read each live channel it replays.
     ReplayMarks,
+    /// Where a message to a channel, an instance or a role goes now.
+    Receipt(ReceiptFor),
 }
 
 impl Request {
@@ -133,6 +138,7 @@ impl Request {
         "backstop-want",
         "replay-mark",
         "replay-marks",
+        "receipt",
     ];
 
     /// The op name.
@@ -156,6 +162,7 @@ impl Request {
             Request::BackstopWant(_) => "backstop-want",
             Request::ReplayMark(_) => "replay-mark",
             Request::ReplayMarks => "replay-marks",
+            Request::Receipt(_) => "receipt",
         }
     }
 
@@ -178,7 +185,8 @@ impl Request {
             | Request::BackstopAck(_)
             | Request::BackstopWant(_)
             | Request::ReplayMark(_)
-            | Request::ReplayMarks => transport == Transport::Control,
+            | Request::ReplayMarks
+            | Request::Receipt(_) => transport == Transport::Control,
         }
     }
 
@@ -486,6 +494,16 @@ impl IdentityRecord {
     /// Whether the read ACL covers the concrete `channel` (§9: the current read ACL).
     pub fn may_read(&self, channel: &str) -> bool {
         Channel::new(channel).is_ok_and(|c| is_covered(&self.read_acl(), &c))
+    }
+
+    /// Whether the post ACL covers the concrete `channel`.
+    pub fn may_post(&self, channel: &str) -> bool {
+        let acl: Vec<ChannelPattern> = self
+            .allow_publish
+            .iter()
+            .filter_map(|c| ChannelPattern::from_policy(c).ok())
+            .collect();
+        Channel::new(channel).is_ok_and(|c| is_covered(&acl, &c))
     }
 }
 

@@ -54,6 +54,9 @@ pub enum ManagerError {
     /// The space (registry, frontier).
     #[error(transparent)]
     Space(#[from] SpaceError),
+    /// A receipt.
+    #[error(transparent)]
+    Receipt(#[from] super::receipts::ReceiptError),
 }
 
 /// The manager of one space.
@@ -62,6 +65,7 @@ pub struct Manager {
     identities: Arc<Identities>,
     members: Arc<Members>,
     backstop: Arc<Backstop>,
+    receipts: Arc<super::receipts::Receipts>,
 }
 
 impl Manager {
@@ -76,12 +80,14 @@ impl Manager {
         identities: Arc<Identities>,
         members: Arc<Members>,
         backstop: Arc<Backstop>,
+        receipts: Arc<super::receipts::Receipts>,
     ) -> Self {
         Manager {
             space,
             identities,
             members,
             backstop,
+            receipts,
         }
     }
 
@@ -204,6 +210,7 @@ impl Manager {
                 serde_json::Value::Null
             }
             Request::ReplayMarks => json(&self.members.marks(&caller.id).await?),
+            Request::Receipt(to) => json(&self.receipts.receipt(&caller, &to).await?),
             Request::ChannelsSet(req) => json(&self.channels_set(&caller, req).await?),
             Request::ChannelsRm(req) => json(&self.channels_rm(&caller, req).await?),
             other => {
@@ -504,6 +511,7 @@ impl Service for Manager {
                             identities: self.identities.clone(),
                             members: self.members.clone(),
                             backstop: self.backstop.clone(),
+                            receipts: self.receipts.clone(),
                         };
                         handlers.spawn(async move { this.serve(msg, sender, reply_to).await });
                     }

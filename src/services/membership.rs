@@ -65,6 +65,89 @@ pub struct BrokerView {
     pub addr: SocketAddr,
 }
 
+impl BrokerView {
+    /// Connects to the system account with this view's credential, as `purpose` of `space`.
+    pub async fn connect(
+        &self,
+        space: &Space,
+        purpose: &str,
+    ) -> Result<async_nats::Client, ServiceError> {
+        let id = self
+            .creds
+            .public_key()
+            .map_err(ServiceError::at("the broker view's credential"))?;
+        nats_options(
+            &self.creds,
+            format!("cotald-{purpose}-{}", space.name()),
+            Some(&self.ca),
+            true,
+        )
+        .map_err(ServiceError::at("the broker view's credential"))?
+        .custom_inbox_prefix(format!("_INBOX_{id}"))
+        .connect(format!("tls://{}", self.addr))
+        .await
+        .map_err(ServiceError::at(
+            "connecting to the broker's system account",
+        ))
+    }
+}
+
+/// The live channel patterns per instance of `space`, from the broker's connections of its
+/// account, asked over `reader` (a [`BrokerView`] connection).
+pub async fn live_subscriptions(
+    space: &Space,
+    reader: &async_nats::Client,
+) -> Result<BTreeMap<String, BTreeSet<String>>, ServiceError> {
+    #[derive(Deserialize)]
+    struct Reply {
+        data: Option<Connz>,
+        error: Option<serde_json::Value>,
+    }
+    #[derive(Deserialize)]
+    struct Connz {
+        #[serde(default)]
+        connections: Vec<Conn>,
+    }
+    #[derive(Deserialize)]
+    struct Conn {
+        #[serde(default)]
+        authorized_user: String,
+        #[serde(default)]
+        subscriptions_list: Vec<String>,
+    }
+    let subject = format!("$SYS.REQ.ACCOUNT.{}.CONNZ", space.account());
+    let body = serde_json::json!({"subscriptions": true, "auth": true, "limit": CONNZ_LIMIT});
+    let reply = reader
+        .request(subject, body.to_string().into())
+        .await
+        .map_err(ServiceError::at(
+            "asking the broker for the account's connections",
+        ))?;
+    let reply: Reply = serde_json::from_slice(&reply.payload)
+        .map_err(ServiceError::at("reading the broker's connection list"))?;
+    if let Some(error) = reply.error {
+        return Err(ServiceError::msg(format!(
+            "the broker refused the connection list: {error}"
+        )));
+    }
+    let chat = format!("{}.chat.*.", space.names().prefix());
+    let mut live: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for conn in reply.data.map(|d| d.connections).unwrap_or_default() {
+        if InstanceId::from_user_nkey(&conn.authorized_user).is_err() {
+            continue;
+        }
+        let patterns = conn
+            .subscriptions_list
+            .iter()
+            .filter_map(|s| s.strip_prefix(&chat))
+            .map(str::to_owned);
+        live.entry(conn.authorized_user)
+            .or_default()
+            .extend(patterns);
+    }
+    Ok(live)
+}
+
 /// The feed writer of one space.
 pub struct MembershipFeed {
     space: Arc<Space>,
@@ -82,61 +165,6 @@ impl MembershipFeed {
         }
     }
 
-    /// The live channel patterns per instance, from the broker's connections of the account.
-    async fn live(
-        &self,
-        reader: &async_nats::Client,
-    ) -> Result<BTreeMap<String, BTreeSet<String>>, ServiceError> {
-        #[derive(Deserialize)]
-        struct Reply {
-            data: Option<Connz>,
-            error: Option<serde_json::Value>,
-        }
-        #[derive(Deserialize)]
-        struct Connz {
-            #[serde(default)]
-            connections: Vec<Conn>,
-        }
-        #[derive(Deserialize)]
-        struct Conn {
-            #[serde(default)]
-            authorized_user: String,
-            #[serde(default)]
-            subscriptions_list: Vec<String>,
-        }
-        let subject = format!("$SYS.REQ.ACCOUNT.{}.CONNZ", self.space.account());
-        let body = serde_json::json!({"subscriptions": true, "auth": true, "limit": CONNZ_LIMIT});
-        let reply = reader
-            .request(subject, body.to_string().into())
-            .await
-            .map_err(ServiceError::at(
-                "asking the broker for the account's connections",
-            ))?;
-        let reply: Reply = serde_json::from_slice(&reply.payload)
-            .map_err(ServiceError::at("reading the broker's connection list"))?;
-        if let Some(error) = reply.error {
-            return Err(ServiceError::msg(format!(
-                "the broker refused the connection list: {error}"
-            )));
-        }
-        let chat = format!("{}.chat.*.", self.space.names().prefix());
-        let mut live: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for conn in reply.data.map(|d| d.connections).unwrap_or_default() {
-            if InstanceId::from_user_nkey(&conn.authorized_user).is_err() {
-                continue;
-            }
-            let patterns = conn
-                .subscriptions_list
-                .iter()
-                .filter_map(|s| s.strip_prefix(&chat))
-                .map(str::to_owned);
-            live.entry(conn.authorized_user)
-                .or_default()
-                .extend(patterns);
-        }
-        Ok(live)
-    }
-
     /// One refresh: what the feed should say now, written where it differs from `written`.
     async fn refresh(
         &self,
@@ -145,7 +173,7 @@ impl MembershipFeed {
         written: &mut BTreeMap<String, (Vec<String>, Vec<String>)>,
     ) -> Result<(), ServiceError> {
         let mut now: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
-        for (id, patterns) in self.live(reader).await? {
+        for (id, patterns) in live_subscriptions(&self.space, reader).await? {
             if !patterns.is_empty() {
                 now.entry(id).or_default().0 = patterns.into_iter().collect();
             }
@@ -190,24 +218,7 @@ impl Service for MembershipFeed {
     }
 
     async fn run(&self, ctx: Context) -> Result<(), ServiceError> {
-        let id = self
-            .view
-            .creds
-            .public_key()
-            .map_err(ServiceError::at("the feed's credential"))?;
-        let reader = nats_options(
-            &self.view.creds,
-            format!("cotald-membership-{}", self.space.name()),
-            Some(&self.view.ca),
-            true,
-        )
-        .map_err(ServiceError::at("the feed's credential"))?
-        .custom_inbox_prefix(format!("_INBOX_{id}"))
-        .connect(format!("tls://{}", self.view.addr))
-        .await
-        .map_err(ServiceError::at(
-            "connecting to the broker's system account",
-        ))?;
+        let reader = self.view.connect(&self.space, "membership").await?;
         let account = self.space.account();
         let mut events = futures_util::stream::select(
             reader

@@ -35,6 +35,7 @@ pub mod manager;
 pub mod membership;
 pub mod mentions;
 pub mod presence;
+pub mod receipts;
 pub mod warden;
 
 use crate::backoff::Backoff;

@@ -19,6 +19,7 @@ mod leaf;
 mod mcp;
 mod packaging;
 mod raw;
+mod receipts;
 mod space;
 mod upgrade;
 mod wake;

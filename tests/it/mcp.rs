@@ -36,7 +36,7 @@ impl ClientHandler for Listener {
 }
 
 /// Launches `cotald mcp` as `m` (the way a host does) and initializes an MCP session with it.
-async fn agent(m: &Minted) -> RunningService<RoleClient, ()> {
+pub(crate) async fn agent(m: &Minted) -> RunningService<RoleClient, ()> {
     agent_as(m, ()).await
 }
 
@@ -99,7 +99,7 @@ pub(crate) async fn call(agent: &Agent, tool: &str, args: Value) -> Value {
 }
 
 /// The text of a tool error.
-async fn refusal(agent: &Agent, tool: &str, args: Value) -> String {
+pub(crate) async fn refusal(agent: &Agent, tool: &str, args: Value) -> String {
     let result = call_raw(agent, tool, args).await;
     assert_eq!(
         result.is_error,
@@ -400,26 +400,31 @@ async fn two_agents_exchange_a_channel_message_a_dm_by_name_and_an_anycast_task(
         "returned once: {after}"
     );
 
-    // An anycast task to the role bob holds (online: no warning), and one to a role nobody
-    // online holds (a warning before the agent waits for an answer that may not come).
+    // An anycast task to the role bob holds: the receipt names the online holder; one to a role
+    // nobody holds is refused (the warden would discard it).
     let sent = call(
         &a,
         "cotal_anycast",
         json!({"role": "reviewer", "text": "please review PR 7"}),
     )
     .await;
-    assert!(sent.get("warning").is_none(), "{sent}");
-    let sent = call(
+    assert_eq!(
+        (
+            &sent["receipt"]["role_holders"],
+            &sent["receipt"]["role_online"]
+        ),
+        (&json!(1), &json!(1)),
+        "{sent}"
+    );
+    let refused = refusal(
         &a,
         "cotal_anycast",
         json!({"role": "deployer", "text": "please deploy"}),
     )
     .await;
     assert!(
-        sent["warning"]
-            .as_str()
-            .is_some_and(|w| w.contains("nobody holding role deployer is online")),
-        "{sent}"
+        refused.contains("holds role deployer") && refused.contains("discarded"),
+        "{refused}"
     );
     let (task, _) = inbox_until(&b, |m| text(m) == "please review PR 7").await;
     assert_eq!(task["kind"], "anycast");

@@ -1,0 +1,171 @@
+//! Receipts (`receipt` on `ctl.manager`): where a message the caller sent goes, counted from
+//! what the appliance knows at the moment of asking: the members registry (durable members,
+//! §7), the presence view (who is online, §6), the minted identities (who holds a role) and
+//! the broker's connection list over the system account (who is subscribed live, as the
+//! membership feed of §8 reads it). Display only, like that feed: nothing here decides a
+//! delivery. A count that cannot be established is left out (unknown), never guessed.
+//!
+//! The caller may ask only about where it may send: a channel its post ACL covers, an
+//! instance, a role. The answer holds counts, never who.
+
+use std::sync::Arc;
+
+use tokio::sync::OnceCell;
+
+use super::ServiceError;
+use super::membership::{BrokerView, live_subscriptions};
+use super::presence::PresenceView;
+use crate::ops::receipt::Tier;
+use crate::ops::{CredentialProfile, IdentityRecord, Receipt, ReceiptFor};
+use crate::protocol::{Channel, ChannelPattern, DeliveryClass, is_covered};
+use crate::space::members::Members;
+use crate::space::{Identities, Space, SpaceError};
+
+/// Why a receipt was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiptError {
+    /// The caller may not send there, or the target is not a valid name.
+    #[error("{0}")]
+    Refused(String),
+    /// The channel registry could not be read.
+    #[error(transparent)]
+    Space(#[from] SpaceError),
+}
+
+/// The receipts of one space.
+pub struct Receipts {
+    space: Arc<Space>,
+    identities: Arc<Identities>,
+    members: Arc<Members>,
+    presence: Arc<PresenceView>,
+    view: BrokerView,
+    /// The system-account connection, made at the first receipt that needs it.
+    reader: OnceCell<async_nats::Client>,
+}
+
+impl Receipts {
+    /// The receipts of `space`.
+    pub fn new(
+        space: Arc<Space>,
+        identities: Arc<Identities>,
+        members: Arc<Members>,
+        presence: Arc<PresenceView>,
+        view: BrokerView,
+    ) -> Self {
+        Receipts {
+            space,
+            identities,
+            members,
+            presence,
+            view,
+            reader: OnceCell::new(),
+        }
+    }
+
+    /// Where a message from `caller` to `to` goes now.
+    pub async fn receipt(
+        &self,
+        caller: &IdentityRecord,
+        to: &ReceiptFor,
+    ) -> Result<Receipt, ReceiptError> {
+        let mut receipt = Receipt {
+            tier: Tier::Dm,
+            durable_members: None,
+            durable_away: None,
+            live_now: None,
+            target: None,
+            target_online: None,
+            role_holders: None,
+            role_online: None,
+        };
+        match to {
+            ReceiptFor::Channel(name) => {
+                let channel = Channel::new(name)
+                    .map_err(|e| ReceiptError::Refused(format!("invalid channel: {e}")))?;
+                let unrestricted = caller.profile == CredentialProfile::Admin;
+                if !unrestricted && !caller.may_post(name) {
+                    return Err(ReceiptError::Refused(format!(
+                        "you may not post to #{name}, so it has no receipt for you"
+                    )));
+                }
+                let effective = self.space.effective_config(name).await?;
+                receipt.live_now = self.live_now(&caller.id, &channel).await;
+                receipt.tier = match effective.delivery_class {
+                    DeliveryClass::Live => Tier::Live,
+                    DeliveryClass::Durable => {
+                        let members: Vec<String> = self
+                            .members
+                            .all()
+                            .into_iter()
+                            .filter(|r| r.channel == *name && r.member != caller.id)
+                            .filter(|r| r.open().is_some())
+                            .map(|r| r.member)
+                            .collect();
+                        let away = members.iter().filter(|m| !self.online(m)).count();
+                        receipt.durable_members = Some(members.len() as u32);
+                        receipt.durable_away = Some(away as u32);
+                        Tier::Durable
+                    }
+                };
+            }
+            ReceiptFor::To(target) => {
+                receipt.tier = Tier::Dm;
+                let record = self.identities.get(target);
+                receipt.target = record.map(|r| r.name);
+                receipt.target_online = Some(self.online(target));
+            }
+            ReceiptFor::Role(role) => {
+                receipt.tier = Tier::Task;
+                let holders: Vec<IdentityRecord> = self
+                    .identities
+                    .active()
+                    .into_iter()
+                    .filter(|r| r.role.as_deref() == Some(role))
+                    .collect();
+                let online = holders.iter().filter(|r| self.online(&r.id)).count();
+                receipt.role_holders = Some(holders.len() as u32);
+                receipt.role_online = Some(online as u32);
+            }
+        }
+        Ok(receipt)
+    }
+
+    /// Whether `id` is online by the liveness rule (§6).
+    fn online(&self, id: &str) -> bool {
+        self.presence.get(id).is_some_and(|h| h.is_live())
+    }
+
+    /// How many instances other than `sender` (and observers) are subscribed to `channel`
+    /// now; `None` when the broker did not say.
+    async fn live_now(&self, sender: &str, channel: &Channel) -> Option<u32> {
+        let reader = self
+            .reader
+            .get_or_try_init(|| self.view.connect(&self.space, "receipts"))
+            .await
+            .map_err(|e| tracing::debug!(error = %e, "no broker view for receipts"))
+            .ok()?;
+        let live = live_subscriptions(&self.space, reader)
+            .await
+            .map_err(|e: ServiceError| tracing::debug!(error = %e, "live subscriptions unknown"))
+            .ok()?;
+        // An observer (the dashboard's among them) reads everything for display: not a reader
+        // the sender is told about.
+        let observer = |id: &str| {
+            self.identities
+                .get(id)
+                .is_some_and(|r| r.profile == CredentialProfile::Observer)
+        };
+        let count = live
+            .iter()
+            .filter(|(id, _)| id.as_str() != sender && !observer(id))
+            .filter(|(_, patterns)| {
+                let patterns: Vec<ChannelPattern> = patterns
+                    .iter()
+                    .filter_map(|p| ChannelPattern::new(p).ok())
+                    .collect();
+                is_covered(&patterns, channel)
+            })
+            .count();
+        Some(count as u32)
+    }
+}
