@@ -1,5 +1,11 @@
 //! The inbox: everything the endpoint receives waits here until the agent reads it with
-//! `cotal_inbox`, in arrival order.
+//! `cotal_inbox`, one bounded page at a time.
+//!
+//! A page returns what is addressed to the agent first (DMs and role tasks, then mentions,
+//! then the rest of its channels), in arrival order within each, up to a byte budget the
+//! caller sets: an agent reads the DM that needs it even behind a flood of channel traffic,
+//! and no answer grows past what a host puts in an agent's context. A message too large for a
+//! page comes in pieces of its text over consecutive reads, and is acknowledged with its last.
 //!
 //! The rule is the one `cotald tail` keeps (§8: acked once handled): a copy is acknowledged
 //! when, and only when, `cotal_inbox` returned it to the agent. A DM, anycast or durable copy
@@ -30,13 +36,67 @@ pub const LIVE_CAPACITY: usize = 2000;
 /// How many notices are kept between two reads (later ones are counted, not kept).
 const NOTICE_CAPACITY: usize = 100;
 
+/// The longest notice kept, in characters (a notice may quote what a sender wrote).
+const NOTICE_CHARS: usize = 300;
+
 /// How often waiting DM and anycast copies get their `ack_wait` renewed: well within the
 /// durables' 60 s.
 const RENEW_EVERY: Duration = Duration::from_secs(20);
 
+/// Which waiting copies a page returns first: what is addressed to the agent before what it
+/// overhears.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Precedence {
+    /// A DM or a task for the agent's role.
+    Direct,
+    /// A channel message that mentions the agent.
+    Mention,
+    /// Any other channel message.
+    Ambient,
+}
+
+impl Precedence {
+    /// The precedence of `d` for the agent named `me` (lower case, as mentions are, §5).
+    fn of(d: &Delivery, me: &str) -> Precedence {
+        if d.kind != crate::protocol::DeliveryKind::Channel {
+            Precedence::Direct
+        } else if d.message.mentions.iter().any(|m| m == me) {
+            Precedence::Mention
+        } else {
+            Precedence::Ambient
+        }
+    }
+}
+
+/// How many copies wait beyond a page, by precedence.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
+pub struct Left {
+    /// DMs and tasks for your role.
+    pub direct: usize,
+    /// Channel messages that mention you.
+    pub mentions: usize,
+    /// Other channel messages.
+    pub channel: usize,
+}
+
+/// A copy as a page shows it: the view, its size in the answer, and, when only part of its
+/// text fits, the byte where the shown part stops.
+pub struct Fitted<T> {
+    /// What the answer carries for it.
+    pub view: T,
+    /// Its bytes in the answer.
+    pub bytes: usize,
+    /// `Some(end)` when the text was cut at byte `end` (the rest comes on the next page).
+    pub text_to: Option<usize>,
+}
+
 /// One waiting copy.
 struct Waiting {
     delivery: Delivery,
+    /// What a page returns it before.
+    precedence: Precedence,
+    /// How much of its text earlier pages returned (bytes): it comes in pieces.
+    text_from: usize,
     /// Whether a peek showed it (a `wait` does not wake for it again).
     shown: bool,
     /// Why it wakes the agent, if it does.
@@ -73,14 +133,74 @@ impl State {
             || self.notices.len() > self.notices_shown
             || self.waiting.iter().any(|w| !w.shown)
     }
+
+    /// The bytes the notices and the overflow take in an answer.
+    fn envelope(&self) -> usize {
+        super::page::json_len(&self.notices) + super::page::json_len(&self.overflow) + 64
+    }
+
+    /// What waits, by precedence, leaving out the copies at `taken`.
+    fn left(&self, taken: &[usize]) -> Left {
+        let mut left = Left::default();
+        for (i, w) in self.waiting.iter().enumerate() {
+            if taken.contains(&i) {
+                continue;
+            }
+            match w.precedence {
+                Precedence::Direct => left.direct += 1,
+                Precedence::Mention => left.mentions += 1,
+                Precedence::Ambient => left.channel += 1,
+            }
+        }
+        left
+    }
+}
+
+/// Chooses a page: waiting copies in precedence, then arrival order, while they fit in
+/// `budget` bytes, at most `limit`. It stops at the first copy that does not fit (nothing
+/// of lower precedence overtakes it); a copy whose text had to be cut goes alone, as the
+/// page's only copy. Returns the chosen copies' indices with how each is shown.
+fn choose<T>(
+    waiting: &VecDeque<Waiting>,
+    limit: usize,
+    budget: usize,
+    fit: &impl Fn(&Delivery, usize, usize) -> Option<Fitted<T>>,
+) -> Vec<(usize, Fitted<T>)> {
+    let mut order: Vec<usize> = (0..waiting.len()).collect();
+    order.sort_by_key(|&i| waiting[i].precedence);
+    let mut used = 0;
+    let mut chosen = Vec::new();
+    for i in order {
+        if chosen.len() == limit {
+            break;
+        }
+        let w = &waiting[i];
+        let Some(fitted) = fit(&w.delivery, w.text_from, budget.saturating_sub(used)) else {
+            break;
+        };
+        let cut = fitted.text_to.is_some();
+        if cut && !chosen.is_empty() {
+            break;
+        }
+        used += fitted.bytes;
+        chosen.push((i, fitted));
+        if cut {
+            break;
+        }
+    }
+    chosen
 }
 
 /// What a read takes out of the inbox.
-pub struct Taken {
-    /// The copies, oldest first.
+pub struct Taken<T> {
+    /// How the page shows its copies, in page order.
+    pub views: Vec<T>,
+    /// The copies the page returned whole (to acknowledge); a copy returned in part stays.
     pub deliveries: Vec<Delivery>,
     /// How many copies still wait.
     pub remaining: usize,
+    /// Of those, how many by precedence.
+    pub left: Left,
     /// Live copies dropped since the last read, per channel.
     pub overflow: BTreeMap<String, u64>,
     /// What happened besides messages since the last read.
@@ -95,14 +215,18 @@ pub type OnArrival = Box<dyn Fn(&Delivery) -> Option<Reason> + Send + Sync>;
 pub struct Inbox {
     state: Mutex<State>,
     arrived: Notify,
+    /// The agent's name, lower case: what its mentions say.
+    me: String,
 }
 
 impl Inbox {
-    /// Starts draining `deliveries` into a new inbox; `on_arrival` sees each copy first.
-    pub fn start(deliveries: Deliveries, on_arrival: OnArrival) -> Arc<Inbox> {
+    /// Starts draining `deliveries` into a new inbox for the agent named `me`; `on_arrival`
+    /// sees each copy first.
+    pub fn start(deliveries: Deliveries, me: String, on_arrival: OnArrival) -> Arc<Inbox> {
         let inbox = Arc::new(Inbox {
             state: Mutex::new(State::default()),
             arrived: Notify::new(),
+            me,
         });
         tokio::spawn(pump(inbox.clone(), deliveries, on_arrival));
         tokio::spawn(renew(Arc::downgrade(&inbox)));
@@ -183,12 +307,37 @@ impl Inbox {
         }
     }
 
-    /// Takes up to `limit` copies (oldest first), with the overflow and notices since the last
-    /// read. The caller acknowledges what it returns.
-    pub async fn take(&self, limit: usize) -> Taken {
+    /// Takes a page (see [`choose`]: at most `limit` copies in `budget` bytes less what the
+    /// notices and overflow take, each shown by `fit(copy, text_from, room)`), with the overflow and notices since the last read. The
+    /// caller acknowledges the copies returned whole; one returned in part stays, and the next
+    /// page goes on from where its text was cut.
+    pub async fn take<T>(
+        &self,
+        limit: usize,
+        budget: usize,
+        fit: impl Fn(&Delivery, usize, usize) -> Option<Fitted<T>>,
+    ) -> Taken<T> {
         let mut state = self.state.lock().await;
-        let n = limit.min(state.waiting.len());
-        let deliveries: Vec<Delivery> = state.waiting.drain(..n).map(|w| w.delivery).collect();
+        let budget = budget.saturating_sub(state.envelope());
+        let chosen = choose(&state.waiting, limit, budget, &fit);
+        let mut whole = Vec::new();
+        let mut views = Vec::with_capacity(chosen.len());
+        for (i, fitted) in chosen {
+            match fitted.text_to {
+                Some(to) => state.waiting[i].text_from = to,
+                None => whole.push(i),
+            }
+            views.push(fitted.view);
+        }
+        let left = state.left(&whole);
+        whole.sort_unstable();
+        let mut deliveries: Vec<Delivery> = whole
+            .iter()
+            .rev()
+            .filter_map(|&i| state.waiting.remove(i))
+            .map(|w| w.delivery)
+            .collect();
+        deliveries.reverse();
         state.live -= deliveries.iter().filter(|d| !d.needs_ack()).count();
         let mut notices = std::mem::take(&mut state.notices);
         state.notices_shown = 0;
@@ -199,35 +348,39 @@ impl Inbox {
             notices.push(format!("{dropped} more notices were not kept"));
         }
         Taken {
+            views,
             deliveries,
             remaining: state.waiting.len(),
+            left,
             overflow: std::mem::take(&mut state.overflow),
             notices,
         }
     }
 
-    /// Looks at up to `limit` copies (oldest first) and the notices, without taking or
-    /// acknowledging anything; also says how many copies wait.
+    /// Looks at the page [`Inbox::take`] would return, and the notices, without taking or
+    /// acknowledging anything; also says what waits beyond it, in all and by precedence.
     pub async fn peek<T>(
         &self,
         limit: usize,
-        view: impl Fn(&Delivery) -> T,
-    ) -> (Vec<T>, Vec<String>, usize) {
+        budget: usize,
+        fit: impl Fn(&Delivery, usize, usize) -> Option<Fitted<T>>,
+    ) -> (Vec<T>, Vec<String>, usize, Left) {
         let mut state = self.state.lock().await;
-        let seen = state
-            .waiting
-            .iter_mut()
-            .take(limit)
-            .map(|w| {
-                w.shown = true;
-                w.announced = true;
-                view(&w.delivery)
-            })
-            .collect();
+        let budget = budget.saturating_sub(state.envelope());
+        let chosen = choose(&state.waiting, limit, budget, &fit);
+        let shown: Vec<usize> = chosen.iter().map(|(i, _)| *i).collect();
+        for &i in &shown {
+            let w = &mut state.waiting[i];
+            w.shown = true;
+            w.announced = true;
+        }
         state.notices_shown = state.notices.len();
         state.reads += 1;
         self.arrived.notify_waiters();
-        (seen, state.notices.clone(), state.waiting.len())
+        let left = state.left(&shown);
+        let remaining = state.waiting.len() - shown.len();
+        let views = chosen.into_iter().map(|(_, f)| f.view).collect();
+        (views, state.notices.clone(), remaining, left)
     }
 
     /// At the end of the session: hands every waiting DM and anycast copy back to the broker
@@ -244,7 +397,11 @@ impl Inbox {
     }
 }
 
-fn push_notice(state: &mut State, text: String) {
+fn push_notice(state: &mut State, mut text: String) {
+    if let Some((cut, _)) = text.char_indices().nth(NOTICE_CHARS) {
+        text.truncate(cut);
+        text.push('…');
+    }
     if state.notices.len() < NOTICE_CAPACITY {
         state.notices.push(text);
     } else {
@@ -258,8 +415,9 @@ async fn pump(inbox: Arc<Inbox>, mut deliveries: Deliveries, on_arrival: OnArriv
         match event {
             Event::Message(delivery) => {
                 let wake = on_arrival(&delivery);
+                let precedence = Precedence::of(&delivery, &inbox.me);
                 let mut state = inbox.state.lock().await;
-                admit(&mut state, *delivery, wake);
+                admit(&mut state, *delivery, precedence, wake);
                 state.taken_in += 1;
             }
             Event::Notice(notice) => {
@@ -276,7 +434,7 @@ async fn pump(inbox: Arc<Inbox>, mut deliveries: Deliveries, on_arrival: OnArriv
 /// Queues a copy. A redelivered DM or anycast copy of a message that already waits takes the
 /// place of the earlier one (its ack handle is the current one). Past [`LIVE_CAPACITY`], the
 /// oldest live copy is dropped and counted.
-fn admit(state: &mut State, delivery: Delivery, wake: Option<Reason>) {
+fn admit(state: &mut State, delivery: Delivery, precedence: Precedence, wake: Option<Reason>) {
     if delivery.needs_ack()
         && let Some(earlier) = state.waiting.iter_mut().find(|w| {
             w.delivery.needs_ack()
@@ -295,6 +453,8 @@ fn admit(state: &mut State, delivery: Delivery, wake: Option<Reason>) {
     }
     state.waiting.push_back(Waiting {
         delivery,
+        precedence,
+        text_from: 0,
         shown: false,
         wake,
         announced: false,
@@ -350,37 +510,116 @@ mod tests {
     use super::*;
     use crate::protocol::{Channel, EndpointRef, InstanceId, Part, Routing};
 
-    fn live(from: &InstanceId, n: usize) -> Delivery {
-        let general = Channel::new("general").unwrap();
-        let message = crate::protocol::CotalMessage::new(
+    fn message(from: &InstanceId, routing: Routing, text: &str) -> crate::protocol::CotalMessage {
+        crate::protocol::CotalMessage::new(
             "main",
             EndpointRef::new(from, "alice"),
-            Routing::channel(&general),
-            vec![Part::text(n.to_string())],
-        );
-        Delivery::live(message, "general")
+            routing,
+            vec![Part::text(text)],
+        )
+    }
+
+    fn live(from: &InstanceId, text: &str) -> Delivery {
+        let general = Channel::new("general").unwrap();
+        Delivery::live(message(from, Routing::channel(&general), text), "general")
+    }
+
+    fn inbox() -> Inbox {
+        Inbox {
+            state: Mutex::new(State::default()),
+            arrived: Notify::new(),
+            me: "bob".to_owned(),
+        }
+    }
+
+    fn sender() -> InstanceId {
+        InstanceId::from_user_nkey(&nkeys::KeyPair::new_user().public_key()).unwrap()
+    }
+
+    /// Shows a copy's text from `from`, one byte per byte, cut to the room.
+    fn text_fit(d: &Delivery, from: usize, room: usize) -> Option<Fitted<String>> {
+        let text = crate::mcp::tools::text_of(&d.message.parts);
+        let rest = &text[from..];
+        if rest.len() <= room {
+            return Some(Fitted {
+                view: rest.to_owned(),
+                bytes: rest.len(),
+                text_to: None,
+            });
+        }
+        (room > 0).then(|| Fitted {
+            view: rest[..room].to_owned(),
+            bytes: room,
+            text_to: Some(from + room),
+        })
+    }
+
+    /// A budget that leaves `n` bytes for copies (an empty envelope takes the rest).
+    fn room(n: usize) -> usize {
+        n + State::default().envelope()
+    }
+
+    async fn add(inbox: &Inbox, d: Delivery) {
+        let precedence = Precedence::of(&d, &inbox.me);
+        admit(&mut *inbox.state.lock().await, d, precedence, None);
     }
 
     #[tokio::test]
     async fn past_the_bound_the_oldest_live_copies_go_and_are_reported_once() {
-        let inbox = Inbox {
-            state: Mutex::new(State::default()),
-            arrived: Notify::new(),
-        };
-        let from = InstanceId::from_user_nkey(&nkeys::KeyPair::new_user().public_key()).unwrap();
-        {
-            let mut state = inbox.state.lock().await;
-            for n in 0..LIVE_CAPACITY + 3 {
-                admit(&mut state, live(&from, n), None);
-            }
+        let inbox = inbox();
+        let from = sender();
+        for n in 0..LIVE_CAPACITY + 3 {
+            add(&inbox, live(&from, &n.to_string())).await;
         }
         assert_eq!(inbox.waiting().await, LIVE_CAPACITY);
-        let taken = inbox.take(1).await;
-        let first = crate::mcp::tools::text_of(&taken.deliveries[0].message.parts);
-        assert_eq!(first, "3", "the three oldest were dropped");
+        let taken = inbox.take(1, usize::MAX, text_fit).await;
+        assert_eq!(taken.views, ["3"], "the three oldest were dropped");
         assert_eq!(taken.overflow.get("general"), Some(&3));
         assert_eq!(taken.remaining, LIVE_CAPACITY - 1);
-        let next = inbox.take(1).await;
+        let next = inbox.take(1, usize::MAX, text_fit).await;
         assert!(next.overflow.is_empty(), "reported once");
+    }
+
+    #[tokio::test]
+    async fn a_page_returns_what_is_addressed_first_within_its_budget() {
+        let inbox = inbox();
+        let from = sender();
+        let general = Channel::new("general").unwrap();
+        add(&inbox, live(&from, "chatter 1")).await;
+        let mut mention = message(&from, Routing::channel(&general), "bob, look");
+        mention.mentions = vec!["bob".to_owned()];
+        add(&inbox, Delivery::live(mention, "general")).await;
+        add(&inbox, live(&from, "chatter 2")).await;
+        let dm = message(&from, Routing::to(&sender()), "a DM");
+        add(&inbox, Delivery::dm(dm)).await;
+
+        // Peeked, then taken: the DM, the mention, then the channel in arrival order.
+        let (views, _, remaining, left) = inbox.peek(10, room(14), text_fit).await;
+        assert_eq!(views, ["a DM", "bob, look"]);
+        assert_eq!(remaining, 2);
+        assert_eq!((left.direct, left.mentions, left.channel), (0, 0, 2));
+        let taken = inbox.take(10, room(14), text_fit).await;
+        assert_eq!(taken.views, ["a DM", "bob, look"]);
+        assert_eq!(taken.deliveries.len(), 2);
+        let taken = inbox.take(10, room(100), text_fit).await;
+        assert_eq!(taken.views, ["chatter 1", "chatter 2"]);
+        assert_eq!(taken.remaining, 0);
+    }
+
+    #[tokio::test]
+    async fn a_message_larger_than_a_page_comes_in_pieces_and_goes_with_the_last() {
+        let inbox = inbox();
+        let from = sender();
+        add(&inbox, live(&from, "0123456789")).await;
+        add(&inbox, live(&from, "after")).await;
+        let first = inbox.take(10, room(4), text_fit).await;
+        assert_eq!(first.views, ["0123"], "a cut copy goes alone");
+        assert!(first.deliveries.is_empty(), "nothing acknowledged yet");
+        assert_eq!(first.remaining, 2);
+        let second = inbox.take(10, room(4), text_fit).await;
+        assert_eq!(second.views, ["4567"]);
+        let last = inbox.take(10, room(7), text_fit).await;
+        assert_eq!(last.views, ["89", "after"]);
+        assert_eq!(last.deliveries.len(), 2);
     }
 }

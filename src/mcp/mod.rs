@@ -22,6 +22,8 @@
 #![allow(deprecated)] // MCP logging: see the module doc.
 
 pub mod inbox;
+mod page;
+mod thread;
 mod tools;
 pub mod wake;
 mod wording;
@@ -162,6 +164,8 @@ pub struct CotalServer {
     host: Arc<wake::Host>,
     /// What wakes the agent.
     prefs: Arc<wake::Prefs>,
+    /// The conversations this session saw.
+    threads: Arc<thread::Threads>,
     /// Whether `cotal_orientation` already gave this session the guide.
     guided: Arc<std::sync::atomic::AtomicBool>,
     tool_router: rmcp::handler::server::router::tool::ToolRouter<CotalServer>,
@@ -189,11 +193,15 @@ pub async fn serve_stdio(
         me: conn.client.card().name.to_lowercase(),
         every_message: Default::default(),
     });
+    let threads: Arc<thread::Threads> = Arc::default();
     let inbox = {
         let (host, prefs, client) = (host.clone(), prefs.clone(), conn.client.clone());
+        let threads = threads.clone();
         Inbox::start(
             conn.deliveries,
+            prefs.me.clone(),
             Box::new(move |d| {
+                threads.record(&d.message);
                 // History replayed by a join is not news: only what arrives now is announced.
                 if let Some(peer) = host.peer().filter(|_| !d.historical) {
                     let peer = peer.clone();
@@ -219,6 +227,7 @@ pub async fn serve_stdio(
         start,
         host,
         prefs,
+        threads,
         guided: Arc::default(),
         tool_router: CotalServer::tool_router(),
     };

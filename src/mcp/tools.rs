@@ -10,7 +10,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{CotalServer, wording};
+use super::{CotalServer, page, wording};
 use crate::client::{ConnectionState, Delivery, DurableState, JoinError, Replay};
 use crate::protocol::{
     AgentSkill, AttentionMode, Channel, ChannelConfig, ChannelDefaults, ChannelMode, CotalMessage,
@@ -21,11 +21,19 @@ use crate::protocol::{
 const INBOX_DEFAULT: usize = 20;
 /// The most `cotal_inbox` returns at once.
 const INBOX_MAX: usize = 200;
+/// How many failed acknowledgements an answer lists (the rest are counted).
+const ACK_ERRORS_SHOWN: usize = 10;
 /// The longest `cotal_inbox` blocks.
 const WAIT_MAX: u64 = 300;
 /// How many messages `cotal_history` returns unless told otherwise, and at most.
 const HISTORY_DEFAULT: usize = 30;
 const HISTORY_MAX: usize = 500;
+/// How many messages `cotal_thread` returns unless told otherwise, and at most.
+const THREAD_DEFAULT: usize = 50;
+const THREAD_MAX: usize = 200;
+/// How many of a thread's channels `cotal_thread` reads the history of, and how far back.
+const THREAD_CHANNELS: usize = 4;
+const THREAD_HISTORY: usize = 500;
 /// How long a name lookup waits for the roster's first read.
 const ROSTER_LOAD: Duration = Duration::from_secs(5);
 
@@ -49,53 +57,64 @@ pub struct Who {
     /// The first 12 characters of its instance id: enough to tell senders apart and to
     /// address a DM (cotal_dm takes a name, a whole id, or such a prefix); cotal_roster shows
     /// whole ids.
-    id: String,
+    pub(super) id: String,
     /// Display name.
-    name: String,
+    pub(super) name: String,
     /// Anycast role, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
-    role: Option<String>,
+    pub(super) role: Option<String>,
 }
 
 /// One message.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct MessageView {
     /// Message id (use it as reply_to to answer).
-    id: String,
+    pub(super) id: String,
     /// channel, dm or anycast.
-    kind: String,
+    pub(super) kind: String,
     /// The channel, for channel messages.
     #[serde(skip_serializing_if = "Option::is_none")]
-    channel: Option<String>,
+    pub(super) channel: Option<String>,
     /// The role it was sent to, for anycast.
     #[serde(skip_serializing_if = "Option::is_none")]
-    role: Option<String>,
+    pub(super) role: Option<String>,
     /// Who sent it.
-    from: Who,
+    pub(super) from: Who,
     /// Its text.
-    text: String,
+    pub(super) text: String,
+    /// Present when the text is larger than one answer: which bytes `text` holds; the rest
+    /// comes in the next cotal_inbox call, under the same id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) text_part: Option<super::page::TextPart>,
     /// Non-text parts (data, files), as sent.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    other_parts: Vec<Value>,
+    pub(super) other_parts: Vec<Value>,
+    /// Present when the non-text parts were too large to return: their size in bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) other_parts_omitted: Option<usize>,
     /// Names it mentions.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    mentions: Vec<String>,
+    pub(super) mentions: Vec<String>,
     /// Whether it mentions you.
-    mentions_you: bool,
+    pub(super) mentions_you: bool,
     /// The id of the message it answers.
     #[serde(skip_serializing_if = "Option::is_none")]
-    reply_to: Option<String>,
+    pub(super) reply_to: Option<String>,
     /// Conversation id.
     #[serde(skip_serializing_if = "Option::is_none")]
-    context_id: Option<String>,
+    pub(super) context_id: Option<String>,
+    /// The thread it belongs to (its context id, else the first message of its reply chain
+    /// that this session knows): cotal_thread with it reads the whole conversation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) thread: Option<String>,
     /// When it was sent (Unix epoch milliseconds).
-    ts: Value,
+    pub(super) ts: Value,
     /// Replayed from the channel's history on join (sent before you joined).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
-    historical: bool,
+    pub(super) historical: bool,
     /// Kept for you while you were away (durable channel or a mention).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
-    durable: bool,
+    pub(super) durable: bool,
 }
 
 impl CotalServer {
@@ -127,6 +146,9 @@ impl CotalServer {
             mentions_you: m.mentions.contains(&me),
             reply_to: m.reply_to.clone(),
             context_id: m.context_id.clone(),
+            thread: self.threads.thread(m),
+            text_part: None,
+            other_parts_omitted: None,
             ts: serde_json::to_value(&m.ts).unwrap_or_default(),
             historical: false,
             durable: false,
@@ -181,6 +203,7 @@ impl CotalServer {
             .publish(&message)
             .await
             .map_err(|e| wording::send_error(&message.routing, &e, &self.grants))?;
+        self.threads.record(&message);
         let receipt = self.client.receipt(&message.routing).await;
         Ok(Json(Sent {
             id: message.id,
@@ -213,6 +236,10 @@ impl CotalServer {
             vec![Part::text(text)],
         );
         message.reply_to = reply_to.filter(|r| !r.is_empty());
+        message.context_id = message
+            .reply_to
+            .as_deref()
+            .map(|parent| self.threads.context_for_reply(parent));
         Ok(message)
     }
 }
@@ -294,6 +321,19 @@ pub struct InboxArgs {
     /// for the next message or notice. What a peek showed you does not end a wait.
     #[serde(default)]
     wait: Option<u64>,
+}
+
+/// Arguments of cotal_thread.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ThreadArgs {
+    /// A message id (any message of the thread), or a thread id as a message's thread shows.
+    id: String,
+    /// Where to start, counted in messages of the thread (default 0, the first).
+    #[serde(default)]
+    start: Option<usize>,
+    /// The most messages to return (default 50, at most 200).
+    #[serde(default)]
+    limit: Option<usize>,
 }
 
 /// Arguments of cotal_roster.
@@ -439,8 +479,14 @@ pub struct ReconnectArgs {
 pub struct InboxView {
     /// The messages, oldest first.
     messages: Vec<MessageView>,
-    /// How many more wait (call again to read them).
+    /// How many more wait (call again to read them): what is addressed to you comes first.
     remaining: usize,
+    /// Of those, how many by kind.
+    left: super::inbox::Left,
+    /// The messages of this answer that belong to a thread, by thread (cotal_thread reads
+    /// one whole).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    threads: BTreeMap<String, Vec<String>>,
     /// Whether this was a peek (nothing consumed).
     peeked: bool,
     /// Live channel messages dropped because too many waited unread, per channel (read them
@@ -457,6 +503,45 @@ pub struct InboxView {
     /// messages that waited for you; ask again shortly).
     #[serde(skip_serializing_if = "Option::is_none")]
     starting: Option<String>,
+}
+
+impl InboxView {
+    /// A page of `messages`, grouped by thread where that fits the page.
+    fn page(
+        messages: Vec<MessageView>,
+        notices: Vec<String>,
+        remaining: usize,
+        left: super::inbox::Left,
+        starting: Option<String>,
+        peeked: bool,
+    ) -> InboxView {
+        let mut threads: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for m in &messages {
+            if let Some(thread) = &m.thread {
+                threads
+                    .entry(thread.clone())
+                    .or_default()
+                    .push(m.id.clone());
+            }
+        }
+        let mut view = InboxView {
+            messages,
+            remaining,
+            left,
+            threads,
+            peeked,
+            overflow: BTreeMap::new(),
+            notices,
+            ack_errors: Vec::new(),
+            starting,
+        };
+        // The grouping repeats ids: it goes when it would take the page past its bound (each
+        // message still names its thread).
+        if page::json_len(&view) + page::ENVELOPE_SLACK > page::PAGE_BYTES {
+            view.threads.clear();
+        }
+        view
+    }
 }
 
 /// One peer in the roster.
@@ -550,6 +635,26 @@ pub struct MembershipView {
     /// History messages put in your inbox.
     #[serde(skip_serializing_if = "Option::is_none")]
     history_in_inbox: Option<usize>,
+}
+
+/// What cotal_thread returns.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ThreadView {
+    /// The thread's id.
+    thread: String,
+    /// Where this page starts in the thread (call again with start = start + the messages
+    /// returned to read on).
+    start: usize,
+    /// The messages, in the order they were sent. A text larger than a page is cut (its
+    /// text_part says which bytes); the whole came in your inbox.
+    messages: Vec<MessageView>,
+    /// How many messages of the thread follow this page.
+    more: usize,
+    /// Channels whose history could not be read, and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    unread_history: Vec<String>,
+    /// Where the thread was read from.
+    scope: String,
 }
 
 /// What cotal_history returns.
@@ -839,47 +944,45 @@ impl CotalServer {
                 .wait(Duration::from_secs(wait.min(WAIT_MAX)))
                 .await;
         }
+        let budget = page::PAGE_BYTES - page::ENVELOPE_SLACK;
+        let fit = |d: &Delivery, from, room| page::fit(self.view_delivery(d), from, room, budget);
         if args.peek {
-            let (messages, notices, waiting) =
-                self.inbox.peek(limit, |d| self.view_delivery(d)).await;
-            return Ok(Json(InboxView {
-                remaining: waiting - messages.len(),
-                messages,
-                peeked: true,
-                overflow: BTreeMap::new(),
-                notices,
-                ack_errors: Vec::new(),
-                starting,
-            }));
+            let (messages, notices, remaining, left) = self.inbox.peek(limit, budget, fit).await;
+            return Ok(Json(InboxView::page(
+                messages, notices, remaining, left, starting, true,
+            )));
         }
-        let taken = self.inbox.take(limit).await;
-        let mut messages = Vec::with_capacity(taken.deliveries.len());
+        let taken = self.inbox.take(limit, budget, fit).await;
         let mut ack_errors = Vec::new();
+        let read_all = !taken.deliveries.is_empty() && taken.remaining == 0;
         for delivery in taken.deliveries {
-            messages.push(self.view_delivery(&delivery));
-            let id = delivery.message.id.clone();
+            let id: String = delivery.message.id.chars().take(SHORT_ID * 3).collect();
             // Acknowledged once it is in the answer (§8), and only then.
             if let Err(e) = delivery.ack().await {
                 ack_errors.push(format!("{id}: {}", crate::ops::error_text(&e)));
             }
         }
+        if ack_errors.len() > ACK_ERRORS_SHOWN {
+            let more = ack_errors.len() - ACK_ERRORS_SHOWN;
+            ack_errors.truncate(ACK_ERRORS_SHOWN);
+            ack_errors.push(format!("and {more} more"));
+        }
         // Everything given is read: a next session replays the live channels only after now.
         // A call that read nothing moves no mark (and asks the broker nothing).
-        if !messages.is_empty()
-            && taken.remaining == 0
-            && let Err(e) = self.client.mark_read().await
-        {
+        if read_all && let Err(e) = self.client.mark_read().await {
             tracing::debug!(error = %e, "replay mark not recorded");
         }
-        Ok(Json(InboxView {
-            messages,
-            remaining: taken.remaining,
-            peeked: false,
-            overflow: taken.overflow,
-            notices: taken.notices,
-            ack_errors,
+        let mut view = InboxView::page(
+            taken.views,
+            taken.notices,
+            taken.remaining,
+            taken.left,
             starting,
-        }))
+            false,
+        );
+        view.overflow = taken.overflow;
+        view.ack_errors = ack_errors;
+        Ok(Json(view))
     }
 
     /// Who is in the space: name, id, role, status (idle/working/waiting/offline), what they
@@ -1038,9 +1141,88 @@ impl CotalServer {
             .history(&channel, limit)
             .await
             .map_err(|e| wording::other_error(&e))?;
+        for m in &messages {
+            self.threads.record(m);
+        }
         Ok(Json(HistoryView {
             channel: channel.as_str().to_owned(),
             messages: messages.iter().map(|m| self.view_message(m)).collect(),
+        }))
+    }
+
+    /// A conversation in the order it was written: the message with this id and every reply
+    /// in its thread (by reply_to and context_id), or a thread id as messages show it. Read
+    /// from what this session received and sent and from the history of the channels the
+    /// thread ran on. Returns at most limit messages from start (a page, never over 64 KB);
+    /// more says how many follow.
+    #[tool(name = "cotal_thread")]
+    async fn thread(
+        &self,
+        Parameters(args): Parameters<ThreadArgs>,
+    ) -> Result<Json<ThreadView>, String> {
+        let thread = self.threads.resolve(&args.id);
+        // The channels the thread ran on: their history holds what came before this session.
+        let mut channels: Vec<String> = self
+            .threads
+            .messages(&thread)
+            .iter()
+            .filter_map(|m| match &m.routing {
+                Routing::Channel(c) => Some(c.clone()),
+                _ => None,
+            })
+            .collect();
+        channels.sort_unstable();
+        channels.dedup();
+        let mut unread = Vec::new();
+        for name in channels.iter().take(THREAD_CHANNELS) {
+            let Ok(channel) = Channel::new(name) else {
+                continue;
+            };
+            if !self.grants.may_read(&channel) {
+                continue;
+            }
+            match self.client.history(&channel, THREAD_HISTORY).await {
+                Ok(messages) => messages.iter().for_each(|m| self.threads.record(m)),
+                Err(e) => unread.push(format!("#{name}: {}", wording::other_error(&e))),
+            }
+        }
+        let all = self.threads.messages(&thread);
+        if all.is_empty() {
+            return Err(wording::refusal(
+                &format!("no message of thread {} is known to this session", args.id),
+                "Fix: pass a message id as cotal_inbox or cotal_history show it, or the \
+                 thread a message names.",
+            ));
+        }
+        let start = args.start.unwrap_or(0).min(all.len());
+        let limit = args.limit.unwrap_or(THREAD_DEFAULT).clamp(1, THREAD_MAX);
+        let budget = page::PAGE_BYTES - page::ENVELOPE_SLACK;
+        let mut used = 0;
+        let mut messages = Vec::new();
+        for m in all.iter().skip(start).take(limit) {
+            let Some(fitted) = page::fit(self.view_message(m), 0, budget - used, budget) else {
+                break;
+            };
+            let cut = fitted.text_to.is_some();
+            if cut && !messages.is_empty() {
+                break;
+            }
+            used += fitted.bytes;
+            messages.push(fitted.view);
+            if cut {
+                break;
+            }
+        }
+        Ok(Json(ThreadView {
+            more: all.len() - start - messages.len(),
+            thread,
+            start,
+            messages,
+            unread_history: unread,
+            scope: "what this session received, sent and read with cotal_history, and the \
+                    history of the thread's channels; DMs from before this session are not \
+                    included"
+                .to_owned(),
         }))
     }
 

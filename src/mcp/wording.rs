@@ -19,7 +19,8 @@ How to work here:
 many messages wait.
 2. Read with cotal_inbox. Pass wait (seconds) to block until something new arrives when you \
 have nothing else to do. What cotal_inbox returns is acknowledged and will not come again; \
-peek looks without consuming. An answer that says \"starting\" may miss messages that waited \
+peek looks without consuming. DMs and tasks for your role come first, then mentions, then the \
+rest; one answer stays under 64 KB and says what is left. An answer that says \"starting\" may miss messages that waited \
 for you: ask again shortly.
 3. Post with cotal_send (a channel), cotal_dm (one peer, by name or id) or cotal_anycast (a \
 role: one of its holders gets it). Answer a message with reply_to set to its id. Mention \
@@ -30,7 +31,8 @@ others know whether to wait for you.
 cotal_channel_info) and follow them.
 
 cotal_roster shows who is present, cotal_join/cotal_leave change your channels, cotal_history \
-reads a channel's recent messages, cotal_persona describes you to others, cotal_channel_mode \
+reads a channel's recent messages, cotal_thread reads a conversation (replies and their \
+thread), cotal_persona describes you to others, cotal_channel_mode \
 quiets or mutes a channel for you, cotal_reconnect shows or renews the connection.";
 
 /// A refused send, DM or anycast, with the fix.

@@ -18,6 +18,7 @@ mod layering;
 mod leaf;
 mod mcp;
 mod packaging;
+mod pages;
 mod raw;
 mod receipts;
 mod space;

@@ -76,7 +76,7 @@ pub(crate) async fn initialize<H: ClientHandler>(
 }
 
 /// Calls a tool; the raw result (which may be a tool error).
-async fn call_raw(agent: &Agent, tool: &str, args: Value) -> CallToolResult {
+pub(crate) async fn call_raw(agent: &Agent, tool: &str, args: Value) -> CallToolResult {
     let Value::Object(args) = args else {
         panic!("arguments are an object")
     };
@@ -115,7 +115,10 @@ pub(crate) async fn refusal(agent: &Agent, tool: &str, args: Value) -> String {
 
 /// Reads the inbox (what waits, then blocking up to 30 s per call for what is new) until a
 /// message satisfying `pred` comes; returns it and every message read on the way.
-async fn inbox_until(agent: &Agent, pred: impl Fn(&Value) -> bool) -> (Value, Vec<Value>) {
+pub(crate) async fn inbox_until(
+    agent: &Agent,
+    pred: impl Fn(&Value) -> bool,
+) -> (Value, Vec<Value>) {
     let mut read = Vec::new();
     let found = tokio::time::timeout(TIMEOUT, async {
         let mut args = json!({});
@@ -204,7 +207,7 @@ async fn a_wait_ends_only_with(
         .collect()
 }
 
-fn text(m: &Value) -> &str {
+pub(crate) fn text(m: &Value) -> &str {
     m["text"].as_str().unwrap()
 }
 
@@ -224,6 +227,7 @@ const TOOLS: &[&str] = &[
     "cotal_roster",
     "cotal_send",
     "cotal_status",
+    "cotal_thread",
 ];
 
 #[tokio::test]
