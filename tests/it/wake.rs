@@ -176,7 +176,8 @@ async fn an_idle_agent_is_woken_once_per_dm_and_once_for_a_burst() {
         (&meta["mentions"], &meta["count"]),
         (&json!("1"), &json!("1"))
     );
-    assert_eq!(read(&b).await, ["nothing for bob", "@bob have a look"]);
+    // The mention comes first: what is addressed to the agent before what it overhears.
+    assert_eq!(read(&b).await, ["@bob have a look", "nothing for bob"]);
     call(
         &b,
         "cotal_channel_mode",
