@@ -148,7 +148,17 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
     let names = SpaceNames::new(subjects.space().as_str());
     let (state_tx, state) = watch::channel(ConnectionState::Connected);
     let (violations, _) = broadcast::channel::<Violation>(256);
-    let nats = dial_space(&opts, &creds, &claims, &id, state_tx, violations.clone()).await?;
+    let health: Arc<super::health::Health> = Arc::default();
+    let nats = dial_space(
+        &opts,
+        &creds,
+        &claims,
+        &id,
+        state_tx,
+        violations.clone(),
+        health.clone(),
+    )
+    .await?;
     let js = async_nats::jetstream::new(nats.clone());
 
     let mut card = AgentCard::new(
@@ -198,6 +208,7 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
         joined: tokio::sync::Mutex::new(Default::default()),
         history: tokio::sync::Mutex::new(()),
         marked: Default::default(),
+        health,
         grants: claims.permissions.clone(),
         tasks: Mutex::new(Vec::new()),
         roster,
@@ -278,6 +289,7 @@ async fn dial_space(
     id: &InstanceId,
     state_tx: watch::Sender<ConnectionState>,
     events_tx: broadcast::Sender<Violation>,
+    health: Arc<super::health::Health>,
 ) -> Result<async_nats::Client, ClientError> {
     let server = opts.link.server_url();
     let connect_failed = |e: DialError| ClientError::Connect {
@@ -296,24 +308,37 @@ async fn dial_space(
     .event_callback(move |event| {
         let state_tx = state_tx.clone();
         let events_tx = events_tx.clone();
+        let health = health.clone();
+        let connected = *state_tx.borrow() == ConnectionState::Connected;
         async move {
-            match event {
-                async_nats::Event::Connected => {
-                    let _ = state_tx.send(ConnectionState::Connected);
-                }
-                async_nats::Event::Disconnected => {
-                    let _ = state_tx.send(ConnectionState::Reconnecting);
-                }
-                async_nats::Event::Closed => {
-                    let _ = state_tx.send(ConnectionState::Disconnected);
-                }
+            let state = match event {
+                async_nats::Event::Connected => Some(ConnectionState::Connected),
+                async_nats::Event::Disconnected => Some(ConnectionState::Reconnecting),
+                async_nats::Event::Closed => Some(ConnectionState::Disconnected),
                 async_nats::Event::ServerError(async_nats::ServerError::Other(text)) => {
                     if let Some(v) = Violation::parse(&text) {
                         tracing::debug!(verb = %v.verb, subject = %v.subject, "permission violation");
                         let _ = events_tx.send(v);
                     }
+                    health.error(format!("the server said: {text}"), connected);
+                    None
                 }
-                other => tracing::debug!(event = %other, "connection event"),
+                async_nats::Event::ServerError(other) => {
+                    health.error(format!("the server said: {other}"), connected);
+                    None
+                }
+                async_nats::Event::ClientError(e) => {
+                    health.error(format!("the connection failed: {e}"), connected);
+                    None
+                }
+                other => {
+                    tracing::debug!(event = %other, "connection event");
+                    None
+                }
+            };
+            if let Some(state) = state {
+                health.changed(state);
+                let _ = state_tx.send(state);
             }
         }
     });

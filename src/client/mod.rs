@@ -22,6 +22,7 @@ mod catch_up;
 mod channels;
 mod connect;
 pub mod deliver;
+mod health;
 pub mod join;
 pub mod presence;
 mod transient;
@@ -46,6 +47,7 @@ pub use crate::dial::{DialError, dial, nats_options};
 pub use channels::ChannelInfo;
 pub use connect::{ConnectOptions, Connection, DEFAULT_PAIR_WAIT};
 pub use deliver::{Anomaly, Deliveries, Delivery, Notice};
+pub use health::{DurableWaiting, HealthReport};
 pub use join::{ChannelRegistry, DurableState, JoinError, JoinReport, Replay};
 pub use presence::{Declared, Peer, ResolveError, Roster};
 
@@ -490,6 +492,8 @@ pub(crate) struct Inner {
     pub(crate) ack_batcher: Mutex<Option<(CancellationToken, tokio::task::JoinHandle<()>)>>,
     /// The backlog found at connect, source by source, until it is surfaced.
     pub(crate) catch_up: catch_up::CatchUp,
+    /// What the connection went through.
+    pub(crate) health: Arc<health::Health>,
 }
 
 /// A connected endpoint.
@@ -652,10 +656,14 @@ impl Client {
             }
         };
         let refused = refused_publish(&mut violations, &subject);
-        tokio::select! {
-            ack = publish => Ok(ack?.sequence),
+        let sent = tokio::select! {
+            ack = publish => ack.map(|ack| ack.sequence),
             () = refused => Err(ClientError::PublishRefused { subject }),
+        };
+        if let Err(e) = &sent {
+            self.met_error(format!("a send failed: {}", crate::ops::error_text(e)));
         }
+        sent
     }
 
     /// Drops the connection to the broker and reconnects at once (subscriptions, consumers and

@@ -238,6 +238,16 @@ impl Inbox {
         self.state.lock().await.waiting.len()
     }
 
+    /// When the oldest waiting copy was sent (its `ts`, epoch milliseconds).
+    pub async fn oldest_sent(&self) -> Option<f64> {
+        let state = self.state.lock().await;
+        state
+            .waiting
+            .iter()
+            .filter_map(|w| w.delivery.message.ts.as_f64())
+            .min_by(f64::total_cmp)
+    }
+
     /// Records something to report at the next read.
     pub async fn notice(&self, text: String) {
         push_notice(&mut *self.state.lock().await, text);

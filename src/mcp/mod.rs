@@ -340,19 +340,27 @@ impl CotalServer {
         if ready {
             return None;
         }
+        self.started_now()
+    }
+
+    /// What is still under way in the session's start, as of now; `None` once it is done.
+    pub(super) fn started_now(&self) -> Option<String> {
         let now = *self.start.borrow();
         Some(match now {
+            Start::Ready => return None,
             Start::Joining { done, of } => format!(
-                "still joining the channels of your link ({done} of {of} done): what waits for                  you may not all be here yet; ask again shortly"
+                "still joining the channels of your link ({done} of {of} done): what waits for \
+                 you may not all be here yet; ask again shortly"
             ),
-            _ => {
+            Start::Receiving => {
                 let what = self.client.catching_up();
                 let what = match what.is_empty() {
                     true => "what waited for you".to_owned(),
                     false => what.join(", "),
                 };
                 format!(
-                    "still receiving {what} from the broker: not all of it is here yet; ask                      again shortly"
+                    "still receiving {what} from the broker: not all of it is here yet; ask \
+                     again shortly"
                 )
             }
         })

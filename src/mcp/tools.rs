@@ -711,6 +711,62 @@ pub struct ConnectionView {
     reconnected: bool,
 }
 
+/// What cotal_connection returns.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct HealthView {
+    /// ready, starting, degraded, reconnecting or disconnected.
+    state: String,
+    /// Why it is not ready (empty when it is).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    reasons: Vec<String>,
+    /// Seconds since the connection state last changed (absent: not since this session
+    /// connected).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    state_for_s: Option<u64>,
+    /// How many times the connection was lost in this session.
+    lost: u64,
+    /// The last error met: how many seconds ago, and what.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_error: Option<ErrorView>,
+    /// Messages waiting in your inbox (cotal_inbox reads them).
+    inbox_waiting: usize,
+    /// Seconds since the oldest of them was sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    oldest_waiting_s: Option<u64>,
+    /// What waits for you at the broker, by durable.
+    at_broker: Vec<BrokerWaitingView>,
+    /// Durables the broker did not describe, and why (their counts are unknown).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    at_broker_unknown: Vec<String>,
+    /// Messages this connection sent and received (every protocol message).
+    sent: u64,
+    /// See sent.
+    received: u64,
+}
+
+/// An error the connection met.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ErrorView {
+    /// How many seconds ago.
+    ago_s: u64,
+    /// What it was.
+    what: String,
+}
+
+/// What waits at the broker on one of your durables.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct BrokerWaitingView {
+    /// What the durable carries.
+    what: String,
+    /// Copies not yet handed to you.
+    not_yet_delivered: u64,
+    /// Copies handed to you and not yet acknowledged (in your inbox, or on their way).
+    unacknowledged: usize,
+    /// Seconds since a copy was last handed to you (absent: never).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_delivered_s: Option<u64>,
+}
+
 /// Who you are.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct YouView {
@@ -1343,6 +1399,56 @@ impl CotalServer {
                     description: s.description,
                 })
                 .collect(),
+        }))
+    }
+
+    /// Whether you are cut off or simply unanswered: the connection's state (ready, starting,
+    /// degraded, reconnecting, disconnected) and why it is not ready, the last error, what
+    /// waits in your inbox (and since when) and what waits for you at the broker.
+    #[tool(name = "cotal_connection")]
+    async fn connection(&self) -> Result<Json<HealthView>, String> {
+        let health = self.client.health();
+        let (waiting, unknown) = self.client.durables_waiting().await;
+        let starting = self.started_now();
+        let ago = |t: std::time::SystemTime| t.elapsed().map_or(0, |d| d.as_secs());
+        let mut reasons: Vec<String> = starting.iter().cloned().collect();
+        reasons.extend(health.troubles(&waiting));
+        reasons.extend(unknown.iter().map(|u| format!("unknown: {u}")));
+        let state = match health.state {
+            ConnectionState::Reconnecting => "reconnecting",
+            ConnectionState::Disconnected => "disconnected",
+            ConnectionState::Connected if starting.is_some() => "starting",
+            ConnectionState::Connected if !reasons.is_empty() => "degraded",
+            ConnectionState::Connected => "ready",
+        };
+        let now_ms = crate::protocol::EpochMillis::now().as_f64().unwrap_or(0.0);
+        Ok(Json(HealthView {
+            state: state.to_owned(),
+            reasons,
+            state_for_s: health.since.map(ago),
+            lost: health.lost,
+            last_error: health.last_error.map(|(at, what)| ErrorView {
+                ago_s: ago(at),
+                what,
+            }),
+            inbox_waiting: self.inbox.waiting().await,
+            oldest_waiting_s: self
+                .inbox
+                .oldest_sent()
+                .await
+                .map(|ts| ((now_ms - ts).max(0.0) / 1000.0) as u64),
+            at_broker: waiting
+                .into_iter()
+                .map(|d| BrokerWaitingView {
+                    what: d.what.to_owned(),
+                    not_yet_delivered: d.pending,
+                    unacknowledged: d.unacknowledged,
+                    last_delivered_s: d.last_delivered.map(ago),
+                })
+                .collect(),
+            at_broker_unknown: unknown,
+            sent: health.sent,
+            received: health.received,
         }))
     }
 

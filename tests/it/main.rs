@@ -8,6 +8,7 @@ mod bench;
 mod cli;
 mod client;
 mod cluster;
+mod connection;
 mod dashboard;
 mod durable;
 mod fairness;

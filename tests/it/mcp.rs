@@ -216,6 +216,7 @@ const TOOLS: &[&str] = &[
     "cotal_channel_info",
     "cotal_channel_mode",
     "cotal_channels",
+    "cotal_connection",
     "cotal_dm",
     "cotal_history",
     "cotal_inbox",
