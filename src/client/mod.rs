@@ -746,12 +746,20 @@ impl Client {
     /// `ctl.manager`): durable members and how many are away, live subscribers, whether a
     /// DM's target is online, a role's holders online.
     pub async fn receipt(&self, routing: &Routing) -> Result<ops::Receipt, ClientError> {
-        let to = match routing {
-            Routing::Channel(c) => ops::ReceiptFor::Channel(c.clone()),
-            Routing::To(id) => ops::ReceiptFor::To(id.clone()),
-            Routing::ToService(role) => ops::ReceiptFor::Role(role.clone()),
-        };
+        let to = ops::ReceiptFor::of(routing);
         self.manager(&ops::Request::Receipt(to)).await
+    }
+
+    /// Whether the message this client sent to `routing`, stored at `sequence`, was
+    /// acknowledged by its reader (see [`ops::ReadReceipt`]).
+    pub async fn read_receipt(
+        &self,
+        routing: &Routing,
+        sequence: u64,
+    ) -> Result<ops::ReadReceipt, ClientError> {
+        let to = ops::ReceiptFor::of(routing);
+        self.manager(&ops::Request::Read(ops::ReadFor { to, sequence }))
+            .await
     }
 
     /// An operation of the appliance's manager (`ctl.manager`, §7; the ops are listed in

@@ -92,6 +92,13 @@ impl Roster {
         self.peers.lock().ok()?.get(id).cloned()
     }
 
+    /// The display name of instance `id`, from its presence or as known without it.
+    pub fn name_of(&self, id: &str) -> Option<String> {
+        self.peer(id)
+            .map(|p| p.presence.card.name)
+            .or_else(|| self.known.lock().ok()?.get(id).cloned())
+    }
+
     /// True while the connection is down or the roster is being read again, and while our own
     /// heartbeat has not come back for `ECHO_WINDOW`: the view is old, not the peers dead.
     pub fn is_stale(&self) -> bool {

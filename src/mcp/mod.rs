@@ -23,6 +23,7 @@
 
 pub mod inbox;
 mod page;
+mod sent;
 mod thread;
 mod tools;
 pub mod wake;
@@ -166,6 +167,8 @@ pub struct CotalServer {
     prefs: Arc<wake::Prefs>,
     /// The conversations this session saw.
     threads: Arc<thread::Threads>,
+    /// What this session sent.
+    sent: Arc<sent::SentLog>,
     /// Whether `cotal_orientation` already gave this session the guide.
     guided: Arc<std::sync::atomic::AtomicBool>,
     tool_router: rmcp::handler::server::router::tool::ToolRouter<CotalServer>,
@@ -228,6 +231,7 @@ pub async fn serve_stdio(
         host,
         prefs,
         threads,
+        sent: Arc::default(),
         guided: Arc::default(),
         tool_router: CotalServer::tool_router(),
     };

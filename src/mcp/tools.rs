@@ -34,6 +34,11 @@ const THREAD_MAX: usize = 200;
 /// How many of a thread's channels `cotal_thread` reads the history of, and how far back.
 const THREAD_CHANNELS: usize = 4;
 const THREAD_HISTORY: usize = 500;
+/// How many characters of a sent message's text cotal_receipts shows.
+const PREVIEW_CHARS: usize = 80;
+/// How many sent messages cotal_receipts reports unless told otherwise, and at most.
+const RECEIPTS_DEFAULT: usize = 10;
+const RECEIPTS_MAX: usize = 50;
 /// How long a name lookup waits for the roster's first read.
 const ROSTER_LOAD: Duration = Duration::from_secs(5);
 
@@ -204,6 +209,15 @@ impl CotalServer {
             .await
             .map_err(|e| wording::send_error(&message.routing, &e, &self.grants))?;
         self.threads.record(&message);
+        self.sent.record(super::sent::Outgoing {
+            id: message.id.clone(),
+            routing: message.routing.clone(),
+            sequence,
+            preview: text_of(&message.parts)
+                .chars()
+                .take(PREVIEW_CHARS)
+                .collect(),
+        });
         let receipt = self.client.receipt(&message.routing).await;
         Ok(Json(Sent {
             id: message.id,
@@ -332,6 +346,17 @@ pub struct ThreadArgs {
     #[serde(default)]
     start: Option<usize>,
     /// The most messages to return (default 50, at most 200).
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// Arguments of cotal_receipts.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+pub struct ReceiptsArgs {
+    /// One message you sent, by id; without it, your most recent sends.
+    #[serde(default)]
+    id: Option<String>,
+    /// How many of your most recent sends (default 10, at most 50).
     #[serde(default)]
     limit: Option<usize>,
 }
@@ -635,6 +660,30 @@ pub struct MembershipView {
     /// History messages put in your inbox.
     #[serde(skip_serializing_if = "Option::is_none")]
     history_in_inbox: Option<usize>,
+}
+
+/// What cotal_receipts returns.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ReceiptsView {
+    /// Your sends, newest first.
+    sent: Vec<ReadView>,
+}
+
+/// Whether one message you sent was read.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ReadView {
+    /// Its id.
+    id: String,
+    /// Where it went: #channel, a DM's target, or a role.
+    to: String,
+    /// The start of its text.
+    text: String,
+    /// Whether it was read, in words.
+    read: String,
+    /// The same as fields (tier; state read/delivered/waiting for a DM or task; due_to and
+    /// read_by_at_least for a durable channel); absent when unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    receipt: Option<Value>,
 }
 
 /// What cotal_thread returns.
@@ -1204,6 +1253,53 @@ impl CotalServer {
             channel: channel.as_str().to_owned(),
             messages: messages.iter().map(|m| self.view_message(m)).collect(),
         }))
+    }
+
+    /// Whether what you sent was read: for each DM, whether the recipient acknowledged it,
+    /// has it, or not yet; for each task, whether a holder took it; for a durable channel,
+    /// how many members acknowledged it (at least). Your most recent sends, or one by id.
+    #[tool(name = "cotal_receipts")]
+    async fn receipts(
+        &self,
+        Parameters(args): Parameters<ReceiptsArgs>,
+    ) -> Result<Json<ReceiptsView>, String> {
+        let limit = args
+            .limit
+            .unwrap_or(RECEIPTS_DEFAULT)
+            .clamp(1, RECEIPTS_MAX);
+        let picked = self.sent.pick(args.id.as_deref(), limit);
+        if let Some(id) = &args.id
+            && picked.is_empty()
+        {
+            return Err(wording::refusal(
+                &format!("this session sent no message {id} it still remembers"),
+                "Fix: pass the id a send returned, or leave id out for your recent sends.",
+            ));
+        }
+        let mut sent = Vec::with_capacity(picked.len());
+        for m in picked {
+            let receipt = self.client.read_receipt(&m.routing, m.sequence).await;
+            let to = match &m.routing {
+                Routing::Channel(c) => format!("#{c}"),
+                Routing::To(id) => self
+                    .client
+                    .roster()
+                    .name_of(id)
+                    .unwrap_or_else(|| id.clone()),
+                Routing::ToService(role) => format!("role {role}"),
+            };
+            sent.push(ReadView {
+                id: m.id,
+                to,
+                text: m.preview,
+                read: match &receipt {
+                    Ok(r) => r.words(),
+                    Err(e) => format!("unknown: {}", wording::other_error(e)),
+                },
+                receipt: receipt.ok().and_then(|r| serde_json::to_value(r).ok()),
+            });
+        }
+        Ok(Json(ReceiptsView { sent }))
     }
 
     /// A conversation in the order it was written: the message with this id and every reply

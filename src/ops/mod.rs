@@ -30,6 +30,7 @@
 //! | `replay-mark` | [`ReplayMark`] | | agents | none (published without a reply) |
 //! | `replay-marks` | — | | agents | channel → stream sequence |
 //! | `receipt` | [`ReceiptFor`] | | agents | [`Receipt`] |
+//! | `read` | [`ReadFor`] | | agents | [`ReadReceipt`] |
 //!
 //! An op a transport does not serve, an unknown op, or arguments of the wrong shape are
 //! refused with `{ok: false, error}` naming the op.
@@ -44,7 +45,7 @@
 pub mod receipt;
 pub mod status;
 
-pub use receipt::{Receipt, ReceiptFor};
+pub use receipt::{ReadFor, ReadReceipt, Receipt, ReceiptFor};
 pub use status::BrokerHealth;
 
 use serde::{Deserialize, Serialize};
@@ -115,6 +116,8 @@ pub enum Request {
     ReplayMarks,
     /// Where a message to a channel, an instance or a role goes now.
     Receipt(ReceiptFor),
+    /// Whether a message the caller sent was acknowledged by its reader.
+    Read(ReadFor),
 }
 
 impl Request {
@@ -139,6 +142,7 @@ impl Request {
         "replay-mark",
         "replay-marks",
         "receipt",
+        "read",
     ];
 
     /// The op name.
@@ -163,6 +167,7 @@ impl Request {
             Request::ReplayMark(_) => "replay-mark",
             Request::ReplayMarks => "replay-marks",
             Request::Receipt(_) => "receipt",
+            Request::Read(_) => "read",
         }
     }
 
@@ -186,7 +191,8 @@ impl Request {
             | Request::BackstopWant(_)
             | Request::ReplayMark(_)
             | Request::ReplayMarks
-            | Request::Receipt(_) => transport == Transport::Control,
+            | Request::Receipt(_)
+            | Request::Read(_) => transport == Transport::Control,
         }
     }
 

@@ -3,6 +3,10 @@
 //! them are away, how many instances are subscribed live, whether a DM's target is online,
 //! how many hold a role and are online. A report for the sender, never an input to delivery
 //! (like §8's membership feed, it is display only).
+//!
+//! `read`: whether a message the caller sent was acknowledged by its reader, from what the
+//! broker already keeps (the reading durable's ack floor and delivered position, §8; the
+//! positions the members registry saved for a durable channel, §7).
 
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +20,18 @@ pub enum ReceiptFor {
     To(String),
     /// A role (anycast).
     Role(String),
+}
+
+impl ReceiptFor {
+    /// Where a message with `routing` goes.
+    pub fn of(routing: &crate::protocol::Routing) -> ReceiptFor {
+        use crate::protocol::Routing;
+        match routing {
+            Routing::Channel(c) => ReceiptFor::Channel(c.clone()),
+            Routing::To(id) => ReceiptFor::To(id.clone()),
+            Routing::ToService(role) => ReceiptFor::Role(role.clone()),
+        }
+    }
 }
 
 /// How a message travels (§4).
@@ -114,6 +130,77 @@ impl Receipt {
     }
 }
 
+/// `read`'s arguments: a message the caller sent, by where it went and the stream sequence
+/// its publish acknowledgement returned.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadFor {
+    /// Where it went.
+    pub to: ReceiptFor,
+    /// Its stream sequence.
+    pub sequence: u64,
+}
+
+/// Where one copy is, as its reading durable says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadState {
+    /// Acknowledged by its reader (a DM read, a task done).
+    Read,
+    /// Handed to a reader and not acknowledged yet.
+    Delivered,
+    /// Not handed to any reader yet.
+    Waiting,
+}
+
+/// `read`'s reply. What the broker could not say is absent (unknown), never guessed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadReceipt {
+    /// How the message travels.
+    pub tier: Tier,
+    /// DM or task: where the copy is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<ReadState>,
+    /// Durable channel: the members it is due to (the sender not counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due_to: Option<u32>,
+    /// Durable channel: of those, how many acknowledged it by their saved positions (saved
+    /// when a member's session ends: a member reading now is counted once it leaves).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_by_at_least: Option<u32>,
+}
+
+impl ReadReceipt {
+    /// Whether it was read, in words.
+    pub fn words(&self) -> String {
+        match (self.tier, self.state) {
+            (Tier::Live, _) => "a live channel keeps no read state".to_owned(),
+            (Tier::Durable, _) => match (self.read_by_at_least, self.due_to) {
+                (Some(read), Some(due)) => format!(
+                    "acknowledged by at least {read} of the {due} durable members it is due to \
+                     (positions are saved when a member's session ends)"
+                ),
+                _ => "which durable members acknowledged it is unknown".to_owned(),
+            },
+            (Tier::Dm, Some(ReadState::Read)) => "read: the recipient acknowledged it".to_owned(),
+            (Tier::Dm, Some(ReadState::Delivered)) => {
+                "delivered to the recipient, not acknowledged yet".to_owned()
+            }
+            (Tier::Dm, Some(ReadState::Waiting)) => {
+                "not delivered yet: it waits for the recipient".to_owned()
+            }
+            (Tier::Task, Some(ReadState::Read)) => {
+                "a holder of the role took it and acknowledged it".to_owned()
+            }
+            (Tier::Task, Some(ReadState::Delivered)) => {
+                "a holder of the role took it, not acknowledged yet".to_owned()
+            }
+            (Tier::Task, Some(ReadState::Waiting)) => "queued: no holder took it yet".to_owned(),
+            (_, None) => "whether it was read is unknown".to_owned(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,5 +259,38 @@ mod tests {
         assert_eq!(json, serde_json::json!({"tier": "live", "live_now": 0}));
         let asked = serde_json::to_value(ReceiptFor::Channel("general".into())).unwrap();
         assert_eq!(asked, serde_json::json!({"channel": "general"}));
+    }
+
+    #[test]
+    fn a_read_receipt_says_where_the_copy_is_and_unknown_is_said() {
+        let dm = |state| ReadReceipt {
+            tier: Tier::Dm,
+            state,
+            due_to: None,
+            read_by_at_least: None,
+        };
+        assert!(dm(Some(ReadState::Read)).words().starts_with("read"));
+        assert!(
+            dm(Some(ReadState::Waiting))
+                .words()
+                .contains("not delivered yet")
+        );
+        assert!(dm(None).words().contains("unknown"));
+        let durable = ReadReceipt {
+            tier: Tier::Durable,
+            state: None,
+            due_to: Some(3),
+            read_by_at_least: Some(1),
+        };
+        assert!(
+            durable
+                .words()
+                .starts_with("acknowledged by at least 1 of the 3")
+        );
+        let json = serde_json::to_value(dm(Some(ReadState::Delivered))).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"tier": "dm", "state": "delivered"})
+        );
     }
 }

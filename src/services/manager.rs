@@ -211,6 +211,7 @@ impl Manager {
             }
             Request::ReplayMarks => json(&self.members.marks(&caller.id).await?),
             Request::Receipt(to) => json(&self.receipts.receipt(&caller, &to).await?),
+            Request::Read(sent) => json(&self.receipts.read(&caller, &sent).await?),
             Request::ChannelsSet(req) => json(&self.channels_set(&caller, req).await?),
             Request::ChannelsRm(req) => json(&self.channels_rm(&caller, req).await?),
             other => {

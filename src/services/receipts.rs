@@ -7,6 +7,14 @@
 //!
 //! The caller may ask only about where it may send: a channel its post ACL covers, an
 //! instance, a role. The answer holds counts, never who.
+//!
+//! Read receipts (`read` on `ctl.manager`) answer for one message the caller sent, named by its
+//! stream sequence: the stored message must be the caller's, on the subject it names (a
+//! sequence is not a way to learn about another's messages). A DM or task is placed against
+//! the reading durable's ack floor and delivered position (§8); a durable-channel message
+//! against the positions the members registry saved (§7), a lower bound while members read.
+//! A message no longer stored (a DM pair the warden trimmed once read, an entry past
+//! retention) cannot be checked: it is read when the floor passed it, else unknown.
 
 use std::sync::Arc;
 
@@ -15,8 +23,9 @@ use tokio::sync::OnceCell;
 use super::ServiceError;
 use super::membership::{BrokerView, live_subscriptions};
 use super::presence::PresenceView;
-use crate::ops::receipt::Tier;
-use crate::ops::{CredentialProfile, IdentityRecord, Receipt, ReceiptFor};
+use crate::binding::{dm_durable, svc_durable};
+use crate::ops::receipt::{ReadState, Tier};
+use crate::ops::{CredentialProfile, IdentityRecord, ReadFor, ReadReceipt, Receipt, ReceiptFor};
 use crate::protocol::{Channel, ChannelPattern, DeliveryClass, is_covered};
 use crate::space::members::Members;
 use crate::space::{Identities, Space, SpaceError};
@@ -128,6 +137,112 @@ impl Receipts {
             }
         }
         Ok(receipt)
+    }
+
+    /// Whether the message `sent` names, which `caller` sent, was acknowledged by its reader.
+    pub async fn read(
+        &self,
+        caller: &IdentityRecord,
+        sent: &ReadFor,
+    ) -> Result<ReadReceipt, ReceiptError> {
+        let names = self.space.names();
+        let mut receipt = ReadReceipt {
+            tier: Tier::Dm,
+            state: None,
+            due_to: None,
+            read_by_at_least: None,
+        };
+        let (stream, target) = match &sent.to {
+            ReceiptFor::Channel(name) => {
+                let effective = self.space.effective_config(name).await?;
+                if effective.delivery_class == DeliveryClass::Live {
+                    receipt.tier = Tier::Live;
+                    return Ok(receipt);
+                }
+                receipt.tier = Tier::Durable;
+                (names.chat_stream(), name.as_str())
+            }
+            ReceiptFor::To(target) => (names.dm_stream(), target.as_str()),
+            ReceiptFor::Role(role) => {
+                receipt.tier = Tier::Task;
+                (names.task_stream(), role.as_str())
+            }
+        };
+        let stored = self.senders_message(&stream, sent.sequence).await;
+        match &stored {
+            Some((sender, to)) if sender != &caller.id || to != target => {
+                return Err(ReceiptError::Refused(format!(
+                    "message {} is not one you sent there",
+                    sent.sequence
+                )));
+            }
+            _ => {}
+        }
+        let durable = match &sent.to {
+            ReceiptFor::Channel(name) => {
+                let due: Vec<_> = self
+                    .members
+                    .all()
+                    .into_iter()
+                    .filter(|r| r.channel == *name && r.member != caller.id)
+                    .filter_map(|r| {
+                        r.intervals
+                            .iter()
+                            .find(|i| i.contains(sent.sequence))
+                            .cloned()
+                    })
+                    .collect();
+                if stored.is_some() {
+                    receipt.due_to = Some(due.len() as u32);
+                    receipt.read_by_at_least =
+                        Some(due.iter().filter(|i| i.delivered >= sent.sequence).count() as u32);
+                }
+                return Ok(receipt);
+            }
+            ReceiptFor::To(target) => dm_durable(target),
+            ReceiptFor::Role(role) => svc_durable(role),
+        };
+        let Ok(info) = self.consumer_info(&stream, &durable).await else {
+            return Ok(receipt);
+        };
+        receipt.state = if info.ack_floor.stream_sequence >= sent.sequence {
+            Some(ReadState::Read)
+        } else if stored.is_none() {
+            None
+        } else if info.delivered.stream_sequence >= sent.sequence {
+            Some(ReadState::Delivered)
+        } else {
+            Some(ReadState::Waiting)
+        };
+        Ok(receipt)
+    }
+
+    /// The sender and route target (the channel, the target instance or the role) of the
+    /// message stored at `sequence` in `stream`; `None` when it is not stored (any more).
+    async fn senders_message(&self, stream: &str, sequence: u64) -> Option<(String, String)> {
+        let stream = self
+            .space
+            .jetstream()
+            .get_stream_no_info(stream)
+            .await
+            .ok()?;
+        let stored = stream.get_raw_message(sequence).await.ok()?;
+        let parsed = crate::protocol::parse_subject(&stored.subject).ok()?;
+        Some((parsed.sender.to_owned(), parsed.rest.to_owned()))
+    }
+
+    async fn consumer_info(
+        &self,
+        stream: &str,
+        durable: &str,
+    ) -> Result<async_nats::jetstream::consumer::Info, Box<dyn std::error::Error + Send + Sync>>
+    {
+        let mut consumer: async_nats::jetstream::consumer::PullConsumer = self
+            .space
+            .jetstream()
+            .get_consumer_from_stream(durable, stream)
+            .await?;
+        Ok(consumer.info().await?.clone())
     }
 
     /// Whether `id` is online by the liveness rule (§6).

@@ -224,6 +224,7 @@ const TOOLS: &[&str] = &[
     "cotal_leave",
     "cotal_orientation",
     "cotal_persona",
+    "cotal_receipts",
     "cotal_reconnect",
     "cotal_roster",
     "cotal_send",
