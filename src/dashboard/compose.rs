@@ -65,8 +65,20 @@ pub enum Refused {
     NotSent(String),
 }
 
-/// Sends what `req` says with `observer`'s voice; the page to go back to.
-pub async fn send(observer: &Observer, form: Form, req: &Request) -> Result<String, Refused> {
+/// A message the person sent.
+pub struct Posted {
+    /// The page to go back to.
+    pub back: String,
+    /// The message's id.
+    pub id: String,
+    /// Where it went.
+    pub routing: Routing,
+    /// Its stream sequence.
+    pub sequence: u64,
+}
+
+/// Sends what `req` says with `observer`'s voice.
+pub async fn send(observer: &Observer, form: Form, req: &Request) -> Result<Posted, Refused> {
     let text = req
         .field("text")
         .map(str::trim)
@@ -133,7 +145,7 @@ pub async fn send(observer: &Observer, form: Form, req: &Request) -> Result<Stri
         message.reply_to = optional(req, "reply_to");
         message.context_id = optional(req, "context_id");
     }
-    voice
+    let sequence = voice
         .publish(&message)
         .await
         .map_err(|e| Refused::NotSent(crate::ops::error_text(&e)))?;
@@ -143,7 +155,12 @@ pub async fn send(observer: &Observer, form: Form, req: &Request) -> Result<Stri
         form = ?form,
         "sent from the dashboard"
     );
-    Ok(back)
+    Ok(Posted {
+        back,
+        id: message.id,
+        routing: message.routing,
+        sequence,
+    })
 }
 
 fn required<'a>(req: &'a Request, field: &'static str) -> Result<&'a str, Refused> {

@@ -394,7 +394,23 @@ impl Site {
     /// A form sent, then back to the page it came from; or the reason it was not.
     async fn compose(&self, observer: &Observer, form: Form, req: &Request) -> Response {
         match compose::send(observer, form, req).await {
-            Ok(back) => Response::see_other(back),
+            Ok(posted) => {
+                let receipt = match observer.voice.receipt(&posted.routing).await {
+                    Ok(r) => r.words(),
+                    Err(e) => format!("where it went is unknown: {}", crate::ops::error_text(&e)),
+                };
+                observer.person.sent(person::Sent {
+                    id: posted.id.clone(),
+                    sequence: posted.sequence,
+                    receipt,
+                });
+                let join = if posted.back.contains('?') { '&' } else { '?' };
+                Response::see_other(format!(
+                    "{}{join}sent={}",
+                    posted.back,
+                    http::encode(&posted.id)
+                ))
+            }
             Err(refused) => {
                 let status = match refused {
                     compose::Refused::NotSent(_) => 502,
@@ -439,7 +455,11 @@ impl Site {
                 format!("<h1>Channels of {}</h1>", pages::esc(&o.space)),
             ),
         };
-        let body = head + &pages::live(&live_url, &body);
+        let banner = match &part {
+            Part::Roster(o) | Part::Direct(o) | Part::Channels(o) => sent_banner(o, req),
+            Part::Index | Part::Health => String::new(),
+        };
+        let body = head + &banner + &pages::live(&live_url, &body);
         Response::html(200, pages::layout(&title, &self.spaces(), here, &body))
     }
 
@@ -468,6 +488,7 @@ impl Site {
                     me,
                     o.person.unread(&o.voice).await,
                     &o.person.kept(),
+                    &o.person.read_states(&o.voice).await,
                     &mentions,
                 )
             }
@@ -519,8 +540,9 @@ impl Site {
             reply.map(|r| r.as_ref()),
         );
         let body = format!(
-            "<h1>Feed of {}</h1>{}",
+            "<h1>Feed of {}</h1>{}{}",
             pages::esc(&observer.space),
+            sent_banner(observer, req),
             pages::feed(&observer.space, channel, &names, &kept, last, &form)
         );
         Response::html(
@@ -542,6 +564,15 @@ impl Site {
         );
         pages::health(&state, varz.ok().as_ref(), jsz.ok().as_ref())
     }
+}
+
+/// What the page says of the message the person just sent (`?sent=<id>`): its receipt, as
+/// taken when it was sent.
+fn sent_banner(observer: &Observer, req: &Request) -> String {
+    req.param("sent")
+        .and_then(|id| observer.person.receipt(id))
+        .map(|receipt| pages::sent(&receipt))
+        .unwrap_or_default()
 }
 
 /// The roster's instances with their status by the liveness rule (§6): the present first,

@@ -242,6 +242,7 @@ pub fn direct(
     me: &str,
     unread: Option<u64>,
     dms: &[std::sync::Arc<super::person::DirectItem>],
+    read: &std::collections::HashMap<String, String>,
     mentions: &[&FeedItem],
 ) -> String {
     let s = encode(space);
@@ -270,8 +271,13 @@ pub fn direct(
             .iter()
             .rev()
             .map(|d| match d.incoming {
-                true => direct_entry(&d.message, "dm in", ""),
-                false => direct_entry(&d.message, "dm out", "→ "),
+                true => direct_entry(&d.message, "dm in", "", ""),
+                false => {
+                    let state = read.get(&d.message.id).map_or(String::new(), |words| {
+                        format!(r#"<p class="read">{}</p>"#, esc(words))
+                    });
+                    direct_entry(&d.message, "dm out", "→ ", &state)
+                }
             })
             .collect();
         let _ = write!(
@@ -294,11 +300,17 @@ pub fn direct(
     )
 }
 
-/// One message of the direct page, `place` (HTML) before its sender.
-fn direct_entry(m: &CotalMessage, class: &str, place: &str) -> String {
+/// What a page says of the message the person just sent: where it went.
+pub fn sent(receipt: &str) -> String {
+    format!(r#"<p class="receipt">Sent: {}</p>"#, esc(receipt))
+}
+
+/// One message of the direct page, `place` (HTML) before its sender, `after` (HTML) after
+/// its parts.
+fn direct_entry(m: &CotalMessage, class: &str, place: &str, after: &str) -> String {
     let (datetime, time) = when(m);
     format!(
-        r#"<li class="msg {class}"><div class="meta">{place}<span class="from">{from}</span> {sender} <time datetime="{datetime}">{time}</time></div>{parts}</li>"#,
+        r#"<li class="msg {class}"><div class="meta">{place}<span class="from">{from}</span> {sender} <time datetime="{datetime}">{time}</time></div>{parts}{after}</li>"#,
         from = esc(&m.from.name),
         sender = short_id(&m.from.id),
         parts = parts_html(m),
@@ -313,13 +325,13 @@ fn needs_you(dms: &[std::sync::Arc<super::person::DirectItem>], mentions: &[&Fee
         .filter(|d| d.incoming)
         .map(|d| {
             let ts = d.message.ts.as_u64().unwrap_or(0);
-            (ts, direct_entry(&d.message, "dm in", "DM "))
+            (ts, direct_entry(&d.message, "dm in", "DM ", ""))
         })
         .collect();
     needs.extend(mentions.iter().map(|i| {
         let place = format!(r#"<span class="chan">#{}</span> "#, esc(&i.channel));
         let ts = i.message.ts.as_u64().unwrap_or(0);
-        (ts, direct_entry(&i.message, "mention", &place))
+        (ts, direct_entry(&i.message, "mention", &place, ""))
     }));
     needs.sort_by_key(|n| std::cmp::Reverse(n.0));
     needs.into_iter().take(50).map(|(_, html)| html).collect()

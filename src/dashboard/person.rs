@@ -6,8 +6,12 @@
 //! shows those conversations without consuming them: the last [`KEEP`] DMs to and from the
 //! person, read from the DM stream when the dashboard starts, then as they arrive on the
 //! voice's own subscriptions. Each is checked as a delivery (§5) before it is kept.
+//!
+//! What the person sends from the dashboard is remembered with its receipt (where it went,
+//! said on the page the form returns to) and its stream sequence, by which the direct page
+//! asks whether each DM was read (`read` on `ctl.manager`, from the recipient's ack floor).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
@@ -15,11 +19,14 @@ use futures_util::StreamExt;
 
 use crate::binding::frame::accept_delivery;
 use crate::client::Client;
-use crate::protocol::{CotalMessage, DeliveryKind};
+use crate::protocol::{CotalMessage, DeliveryKind, InstanceId, Routing};
 use crate::services::ServiceError;
 
-/// How many DMs to and from the person are kept.
+/// How many DMs to and from the person are kept, and how many sends remembered.
 pub const KEEP: usize = 200;
+
+/// How many of the newest DMs the person sent the direct page asks about.
+const READ_ASKED: usize = 20;
 
 /// One DM to or from the person.
 #[derive(Debug)]
@@ -30,7 +37,23 @@ pub struct DirectItem {
     pub peer: String,
     /// The message.
     pub message: CotalMessage,
+    /// Its stream sequence, when known (read from the stream, or sent from the dashboard).
+    pub sequence: Option<u64>,
 }
+
+/// What the person sent from the dashboard.
+#[derive(Debug, Clone)]
+pub struct Sent {
+    /// The message's id.
+    pub id: String,
+    /// Its stream sequence.
+    pub sequence: u64,
+    /// Where it went, in words (the receipt at sending).
+    pub receipt: String,
+}
+
+/// A DM the recipient read, as the direct page says it.
+const READ: &str = "read: the recipient acknowledged it";
 
 /// The person's DMs.
 pub struct Person {
@@ -45,11 +68,22 @@ struct Kept {
     items: VecDeque<Arc<DirectItem>>,
     /// (sender, id) of every kept message: a DM read from history and seen live is kept once.
     seen: HashSet<(String, String)>,
+    /// What the person sent from the dashboard, oldest first.
+    sent: VecDeque<Sent>,
+    /// The DMs the person sent that their recipient read, by id (asked no more).
+    read: HashSet<String>,
 }
 
 impl Kept {
     /// Keeps a DM, once; returns whether it was new.
-    fn keep(&mut self, me: &str, subject: &str, msg: &async_nats::Message, max: usize) -> bool {
+    fn keep(
+        &mut self,
+        me: &str,
+        subject: &str,
+        msg: &async_nats::Message,
+        sequence: Option<u64>,
+        max: usize,
+    ) -> bool {
         let Ok(accepted) =
             accept_delivery(subject, msg.headers.as_ref(), msg.status, &msg.payload, max)
         else {
@@ -78,6 +112,7 @@ impl Kept {
             incoming,
             peer,
             message: accepted.message,
+            sequence,
         }));
         true
     }
@@ -119,9 +154,11 @@ impl Person {
                 let Some(Ok(msg)) = messages.next().await else {
                     break;
                 };
-                pending = msg.info().map_or(0, |i| i.pending);
+                let info = msg.info().ok();
+                pending = info.as_ref().map_or(0, |i| i.pending);
+                let sequence = info.map(|i| i.stream_sequence);
                 let mut k = kept.lock().unwrap_or_else(|e| e.into_inner());
-                k.keep(&me, msg.subject.as_str(), &msg.message, max);
+                k.keep(&me, msg.subject.as_str(), &msg.message, sequence, max);
             }
             Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
         };
@@ -149,6 +186,80 @@ impl Person {
         Some(info.num_pending + info.num_ack_pending as u64)
     }
 
+    /// Remembers what the person sent from the dashboard.
+    pub fn sent(&self, sent: Sent) {
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.sent.len() == KEEP {
+            kept.sent.pop_front();
+        }
+        kept.sent.push_back(sent);
+    }
+
+    /// The receipt of what the person sent with `id` from the dashboard, if remembered.
+    pub fn receipt(&self, id: &str) -> Option<String> {
+        let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        kept.sent
+            .iter()
+            .find(|s| s.id == id)
+            .map(|s| s.receipt.clone())
+    }
+
+    /// Whether each of the newest DMs the person sent (at most [`READ_ASKED`]) was read, in
+    /// words, by message id; a DM whose stream sequence is unknown (seen only live, sent
+    /// elsewhere) is left out. A DM once read is not asked about again.
+    pub async fn read_states(&self, voice: &Client) -> HashMap<String, String> {
+        let asked: Vec<(String, String, u64)> = {
+            let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+            let sequence_of = |d: &DirectItem| {
+                d.sequence.or_else(|| {
+                    kept.sent
+                        .iter()
+                        .find(|s| s.id == d.message.id)
+                        .map(|s| s.sequence)
+                })
+            };
+            kept.items
+                .iter()
+                .rev()
+                .filter(|d| !d.incoming)
+                .filter_map(|d| Some((d.message.id.clone(), d.peer.clone(), sequence_of(d)?)))
+                .take(READ_ASKED)
+                .collect()
+        };
+        let mut states = HashMap::new();
+        for (id, peer, sequence) in asked {
+            if self.was_read(&id) {
+                states.insert(id, READ.to_owned());
+                continue;
+            }
+            let Ok(target) = peer.parse::<InstanceId>() else {
+                continue;
+            };
+            let words = match voice.read_receipt(&Routing::to(&target), sequence).await {
+                Ok(r) if r.state == Some(crate::ops::receipt::ReadState::Read) => {
+                    let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+                    if kept.read.len() >= 4 * KEEP {
+                        kept.read.clear();
+                    }
+                    kept.read.insert(id.clone());
+                    READ.to_owned()
+                }
+                Ok(r) => r.words(),
+                Err(e) => format!(
+                    "whether it was read is unknown: {}",
+                    crate::ops::error_text(&e)
+                ),
+            };
+            states.insert(id, words);
+        }
+        states
+    }
+
+    fn was_read(&self, id: &str) -> bool {
+        let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        kept.read.contains(id)
+    }
+
     /// The kept DMs, oldest first.
     pub fn kept(&self) -> Vec<Arc<DirectItem>> {
         let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
@@ -171,6 +282,6 @@ async fn follow(
 ) {
     while let Some(msg) = live.next().await {
         let mut k = kept.lock().unwrap_or_else(|e| e.into_inner());
-        k.keep(&me, msg.subject.as_str(), &msg, max);
+        k.keep(&me, msg.subject.as_str(), &msg, None, max);
     }
 }

@@ -34,7 +34,8 @@ cotal_roster shows who is present, cotal_join/cotal_leave change your channels, 
 reads a channel's recent messages, cotal_thread reads a conversation (replies and their \
 thread), cotal_persona describes you to others, cotal_channel_mode \
 quiets or mutes a channel for you, cotal_connection says whether you are cut off or only \
-unanswered, cotal_receipts whether what you sent was read, cotal_reconnect renews the connection.";
+unanswered, cotal_receipts whether what you sent was read, cotal_reconnect renews the \
+connection.";
 
 /// A refused send, DM or anycast, with the fix.
 pub fn send_error(routing: &Routing, e: &ClientError, grants: &Grants) -> String {

@@ -10,7 +10,7 @@ use cotald::protocol::{Channel, CotalMessage, InstanceId, Part, Routing};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::helper::{Cotald, TIMEOUT, cotald_in, delivery, endpoint, mint};
+use crate::helper::{Cotald, TIMEOUT, cotald_in, delivery, endpoint, eventually, mint};
 
 /// One answer: status, header fields (names lower case), body.
 struct Answer {
@@ -729,11 +729,17 @@ async fn forms_need_the_cookie_the_anti_forgery_field_and_this_origin() {
         )
         .await;
     assert_eq!(sent.status, 303, "{}", sent.body);
+    let got = delivery(&mut a.deliveries).await;
     assert_eq!(
         sent.header("location"),
-        Some("/spaces/main/feed?channel=general")
+        Some(format!("/spaces/main/feed?channel=general&sent={}", got.message.id).as_str())
     );
-    let got = delivery(&mut a.deliveries).await;
+    // The feed it returns to says where the post went.
+    let back = site.page(sent.header("location").unwrap()).await;
+    assert!(
+        back.contains(r#"<p class="receipt">Sent: "#) && back.contains("received it live"),
+        "{back}"
+    );
     assert_eq!(got.message.from.name, "local-operator");
     assert_eq!(got.message.mentions, ["alice"]);
     match &got.message.parts[0] {
@@ -815,10 +821,32 @@ async fn the_person_sees_an_agents_answer_on_the_direct_page_live() {
         )
         .await;
     assert_eq!(dm.status, 303, "{}", dm.body);
-    assert_eq!(dm.header("location"), Some("/spaces/main/direct"));
     let asked = delivery(&mut a.deliveries).await;
     assert_eq!(asked.message.from.name, "local-operator");
+    // Back on the direct page, which says where the DM went.
+    assert_eq!(
+        dm.header("location"),
+        Some(format!("/spaces/main/direct?sent={}", asked.message.id).as_str())
+    );
+    let back = site.page(dm.header("location").unwrap()).await;
+    assert!(
+        back.contains(r#"<p class="receipt">Sent: stored in alice"#)
+            && back.contains("alice is online"),
+        "{back}"
+    );
+    // Delivered, then read once alice acknowledged it.
+    let unread = site.page("/spaces/main/direct").await;
+    assert!(
+        unread.contains(r#"<p class="read">delivered to the recipient, not acknowledged yet</p>"#),
+        "{unread}"
+    );
     asked.ack().await.unwrap();
+    eventually("the DM read on the direct page", || async {
+        let page = site.page("/spaces/main/direct").await;
+        page.contains(r#"<p class="read">read: the recipient acknowledged it</p>"#)
+            .then_some(())
+    })
+    .await;
     live.until("can you review #1?").await;
 
     // The agent answers the person by name, as a person would be addressed.
