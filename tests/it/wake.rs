@@ -1,5 +1,6 @@
 //! An idle agent woken through its host's push when something is addressed to it: Claude
-//! Code's channel event (`notifications/claude/channel`) once per DM it then reads, one wake
+//! Code's channel event (`notifications/claude/channel`) once per DM (sent from a second MCP
+//! session) it then reads, one wake
 //! for a burst, a DM that came before the host was initialized still announced once it is, and
 //! the inbox resource said updated to a host that subscribed to it.
 
@@ -108,16 +109,16 @@ async fn an_idle_agent_is_woken_once_per_dm_and_once_for_a_burst() {
     call(&b, "cotal_orientation", json!({})).await;
     let mut updates = 0;
 
-    // 100 DMs, one at a time: each wakes the idle agent, which reads it.
+    // 100 DMs from a second MCP session, one at a time: each wakes the idle agent, which
+    // reads it. Timed from just before the send was asked for (an upper bound on publish →
+    // wake).
+    let a = crate::mcp::agent(&alice).await;
+    let bob_id = InstanceId::from_user_nkey(&bob.id).unwrap();
     let mut latencies = Vec::new();
     for i in 0..100 {
         let text = format!("dm {i}");
         let sent = Instant::now();
-        sender
-            .client
-            .send_text(to_bob.clone(), &text)
-            .await
-            .unwrap();
+        call(&a, "cotal_dm", json!({"to": bob_id.as_str(), "text": text})).await;
         let (at, content, meta) = next_wake(&mut told, &mut updates, TIMEOUT)
             .await
             .unwrap_or_else(|| panic!("no wake for {text}"));
@@ -191,6 +192,7 @@ async fn an_idle_agent_is_woken_once_per_dm_and_once_for_a_burst() {
     assert!(content.contains("1 message in #general"), "{content}");
     assert_eq!(read(&b).await, ["news for everyone"]);
     b.cancel().await.unwrap();
+    a.cancel().await.unwrap();
     sender.client.close().await;
     c.stop().await;
 }
