@@ -149,16 +149,12 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
     let (state_tx, state) = watch::channel(ConnectionState::Connected);
     let (violations, _) = broadcast::channel::<Violation>(256);
     let health: Arc<super::health::Health> = Arc::default();
-    let nats = dial_space(
-        &opts,
-        &creds,
-        &claims,
-        &id,
-        state_tx,
-        violations.clone(),
-        health.clone(),
-    )
-    .await?;
+    let events = Events {
+        state: state_tx,
+        violations: violations.clone(),
+        health: health.clone(),
+    };
+    let nats = dial_space(&opts, &creds, &claims, &id, events).await?;
     let js = async_nats::jetstream::new(nats.clone());
 
     let mut card = AgentCard::new(
@@ -182,19 +178,7 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
             &names.presence_bucket(),
             id.as_str(),
         ));
-    let may_read = |stream: &str, durable: &str| {
-        grants.may_publish(&format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"))
-    };
-    let bind_dm = opts.receive_dms && may_read(&names.dm_stream(), &dm_durable(id.as_str()));
-    if let Some(role) = &opts.role {
-        let svc = svc_durable(role);
-        if !may_read(&names.task_stream(), &svc) {
-            return Err(ClientError::RoleNotGranted {
-                role: role.clone(),
-                durable: svc,
-            });
-        }
-    }
+    let bind_dm = durables_granted(&opts, grants, &names, &id)?;
     let inner = Arc::new(Inner {
         nats,
         js,
@@ -234,6 +218,37 @@ pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
         return Err(e);
     }
     Ok(Connection { client, deliveries })
+}
+
+/// Whether the DM durable is to be bound (wanted and granted); refused when the role asked
+/// for is not the credential's to read (Appendix B).
+fn durables_granted(
+    opts: &ConnectOptions,
+    grants: &crate::binding::UserPermissions,
+    names: &SpaceNames,
+    id: &InstanceId,
+) -> Result<bool, ClientError> {
+    let may_read = |stream: &str, durable: &str| {
+        grants.may_publish(&format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"))
+    };
+    if let Some(role) = &opts.role {
+        let svc = svc_durable(role);
+        if !may_read(&names.task_stream(), &svc) {
+            return Err(ClientError::RoleNotGranted {
+                role: role.clone(),
+                durable: svc,
+            });
+        }
+    }
+    Ok(opts.receive_dms && may_read(&names.dm_stream(), &dm_durable(id.as_str())))
+}
+
+/// Where the connection's events go: its state, the permission violations the server
+/// reports, and the health record.
+struct Events {
+    state: watch::Sender<ConnectionState>,
+    violations: broadcast::Sender<Violation>,
+    health: Arc<super::health::Health>,
 }
 
 /// What a credential must be before it is dialled: whole, not spliced, of the expected
@@ -287,9 +302,7 @@ async fn dial_space(
     creds: &Creds,
     claims: &crate::binding::UserClaims,
     id: &InstanceId,
-    state_tx: watch::Sender<ConnectionState>,
-    events_tx: broadcast::Sender<Violation>,
-    health: Arc<super::health::Health>,
+    events: Events,
 ) -> Result<async_nats::Client, ClientError> {
     let server = opts.link.server_url();
     let connect_failed = |e: DialError| ClientError::Connect {
@@ -306,9 +319,9 @@ async fn dial_space(
     .custom_inbox_prefix(id.inbox_prefix())
     .reconnect_delay_callback(reconnect_delay(opts.link.host().is_loopback()))
     .event_callback(move |event| {
-        let state_tx = state_tx.clone();
-        let events_tx = events_tx.clone();
-        let health = health.clone();
+        let state_tx = events.state.clone();
+        let events_tx = events.violations.clone();
+        let health = events.health.clone();
         let connected = *state_tx.borrow() == ConnectionState::Connected;
         async move {
             let state = match event {

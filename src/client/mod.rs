@@ -575,7 +575,17 @@ impl Client {
     /// Publishes a message built by the caller (e.g. with `reply_to` or `context_id` set) on
     /// the subject its routing names, as [`Client::send`] does; returns the stream sequence.
     /// Its `from` must be [`Client::endpoint`]: the broker only accepts our own sender token.
+    /// A failure is recorded as the connection's last error ([`Client::health`]).
     pub async fn publish(&self, message: &CotalMessage) -> Result<u64, ClientError> {
+        let sent = self.publish_once(message).await;
+        if let Err(e) = &sent {
+            self.met_error(format!("a send failed: {}", crate::ops::error_text(e)));
+        }
+        sent
+    }
+
+    /// [`Client::publish`], unrecorded.
+    async fn publish_once(&self, message: &CotalMessage) -> Result<u64, ClientError> {
         let me = self.inner.id.as_str();
         let subject = match &message.routing {
             Routing::Channel(channel) => {
@@ -656,14 +666,10 @@ impl Client {
             }
         };
         let refused = refused_publish(&mut violations, &subject);
-        let sent = tokio::select! {
-            ack = publish => ack.map(|ack| ack.sequence),
+        tokio::select! {
+            ack = publish => Ok(ack?.sequence),
             () = refused => Err(ClientError::PublishRefused { subject }),
-        };
-        if let Err(e) = &sent {
-            self.met_error(format!("a send failed: {}", crate::ops::error_text(e)));
         }
-        sent
     }
 
     /// Drops the connection to the broker and reconnects at once (subscriptions, consumers and

@@ -112,24 +112,7 @@ pub async fn send(observer: &Observer, form: Form, req: &Request) -> Result<Post
             if role.is_empty() || role.contains(['.', '*', '>', ' ']) {
                 return Err(Refused::Invalid(role.to_owned(), "role"));
             }
-            let mut held: Vec<String> = observer
-                .identities
-                .active()
-                .into_iter()
-                .filter_map(|r| r.role)
-                .collect();
-            held.sort();
-            held.dedup();
-            if !held.iter().any(|h| h == role) {
-                return Err(Refused::NoRole {
-                    role: role.to_owned(),
-                    held: if held.is_empty() {
-                        "none".to_owned()
-                    } else {
-                        held.join(", ")
-                    },
-                });
-            }
+            held(observer, role)?;
             (Routing::to_service(role), format!("/spaces/{space}/roster"))
         }
     };
@@ -160,6 +143,29 @@ pub async fn send(observer: &Observer, form: Form, req: &Request) -> Result<Post
         id: message.id,
         routing: message.routing,
         sequence,
+    })
+}
+
+/// Refuses a task for `role` when no identity of the space holds it (the warden would
+/// discard it), naming the roles held.
+fn held(observer: &Observer, role: &str) -> Result<(), Refused> {
+    let mut held: Vec<String> = observer
+        .identities
+        .active()
+        .into_iter()
+        .filter_map(|r| r.role)
+        .collect();
+    held.sort();
+    held.dedup();
+    if held.iter().any(|h| h == role) {
+        return Ok(());
+    }
+    Err(Refused::NoRole {
+        role: role.to_owned(),
+        held: match held.is_empty() {
+            true => "none".to_owned(),
+            false => held.join(", "),
+        },
     })
 }
 

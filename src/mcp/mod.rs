@@ -197,26 +197,7 @@ pub async fn serve_stdio(
         every_message: Default::default(),
     });
     let threads: Arc<thread::Threads> = Arc::default();
-    let inbox = {
-        let (host, prefs, client) = (host.clone(), prefs.clone(), conn.client.clone());
-        let threads = threads.clone();
-        Inbox::start(
-            conn.deliveries,
-            prefs.me.clone(),
-            Box::new(move |d| {
-                threads.record(&d.message);
-                // History replayed by a join is not news: only what arrives now is announced.
-                if let Some(peer) = host.peer().filter(|_| !d.historical) {
-                    let peer = peer.clone();
-                    let note = arrival_note(d);
-                    tokio::spawn(async move {
-                        let _ = peer.notify_logging_message(note).await;
-                    });
-                }
-                prefs.reason(d, &client.declared())
-            }),
-        )
-    };
+    let inbox = start_inbox(conn.deliveries, &conn.client, &host, &prefs, &threads);
     tokio::spawn(wake::run(inbox.clone(), host.clone()));
     let (started, start) = tokio::sync::watch::channel(Start::Joining {
         done: 0,
@@ -260,6 +241,34 @@ pub async fn serve_stdio(
     server.inbox.release().await;
     conn.client.close().await;
     result
+}
+
+/// The inbox of the session: every arrival kept for its threads, announced to the host (a
+/// log notification; history replayed by a join is not news) and weighed for a wake.
+fn start_inbox(
+    deliveries: crate::client::Deliveries,
+    client: &Client,
+    host: &Arc<wake::Host>,
+    prefs: &Arc<wake::Prefs>,
+    threads: &Arc<thread::Threads>,
+) -> Arc<Inbox> {
+    let (host, prefs, client) = (host.clone(), prefs.clone(), client.clone());
+    let threads = threads.clone();
+    Inbox::start(
+        deliveries,
+        prefs.me.clone(),
+        Box::new(move |d| {
+            threads.record(&d.message);
+            if let Some(peer) = host.peer().filter(|_| !d.historical) {
+                let peer = peer.clone();
+                let note = arrival_note(d);
+                tokio::spawn(async move {
+                    let _ = peer.notify_logging_message(note).await;
+                });
+            }
+            prefs.reason(d, &client.declared())
+        }),
+    )
 }
 
 /// The log notification announcing a copy: who, where, and the start of its text.
