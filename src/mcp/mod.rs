@@ -13,19 +13,22 @@
 //! 2026 deprecates logging, but the hosts in use speak the earlier revisions, where it is the
 //! one push a host shows; a host that ignores it loses nothing, the inbox has the message.
 //!
-//! The tools (`cotal_*`, in `tools`) are thin over the client; their descriptions teach an
-//! agent when to use each (`wording::GUIDE` is the overview). Errors are tool errors (the
+//! The tools (`cotal_*`, in `tools`, their arguments in `args` and results in `views`) are
+//! thin over the client; their descriptions teach an agent when to use each
+//! (`wording::GUIDE` is the overview). Errors are tool errors (the
 //! agent sees them and can act) worded as refusals with the fix. Each channel with a
 //! description or instructions is also a resource (`cotal://channel/<name>`), for hosts that
 //! put resources before the agent.
 
 #![allow(deprecated)] // MCP logging: see the module doc.
 
+mod args;
 pub mod inbox;
 mod page;
 mod sent;
 mod thread;
 mod tools;
+mod views;
 pub mod wake;
 mod wording;
 
@@ -214,7 +217,10 @@ pub async fn serve_stdio(
         threads,
         sent: Arc::default(),
         guided: Arc::default(),
-        tool_router: CotalServer::tool_router(),
+        tool_router: CotalServer::tool_router()
+            + CotalServer::space_router()
+            + CotalServer::follow_up_router()
+            + CotalServer::you_router(),
     };
     server.start(boot, started);
     let result = async {

@@ -10,7 +10,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use super::inbox::Fitted;
-use super::tools::MessageView;
+use super::views::MessageView;
 
 /// The most bytes of JSON one answer carries.
 pub const PAGE_BYTES: usize = 64 * 1024;
