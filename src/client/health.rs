@@ -82,8 +82,8 @@ pub const STALLED: Duration = Duration::from_secs(30);
 
 impl HealthReport {
     /// What is wrong while connected, in words: an error met since the connection was last
-    /// made and less than [`RECENT_ERROR`] ago, and each durable whose copies wait at the
-    /// broker while none was handed over for [`STALLED`] and none is in hand. Empty: nothing
+    /// made and less than `RECENT_ERROR` ago, and each durable whose copies wait at the
+    /// broker while none was handed over for `STALLED` and none is in hand. Empty: nothing
     /// known to be wrong.
     pub fn troubles(&self, durables: &[DurableWaiting]) -> Vec<String> {
         let ago = |t: SystemTime| t.elapsed().unwrap_or_default();

@@ -317,7 +317,7 @@ impl Inbox {
         }
     }
 
-    /// Takes a page (see [`choose`]: at most `limit` copies in `budget` bytes less what the
+    /// Takes a page (chosen by `choose`: at most `limit` copies in `budget` bytes less what the
     /// notices and overflow take, each shown by `fit(copy, text_from, room)`), with the overflow and notices since the last read. The
     /// caller acknowledges the copies returned whole; one returned in part stays, and the next
     /// page goes on from where its text was cut.
