@@ -15,9 +15,15 @@ use futures_util::{StreamExt, TryStreamExt};
 use serde_json::json;
 
 use super::{Bench, Better, CaseResult, Minted, SPACE, Sizes, bounded, spread};
+use crate::binding::SpaceNames;
 use crate::client::{Client, Connection, Delivery, DurableState, Replay};
 use crate::protocol::{Channel, CotalMessage, DeliveryKind, InstanceId, Part, Routing};
 use tokio_util::sync::CancellationToken;
+
+/// The names of the bench's space.
+fn names() -> SpaceNames {
+    SpaceNames::new(SPACE)
+}
 
 /// Text length of every message.
 const TEXT_LEN: usize = 256;
@@ -374,7 +380,7 @@ impl LivePair {
         subscriber.client.join(ch, Replay::Off).await?;
         // The raw side: the operator publishes on its own subject of another live channel; a
         // plain core subscription receives.
-        let raw_subject = format!("cotal.{SPACE}.chat.{}.{CH_RAW}", bench.operator.id);
+        let raw_subject = names().post(&bench.operator.id, CH_RAW);
         let raw_payload = payload(&publisher.client, Routing::channel(&channel(CH_RAW)?))?;
         let receiver = bench.raw_as(&bench.operator).await?;
         let raw_sub = receiver.subscribe(raw_subject.clone()).await?;
@@ -688,7 +694,7 @@ async fn dm_case(
         tokio::sync::Mutex::new(bench.connect(&to, |o| o.receive_backstop = false).await?);
     let route = [Routing::to(&InstanceId::from_user_nkey(&to.id)?)];
     let raw_js = jetstream::new(bench.raw.clone());
-    let raw_subject = format!("cotal.{SPACE}.inst.{}.{}", raw_target.id, bench.operator.id);
+    let raw_subject = names().dm(&raw_target.id, &bench.operator.id);
     let raw_payload = payload(
         &sender.client,
         Routing::to(&InstanceId::from_user_nkey(&raw_target.id)?),
@@ -728,7 +734,7 @@ async fn dm_case(
                 js: &raw_js,
                 subject: &raw_subject,
                 payload: &raw_payload,
-                filter: format!("cotal.{SPACE}.inst.{}.*", raw_target.id),
+                filter: names().dms_to(&raw_target.id),
             };
             async move { raw.run(n, pace).await }
         },
@@ -759,7 +765,7 @@ impl RawDms<'_> {
     /// `n` DMs paced as `pace`; the rate until the last is read and acked.
     async fn run(self, n: usize, pace: DmPace) -> anyhow::Result<f64> {
         // A fresh consumer from the next message on: the earlier runs are not read.
-        let stream = self.js.get_stream(format!("DM_{SPACE}")).await?;
+        let stream = self.js.get_stream(names().dm_stream()).await?;
         let name = format!("bench_dm_{}", crate::protocol::new_message_id());
         let consumer = stream
             .create_consumer(pull::Config {
@@ -902,13 +908,13 @@ async fn catch_up(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>
         .mint("bench-returning", json!({"subscribe": [CH_CATCH]}))
         .await?;
     join_and_leave(bench, &returning, CH_CATCH).await?;
-    let consumer = crate::services::backstop::interval_consumer(&returning.id, CH_CATCH, 1);
+    let consumer = crate::binding::interval_consumer(&returning.id, CH_CATCH, 1);
     let raw_js = jetstream::new(bench.raw.clone());
     let route = [Routing::channel(&channel(CH_CATCH)?)];
     // The backlog each side reads: published while the member is away.
     let first = std::cell::Cell::new(0u64);
     let away = || async {
-        let stream = raw_js.get_stream(format!("CHAT_{SPACE}")).await?;
+        let stream = raw_js.get_stream(names().chat_stream()).await?;
         // The member's session ends once the services see it offline.
         bounded("the member's session to end", async {
             while stream.consumer_info(&consumer).await.is_ok() {
@@ -963,12 +969,12 @@ async fn raw_catch_up(bench: &Bench, first: u64, backlog: usize) -> anyhow::Resu
     let start = Instant::now();
     let nats = bench.raw_as(&bench.operator).await?;
     let js = jetstream::new(nats.clone());
-    let stream = js.get_stream(format!("CHAT_{SPACE}")).await?;
+    let stream = js.get_stream(names().chat_stream()).await?;
     let name = format!("bench_catch_{}", first);
     let raw = stream
         .create_consumer(pull::Config {
             name: Some(name.clone()),
-            filter_subject: format!("cotal.{SPACE}.chat.*.{CH_CATCH}"),
+            filter_subject: names().posts_on(CH_CATCH),
             deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
                 start_sequence: first,
             },
@@ -1056,10 +1062,10 @@ async fn replay(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> 
             let nats = bench.raw_as(&bench.operator).await?;
             let js = jetstream::new(nats.clone());
             let start = Instant::now();
-            let stream = js.get_stream(format!("CHAT_{SPACE}")).await?;
+            let stream = js.get_stream(names().chat_stream()).await?;
             let mut messages = stream
                 .create_consumer(pull::OrderedConfig {
-                    filter_subject: format!("cotal.{SPACE}.chat.*.{CH_REPLAY}"),
+                    filter_subject: names().posts_on(CH_REPLAY),
                     ..Default::default()
                 })
                 .await?
@@ -1241,7 +1247,7 @@ async fn backstop_consumers(
     raw: &async_nats::Client,
 ) -> anyhow::Result<Vec<jetstream::consumer::Info>> {
     let js = jetstream::new(raw.clone());
-    let stream = js.get_stream_no_info(format!("CHAT_{SPACE}")).await?;
+    let stream = js.get_stream_no_info(names().chat_stream()).await?;
     let infos: Vec<jetstream::consumer::Info> = stream.consumers().try_collect().await?;
     Ok(infos
         .into_iter()
@@ -1440,7 +1446,7 @@ async fn heartbeats(
     ids: &[InstanceId],
     stop: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
-    let bucket = crate::binding::SpaceNames::new(SPACE).presence_bucket();
+    let bucket = names().presence_bucket();
     let mut beat = tokio::time::interval(crate::protocol::HEARTBEAT_INTERVAL);
     loop {
         tokio::select! {
@@ -1463,7 +1469,7 @@ async fn heartbeats(
                         now,
                     )?;
                     let body = serde_json::to_vec(&record)?;
-                    js.publish(format!("$KV.{bucket}.{}", id.as_str()), body.into())
+                    js.publish(SpaceNames::kv_subject(bucket, id.as_str()), body.into())
                         .await?
                         .await?;
                     anyhow::Ok(())
@@ -1508,7 +1514,7 @@ async fn space(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
     let (observer, state) = roster_watch(bench).await?;
     let roster = observer.client.roster().clone();
     let frontier = jetstream::new(bench.raw.clone())
-        .get_stream(format!("CHAT_{SPACE}"))
+        .get_stream(names().chat_stream())
         .await?
         .info()
         .await?
@@ -1651,10 +1657,7 @@ async fn raw_member(
     let endpoint = crate::protocol::EndpointRef::new(&id, name.clone());
     let subjects = crate::protocol::SpaceSubjects::new(SPACE)?;
     let ctl = subjects.ctl(crate::binding::MANAGER_SERVICE, id.as_str())?;
-    let presence = crate::binding::SpaceNames::kv_subject(
-        &crate::binding::SpaceNames::new(SPACE).presence_bucket(),
-        id.as_str(),
-    );
+    let presence = crate::binding::SpaceNames::kv_subject(&names().presence_bucket(), id.as_str());
     let js = jetstream::new(raw.clone());
     let card = crate::protocol::AgentCard::new(&id, name, crate::protocol::EndpointKind::Agent);
     let beat = move |card: crate::protocol::AgentCard| {

@@ -587,7 +587,7 @@ async fn raw_connect(
     ca: &Path,
 ) -> anyhow::Result<async_nats::Client> {
     let options = async_nats::ConnectOptions::with_credentials(&m.creds)?
-        .custom_inbox_prefix(format!("_INBOX_{}", m.id))
+        .custom_inbox_prefix(crate::binding::system::inbox_prefix(&m.id))
         .add_root_certificates(ca.to_owned())
         .require_tls(true);
     Ok(bounded("raw connect", options.connect(format!("tls://{listen}"))).await??)

@@ -10,9 +10,11 @@ pub mod credential;
 pub mod frame;
 mod names;
 pub mod streams;
+pub mod system;
 
 pub use credential::{Creds, CredsError, Permission, UserClaims, UserPermissions};
 pub use names::{
     API_AUDIT_ADVISORIES, HELD, MANAGER_SERVICE, SpaceNames, backstop_inbox, chat_history_consumer,
-    consumer_deleted_advisories, dm_durable, guard_notice, inbox_of, svc_durable,
+    consumer_deleted_advisories, dm_durable, guard_notice, inbox_of, interval_consumer,
+    mention_consumer, svc_durable,
 };

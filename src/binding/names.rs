@@ -55,6 +55,43 @@ impl SpaceNames {
         format!("cotal.{}.backstop.>", self.space)
     }
 
+    /// What every post's subject begins with: `<P>.chat.` (then the sender, then the
+    /// channel, §3).
+    pub fn chat_prefix(&self) -> String {
+        format!("cotal.{}.chat.", self.space)
+    }
+
+    /// Every post on every channel: `<P>.chat.>`.
+    pub fn all_posts(&self) -> String {
+        format!("cotal.{}.chat.>", self.space)
+    }
+
+    /// What every task's subject begins with: `<P>.svc.` (then the role, then the sender).
+    pub fn task_prefix(&self) -> String {
+        format!("cotal.{}.svc.", self.space)
+    }
+
+    /// A post of `sender` on `channel`: `<P>.chat.<sender>.<channel>` (§3).
+    pub fn post(&self, sender: &str, channel: &str) -> String {
+        format!("cotal.{}.chat.{sender}.{channel}", self.space)
+    }
+
+    /// A DM to `target` from `sender`: `<P>.inst.<target>.<sender>` (§3).
+    pub fn dm(&self, target: &str, sender: &str) -> String {
+        format!("cotal.{}.inst.{target}.{sender}", self.space)
+    }
+
+    /// A task for `role` from `sender`: `<P>.svc.<role>.<sender>` (§3).
+    pub fn task(&self, role: &str, sender: &str) -> String {
+        format!("cotal.{}.svc.{role}.{sender}", self.space)
+    }
+
+    /// The space a subject (or grant) of some space's tree names: `<space>` of
+    /// `cotal.<space>.…`.
+    pub fn space_of(subject: &str) -> Option<&str> {
+        subject.strip_prefix("cotal.")?.split('.').next()
+    }
+
     /// Every post on `channel`, from anyone: `<P>.chat.*.<channel>` (§3).
     pub fn posts_on(&self, channel: &str) -> String {
         format!("cotal.{}.chat.*.{channel}", self.space)
@@ -88,6 +125,21 @@ impl SpaceNames {
     /// The tasks of `sender` for any role: `<P>.svc.*.<sender>`.
     pub fn tasks_from(&self, sender: &str) -> String {
         format!("cotal.{}.svc.*.{sender}", self.space)
+    }
+
+    /// Where the `@mention` copies for `target` are stored: `<P>.backstop.<target>.m`.
+    pub fn mentions_for(&self, target: &str) -> String {
+        format!("cotal.{}.backstop.{target}.m", self.space)
+    }
+
+    /// Every stored copy for `member`: `<P>.backstop.<member>.>`.
+    pub fn mentions_of(&self, member: &str) -> String {
+        format!("cotal.{}.backstop.{member}.>", self.space)
+    }
+
+    /// Every request to the manager, from anyone: `<P>.ctl.manager.*` (§7).
+    pub fn manager_requests(&self) -> String {
+        format!("cotal.{}.ctl.{MANAGER_SERVICE}.*", self.space)
     }
 
     /// Where `id`'s requests reach the manager: `<P>.ctl.manager.<id>` (§7).
@@ -135,6 +187,20 @@ pub fn dm_durable(id: &str) -> String {
 /// `svc_<role>`: a role's anycast durable, shared by every holder of the role (§8).
 pub fn svc_durable(role: &str) -> String {
     format!("svc_{role}")
+}
+
+/// `bk_<member>_<generation>_<first 12 hex of sha256(channel)>`: the trusted reader's
+/// consumer of one membership interval (§7, §8).
+pub fn interval_consumer(member: &str, channel: &str, generation: u64) -> String {
+    use sha2::Digest;
+    let hash = sha2::Sha256::digest(channel.as_bytes());
+    let hex: String = hash.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    format!("bk_{member}_{generation}_{hex}")
+}
+
+/// `bkm_<member>`: the trusted reader's consumer of the member's `@mention` copies.
+pub fn mention_consumer(member: &str) -> String {
+    format!("bkm_{member}")
 }
 
 /// `chathist_<id>`: an instance's transient single-filter history consumer (§8).
@@ -195,5 +261,22 @@ mod tests {
         assert_eq!(dm_durable("UABC"), "dm_UABC");
         assert_eq!(svc_durable("reviewer"), "svc_reviewer");
         assert_eq!(chat_history_consumer("UABC"), "chathist_UABC");
+    }
+
+    #[test]
+    fn consumer_names_are_valid_and_distinct() {
+        let id = "UAQGWOEVJKMIO4WXSYOTLARXYOZTCXFK67JASEH6AFFFYK6FOPSKQCAD";
+        let a = interval_consumer(id, "team.backend", 1);
+        let b = interval_consumer(id, "team.backend", 2);
+        let c = interval_consumer(id, "team_backend", 1);
+        assert_ne!(a, b);
+        assert_ne!(a, c);
+        for name in [&a, &mention_consumer(id)] {
+            assert!(
+                name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
+                "{name}"
+            );
+            assert!(name.len() < 128, "{name}");
+        }
     }
 }

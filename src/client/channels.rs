@@ -133,7 +133,7 @@ impl Client {
             .info_with_subjects(&filter)
             .await
             .map_err(nats_err("read the CHAT stream"))?;
-        let prefix = format!("cotal.{}.chat.", self.space());
+        let prefix = self.inner.names.chat_prefix();
         let mut out: BTreeMap<Channel, (u64, Option<i64>)> = BTreeMap::new();
         while let Some(entry) = subjects.next().await {
             let (subject, count) = entry.map_err(nats_err("read the CHAT stream"))?;
@@ -157,7 +157,7 @@ impl Client {
         if !self
             .inner
             .grants
-            .may_publish(&format!("$JS.API.STREAM.MSG.GET.{chat}"))
+            .may_publish(&crate::binding::system::stream_msg_get(&chat))
         {
             return Ok(out);
         }

@@ -101,8 +101,7 @@ fn granted_space(grants: &crate::binding::UserPermissions) -> Option<String> {
         .allow
         .iter()
         .chain(&grants.subscribe.allow)
-        .filter_map(|s| s.strip_prefix("cotal."))
-        .filter_map(|s| s.split('.').next())
+        .filter_map(|s| SpaceNames::space_of(s))
         .filter(|s| !matches!(*s, "*" | ">"));
     let first = spaces.next()?;
     spaces.all(|s| s == first).then(|| first.to_owned())
@@ -229,7 +228,7 @@ fn durables_granted(
     id: &InstanceId,
 ) -> Result<bool, ClientError> {
     let may_read = |stream: &str, durable: &str| {
-        grants.may_publish(&format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"))
+        grants.may_publish(&crate::binding::system::consumer_next(stream, durable))
     };
     if let Some(role) = &opts.role {
         let svc = svc_durable(role);

@@ -457,11 +457,7 @@ async fn heartbeat(client: &Client) -> Result<(), ClientError> {
 }
 
 async fn put(client: &Client, record: &Presence) -> Result<(), ClientError> {
-    let subject = format!(
-        "$KV.{}.{}",
-        client.inner.names.presence_bucket(),
-        record.key()
-    );
+    let subject = SpaceNames::kv_subject(&client.inner.names.presence_bucket(), record.key());
     let body = serde_json::to_vec(record).map_err(|source| ClientError::Json {
         what: "presence",
         source,

@@ -560,7 +560,7 @@ async fn push_account(
     };
     let reply = tokio::time::timeout(
         Duration::from_secs(10),
-        system.request("$SYS.REQ.CLAIMS.UPDATE", jwt.into()),
+        system.request(crate::binding::system::CLAIMS_UPDATE, jwt.into()),
     )
     .await
     .map_err(|_| refused("no answer within 10s".into()))?

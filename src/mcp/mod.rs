@@ -69,8 +69,7 @@ pub struct Grants {
 impl Grants {
     /// The grants of `permissions` for instance `id` in the space named by `names`.
     pub fn of(permissions: &UserPermissions, names: &SpaceNames, id: &str) -> Grants {
-        let prefix = names.prefix();
-        let chat = format!("{prefix}.chat.");
+        let chat = names.chat_prefix();
         let everything = |p: &crate::binding::Permission| p.is_unrestricted();
         let read = if everything(&permissions.subscribe) {
             vec![">".to_owned()]
@@ -99,11 +98,7 @@ impl Grants {
                 .map(str::to_owned)
                 .collect()
         };
-        let next = format!(
-            "$JS.API.CONSUMER.MSG.NEXT.{}.{}",
-            names.task_stream(),
-            svc_durable("")
-        );
+        let next = crate::binding::system::consumer_next(&names.task_stream(), &svc_durable(""));
         let role = permissions
             .publish
             .allow
@@ -114,8 +109,8 @@ impl Grants {
         Grants {
             read,
             post,
-            dm: permissions.may_publish(&format!("{prefix}.inst.X.{id}")),
-            anycast: permissions.may_publish(&format!("{prefix}.svc.X.{id}")),
+            dm: permissions.may_publish(&names.dm("X", id)),
+            anycast: permissions.may_publish(&names.task("X", id)),
             role,
         }
     }

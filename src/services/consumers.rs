@@ -241,9 +241,7 @@ struct Created {
 /// Reads an API audit advisory: a successful consumer create on one of `buckets`, or nothing.
 fn created_on(payload: &[u8], buckets: &[String; 2]) -> Option<Created> {
     let AuditSubject { subject } = serde_json::from_slice(payload).ok()?;
-    let rest = subject
-        .strip_prefix("$JS.API.CONSUMER.CREATE.")
-        .or_else(|| subject.strip_prefix("$JS.API.CONSUMER.DURABLE.CREATE."))?;
+    let rest = crate::binding::system::consumer_create(&subject)?;
     let stream = rest.split('.').next()?;
     if !buckets.iter().any(|b| b == stream) {
         return None;

@@ -480,7 +480,7 @@ impl Service for Manager {
     }
 
     async fn run(&self, ctx: Context) -> Result<(), ServiceError> {
-        let subject = format!("{}.ctl.{MANAGER_SERVICE}.*", self.space.names().prefix());
+        let subject = self.space.names().manager_requests();
         let mut requests = self
             .space
             .nats()

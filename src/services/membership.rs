@@ -83,7 +83,7 @@ impl BrokerView {
             true,
         )
         .map_err(ServiceError::at("the broker view's credential"))?
-        .custom_inbox_prefix(format!("_INBOX_{id}"))
+        .custom_inbox_prefix(crate::binding::system::inbox_prefix(&id))
         .connect(format!("tls://{}", self.addr))
         .await
         .map_err(ServiceError::at(
@@ -115,7 +115,7 @@ pub async fn live_subscriptions(
         #[serde(default)]
         subscriptions_list: Vec<String>,
     }
-    let subject = format!("$SYS.REQ.ACCOUNT.{}.CONNZ", space.account());
+    let subject = crate::binding::system::account_connz(space.account());
     let body = serde_json::json!({"subscriptions": true, "auth": true, "limit": CONNZ_LIMIT});
     let reply = reader
         .request(subject, body.to_string().into())
@@ -130,7 +130,7 @@ pub async fn live_subscriptions(
             "the broker refused the connection list: {error}"
         )));
     }
-    let chat = format!("{}.chat.*.", space.names().prefix());
+    let chat = space.names().chat_prefix();
     let mut live: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for conn in reply.data.map(|d| d.connections).unwrap_or_default() {
         if InstanceId::from_user_nkey(&conn.authorized_user).is_err() {
@@ -222,11 +222,11 @@ impl Service for MembershipFeed {
         let account = self.space.account();
         let mut events = futures_util::stream::select(
             reader
-                .subscribe(format!("$SYS.ACCOUNT.{account}.CONNECT"))
+                .subscribe(crate::binding::system::account_connects(account))
                 .await
                 .map_err(ServiceError::at("subscribing to connect events"))?,
             reader
-                .subscribe(format!("$SYS.ACCOUNT.{account}.DISCONNECT"))
+                .subscribe(crate::binding::system::account_disconnects(account))
                 .await
                 .map_err(ServiceError::at("subscribing to disconnect events"))?,
         );

@@ -30,7 +30,6 @@ use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
 
-use super::backstop::mention_subject;
 use super::presence::PresenceView;
 use super::{Context, Health, Service, ServiceError};
 use crate::binding::SpaceNames;
@@ -77,7 +76,7 @@ impl Mentions {
                 CONSUMER,
                 pull::Config {
                     durable_name: Some(CONSUMER.to_owned()),
-                    filter_subject: format!("{}.chat.>", self.space.names().prefix()),
+                    filter_subject: self.space.names().all_posts(),
                     // Routing starts with the first start of the router; older messages were
                     // published when nobody promised mention copies.
                     deliver_policy: DeliverPolicy::New,
@@ -222,7 +221,7 @@ impl Mentions {
         self.space
             .jetstream()
             .publish_with_headers(
-                mention_subject(&self.space, target),
+                self.space.names().mentions_for(target),
                 headers,
                 msg.payload.clone(),
             )

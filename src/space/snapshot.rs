@@ -93,7 +93,7 @@ pub async fn snapshot(
     });
     let answer = nats
         .request(
-            format!("$JS.API.STREAM.SNAPSHOT.{stream}"),
+            crate::binding::system::stream_snapshot(stream),
             request.to_string().into(),
         )
         .await
@@ -151,7 +151,7 @@ pub async fn restore(
     let broker = |action| failed(stream, action);
     let answer = nats
         .request(
-            format!("$JS.API.STREAM.RESTORE.{stream}"),
+            crate::binding::system::stream_restore(stream),
             request.to_string().into(),
         )
         .await

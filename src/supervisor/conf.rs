@@ -9,7 +9,7 @@
 //! appliances of a cluster, TLS both ways with the shared CA, every node presenting its server
 //! certificate) and `leafnodes { remotes = [...] }` (each bound space's account joined to a hub
 //! of an existing NATS system, with JetStream, KV and system subjects denied both ways so that
-//! the leaf's store stays its own; see [`LEAF_DENIED`]).
+//! the leaf's store stays its own; see [`LEAF_DENIED`](crate::binding::system::LEAF_DENIED)).
 //!
 //! The broker logs to its stderr: the supervisor keeps the log file, shaped so that no client
 //! can flood it (`log.rs`).
@@ -84,13 +84,6 @@ pub struct LeafRemote {
     pub ca: Option<PathBuf>,
 }
 
-/// Subjects that never cross a leaf connection, in either direction: the JetStream API and its
-/// acks and flow control (the leaf's store is reached only by local clients, in its own domain),
-/// KV operations (presence, registries: a hub user could otherwise write the leaf's buckets), the
-/// system account's requests. What crosses is everything else of the bound account, i.e. the
-/// space's `cotal.<space>.>` traffic and the replies to it.
-pub const LEAF_DENIED: [&str; 6] = ["$JS.>", "$JSC.>", "$KV.>", "$O.>", "$SYS.>", "$NRG.>"];
-
 /// Permissions ride the CONNECT line inside the user JWT: the 4 KiB default would drop the
 /// connection of an agent with a few dozen channel grants, and the number of grants is not
 /// capped. The same limit bounds a PUB's subject, hence the longest line the broker logs for a
@@ -160,7 +153,10 @@ impl ServerConf {
             );
         }
         if !self.leaf_remotes.is_empty() {
-            let denied: Vec<String> = LEAF_DENIED.iter().map(|s| quote(s)).collect();
+            let denied: Vec<String> = crate::binding::system::LEAF_DENIED
+                .iter()
+                .map(|s| quote(s))
+                .collect();
             let denied = denied.join(", ");
             let _ = writeln!(out, "leafnodes: {{\n  remotes: [");
             for remote in &self.leaf_remotes {

@@ -60,7 +60,7 @@ pub mod monitor;
 mod parent_death;
 
 pub use binary::{BUNDLED_SHA256, BUNDLED_VERSION, BrokerBinary};
-pub use conf::{ClusterConf, LEAF_DENIED, LeafRemote, MAX_CONTROL_LINE, ServerConf};
+pub use conf::{ClusterConf, LeafRemote, MAX_CONTROL_LINE, ServerConf};
 pub use log::{BrokerLog, LOG_MAX_FILES, LOG_SIZE_LIMIT, MAX_LINE, MAX_QUOTED, REFUSALS_SHOWN};
 
 use std::collections::VecDeque;

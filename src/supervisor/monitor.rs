@@ -93,7 +93,7 @@ impl Monitor {
         timeout: Duration,
     ) -> Result<Value, AskError> {
         let id = self.nats.server_info().server_id;
-        let subject = format!("$SYS.REQ.SERVER.{id}.{what}");
+        let subject = crate::binding::system::server_request(&id, what);
         let request = self.nats.request(subject, options.to_string().into());
         let reply = tokio::time::timeout(timeout, request)
             .await

@@ -5,9 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
+use cotald::binding::interval_consumer;
 use cotald::client::{Connection, DurableState, Replay};
 use cotald::protocol::{Channel, Routing};
-use cotald::services::backstop::interval_consumer;
 use serde_json::json;
 
 use crate::helper::{
@@ -651,7 +651,7 @@ async fn a_mention_on_a_live_channel_reaches_an_offline_authorized_target_once()
     drained_on(
         &js,
         "INBOX_main",
-        &cotald::services::backstop::mention_consumer(&bob.id),
+        &cotald::binding::mention_consumer(&bob.id),
     )
     .await;
     for conn in [a, b, d1, d2, op] {

@@ -679,7 +679,7 @@ async fn a_message_too_large_to_hand_over_is_refused_or_dropped_not_redelivered_
     assert_eq!(text(&d), "after the big one");
     d.ack().await.unwrap();
     let chat = op_js.get_stream("CHAT_main").await.unwrap();
-    let consumer = cotald::services::backstop::interval_consumer(&bob.id, "general", 1);
+    let consumer = cotald::binding::interval_consumer(&bob.id, "general", 1);
     // The ack floor moves once the manager has the member's ack: no event says so, so it is
     // read until it passes, within the bound.
     let deadline = Instant::now() + TIMEOUT;

@@ -1,6 +1,9 @@
 //! The map in `src/lib.rs` stays true: its table lists the modules of the library from the
 //! bottom up, and a module may use only the modules above it. Read from the source text: every
-//! `crate::<module>` path and every `use crate::{…}` group outside `#[cfg(test)]` code.
+//! `crate::<module>` path and every `use crate::{…}` group outside a `#[cfg(test)]` module.
+//!
+//! And every NATS subject comes from `binding` (the space's tree and the broker's own
+//! subjects) or `protocol` (the spec's grammar, §3): no subject literal anywhere else.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -34,6 +37,14 @@ fn sources(dir: &Path, found: &mut Vec<PathBuf>) {
             found.push(path);
         }
     }
+}
+
+/// A source file's text up to its `#[cfg(test)]` module (the tests that follow are not the
+/// library).
+fn outside_tests(text: &str) -> &str {
+    text.split("\n#[cfg(test)]\nmod ")
+        .next()
+        .unwrap_or_default()
 }
 
 /// Every module named by a `crate::` path in `text`.
@@ -91,7 +102,7 @@ fn downward_uses(src: &Path) -> Vec<(String, String, String)> {
             continue;
         }
         let text = std::fs::read_to_string(&file).expect("read a source file");
-        let code = text.split("\n#[cfg(test)]").next().unwrap_or_default();
+        let code = outside_tests(&text);
         let own = *rank
             .get(&module)
             .unwrap_or_else(|| panic!("`{module}` is missing from lib.rs's table"));
@@ -147,4 +158,62 @@ fn every_module_uses_only_those_above_it_in_lib_rs_table() {
 fn the_reader_finds_grouped_and_nested_uses() {
     let text = "use crate::{binding::{self, Creds}, ops};\nfn f() { crate::space::Space::new(); }";
     assert_eq!(uses(text), ["binding", "ops", "space"]);
+}
+
+/// What starts a NATS subject in a string literal: the space's tree, the broker's own
+/// namespaces, a reply inbox; and the kinds of §3 in a `format!`.
+const SUBJECT_STARTS: [&str; 5] = ["\"cotal.", "\"$JS.", "\"$SYS.", "\"$KV.", "\"_INBOX_"];
+const SUBJECT_KINDS: [&str; 5] = [".chat.", ".inst.", ".svc.", ".ctl.", ".backstop."];
+
+/// `file:line: text` of every subject literal outside `binding` and `protocol`.
+fn subject_literals(src: &Path) -> Vec<String> {
+    let mut files = Vec::new();
+    sources(src, &mut files);
+    let mut found = Vec::new();
+    for file in files {
+        let relative = file.strip_prefix(src).expect("under src/");
+        if relative.starts_with("binding") || relative.starts_with("protocol") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).expect("read a source file");
+        for (n, line) in outside_tests(&text).lines().enumerate() {
+            let code = line.trim_start();
+            if code.starts_with("//") {
+                continue;
+            }
+            let literal = SUBJECT_STARTS.iter().any(|s| code.contains(s));
+            let formatted =
+                code.contains("format!(\"") && SUBJECT_KINDS.iter().any(|k| code.contains(k));
+            if literal || formatted {
+                found.push(format!("src/{}:{}: {code}", relative.display(), n + 1));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn every_subject_comes_from_binding() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let found = subject_literals(&src);
+    assert!(
+        found.is_empty(),
+        "subjects built outside binding (add them to binding::SpaceNames or binding::system):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn a_subject_literal_is_found() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("services")).unwrap();
+    std::fs::write(
+        dir.path().join("services/x.rs"),
+        "fn f(a: &str) -> String {\n    format!(\"$SYS.REQ.ACCOUNT.{a}.CONNZ\")\n}\n\
+         #[cfg(test)]\nmod tests {\n    const T: &str = \"cotal.main.chat.x\";\n}\n",
+    )
+    .unwrap();
+    let found = subject_literals(dir.path());
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].starts_with("src/services/x.rs:2:"), "{found:?}");
 }

@@ -1100,7 +1100,7 @@ async fn a_channel_message_left_unread_comes_again_in_the_next_session() {
     let op = Probe::connect(&c, &tmp.path().join("spaces/main/local-operator.creds")).await;
     let js = async_nats::jetstream::new(op.client.clone());
     let chat = &js.get_stream("CHAT_main").await.unwrap();
-    let consumer = &cotald::services::backstop::interval_consumer(&bob.id, "general", 1);
+    let consumer = &cotald::binding::interval_consumer(&bob.id, "general", 1);
 
     let b = agent(&bob).await;
     notice_until(&b, "joined durable general").await;

@@ -521,7 +521,7 @@ impl Feeds {
             .await
             .map_err(|e| e.to_string())?
             .create_consumer(pull::OrderedConfig {
-                filter_subject: format!("{}.chat.*.{channel}", names.prefix()),
+                filter_subject: names.posts_on(channel),
                 headers_only: true,
                 deliver_policy: DeliverPolicy::ByStartSequence {
                     start_sequence: start,

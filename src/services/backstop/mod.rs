@@ -52,7 +52,6 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
-use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -61,8 +60,8 @@ use self::follow::{Demoted, Feeds, Stopped};
 use super::presence::PresenceView;
 use super::{Context, Health, Service, ServiceError};
 use crate::binding::backlog::Backlog;
-use crate::binding::backstop_inbox;
 use crate::binding::frame::header_rejection;
+use crate::binding::{backstop_inbox, interval_consumer, mention_consumer};
 use crate::ops::status::MemberDelivery;
 use crate::ops::{COPY_SUBJECT, CopyBatch, IdentityRecord};
 use crate::protocol::{
@@ -114,23 +113,6 @@ pub enum BackstopError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-}
-
-/// `bk_<member>_<generation>_<first 12 hex of sha256(channel)>`: one interval's consumer.
-pub fn interval_consumer(member: &str, channel: &str, generation: u64) -> String {
-    let hash = Sha256::digest(channel.as_bytes());
-    let hex: String = hash.iter().take(6).map(|b| format!("{b:02x}")).collect();
-    format!("bk_{member}_{generation}_{hex}")
-}
-
-/// `bkm_<member>`: the member's `@mention` copies.
-pub fn mention_consumer(member: &str) -> String {
-    format!("bkm_{member}")
-}
-
-/// The subject a mention copy for `target` is stored on.
-pub fn mention_subject(space: &Space, target: &str) -> String {
-    format!("{}.backstop.{target}.m", space.names().prefix())
 }
 
 /// The stream sequence a token names, when it is of one of `kinds`: `c` a channel copy from a
@@ -305,7 +287,7 @@ impl Backstop {
         let name = interval_consumer(member, channel, interval.generation);
         let config = pull::Config {
             durable_name: Some(name.clone()),
-            filter_subject: format!("{}.chat.*.{channel}", self.space.names().prefix()),
+            filter_subject: self.space.names().posts_on(channel),
             deliver_policy: DeliverPolicy::ByStartSequence {
                 start_sequence: interval.join_cursor.max(interval.delivered) + 1,
             },
@@ -320,7 +302,7 @@ impl Backstop {
     async fn ensure_mentions(&self, member: &str) -> Result<(), BackstopError> {
         let config = pull::Config {
             durable_name: Some(mention_consumer(member)),
-            filter_subject: format!("{}.backstop.{member}.>", self.space.names().prefix()),
+            filter_subject: self.space.names().mentions_of(member),
             deliver_policy: DeliverPolicy::All,
             ack_policy: AckPolicy::Explicit,
             ack_wait: ACK_WAIT,
@@ -656,10 +638,7 @@ impl Backstop {
             let _ = stream.delete_consumer(&mention_consumer(member)).await;
             let _ = stream
                 .purge()
-                .filter(format!(
-                    "{}.backstop.{member}.>",
-                    self.space.names().prefix()
-                ))
+                .filter(self.space.names().mentions_of(member))
                 .await;
         }
     }
@@ -796,7 +775,7 @@ impl Backstop {
         let stream = self.chat().await?;
         let consumer = stream
             .create_consumer(pull::Config {
-                filter_subject: format!("{}.chat.*.{channel}", self.space.names().prefix()),
+                filter_subject: self.space.names().posts_on(channel),
                 deliver_policy: DeliverPolicy::ByStartSequence {
                     start_sequence: interval.join_cursor.max(interval.delivered) + 1,
                 },
@@ -1464,22 +1443,5 @@ mod tests {
         assert_eq!(token_seq("m3", &['f', 'c']), None);
         assert_eq!(token_seq("c", &['c']), None);
         assert_eq!(token_seq("c1x", &['c']), None);
-    }
-
-    #[test]
-    fn consumer_names_are_valid_and_distinct() {
-        let id = "UAQGWOEVJKMIO4WXSYOTLARXYOZTCXFK67JASEH6AFFFYK6FOPSKQCAD";
-        let a = interval_consumer(id, "team.backend", 1);
-        let b = interval_consumer(id, "team.backend", 2);
-        let c = interval_consumer(id, "team_backend", 1);
-        assert_ne!(a, b);
-        assert_ne!(a, c);
-        for name in [&a, &mention_consumer(id)] {
-            assert!(
-                name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
-                "{name}"
-            );
-            assert!(name.len() < 128, "{name}");
-        }
     }
 }

@@ -254,7 +254,7 @@ fn judge(names: &SpaceNames, subject: &str, addressable: &Addressable) -> Verdic
 
 impl Warden {
     fn stream_of(&self, filter: &str) -> String {
-        let svc = format!("{}.svc.", self.space.names().prefix());
+        let svc = self.space.names().task_prefix();
         if filter.starts_with(&svc) {
             self.space.names().task_stream()
         } else {
