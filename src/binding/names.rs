@@ -61,6 +61,12 @@ impl SpaceNames {
         format!("cotal.{}.chat.", self.space)
     }
 
+    /// What a subscription to the posts on a channel pattern from anyone begins with:
+    /// `<P>.chat.*.` (then the pattern).
+    pub fn any_sender_prefix(&self) -> String {
+        format!("cotal.{}.chat.*.", self.space)
+    }
+
     /// Every post on every channel: `<P>.chat.>`.
     pub fn all_posts(&self) -> String {
         format!("cotal.{}.chat.>", self.space)
@@ -278,5 +284,22 @@ mod tests {
             );
             assert!(name.len() < 128, "{name}");
         }
+    }
+
+    #[test]
+    fn the_prefixes_begin_what_they_say() {
+        let n = SpaceNames::new("main");
+        let post = n.post("UA", "team.backend");
+        assert_eq!(post, "cotal.main.chat.UA.team.backend");
+        assert!(post.starts_with(&n.chat_prefix()));
+        assert_eq!(
+            n.posts_on("team.backend")
+                .strip_prefix(&n.any_sender_prefix()),
+            Some("team.backend")
+        );
+        assert!(n.task("reviewer", "UA").starts_with(&n.task_prefix()));
+        assert_eq!(n.dm("UB", "UA"), "cotal.main.inst.UB.UA");
+        assert_eq!(SpaceNames::space_of("cotal.main.chat.>"), Some("main"));
+        assert_eq!(SpaceNames::space_of("$KV.x.y"), None);
     }
 }

@@ -130,7 +130,7 @@ pub async fn live_subscriptions(
             "the broker refused the connection list: {error}"
         )));
     }
-    let chat = space.names().chat_prefix();
+    let chat = space.names().any_sender_prefix();
     let mut live: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for conn in reply.data.map(|d| d.connections).unwrap_or_default() {
         if InstanceId::from_user_nkey(&conn.authorized_user).is_err() {
