@@ -245,20 +245,22 @@ async fn send_many_in_flight(
 ) -> anyhow::Result<u64> {
     let text = text();
     let text = &text;
-    bounded(
-        "publishing",
-        futures_util::stream::iter(0..n)
-            .map(|i| {
-                let client = clients[i % clients.len()];
-                let routing = routes[i % routes.len()].clone();
-                // A full DM pair is backpressure the client absorbs (`pair_wait`).
-                async move { client.send_text(routing, text).await.map(|(_, seq)| seq) }
-            })
-            .buffer_unordered(in_flight)
-            .try_fold(u64::MAX, |low, seq| std::future::ready(Ok(low.min(seq)))),
-    )
-    .await?
-    .context("publish")
+    // Each send is bounded, not the whole: a slow machine takes longer, a stall is named.
+    futures_util::stream::iter(0..n)
+        .map(|i| {
+            let client = clients[i % clients.len()];
+            let routing = routes[i % routes.len()].clone();
+            // A full DM pair is backpressure the client absorbs (`pair_wait`).
+            async move {
+                let (_, seq) = bounded("a send", client.send_text(routing, text))
+                    .await?
+                    .context("publish")?;
+                anyhow::Ok(seq)
+            }
+        })
+        .buffer_unordered(in_flight)
+        .try_fold(u64::MAX, |low, seq| std::future::ready(Ok(low.min(seq))))
+        .await
 }
 
 /// `n` raw JetStream publishes of `payload` on `subject`, each with its own `Nats-Msg-Id` (as
@@ -276,24 +278,26 @@ async fn raw_publish(
     let per_subject = (crate::binding::streams::DM_MAX_MSGS_PER_PAIR / 2) as usize;
     let prefix = crate::protocol::new_message_id().replace('-', "");
     let prefix = &prefix;
-    bounded(
-        "raw publishing",
-        futures_util::stream::iter(0..n)
-            .map(|i| {
-                let message = PublishMessage::build()
-                    .payload(payload.clone())
-                    .message_id(format!("{prefix}.{i}"));
-                let subject = match spread {
-                    true => format!("{subject}_{prefix}_{}", i / per_subject),
-                    false => subject.to_owned(),
-                };
-                async move { js.send_publish(subject, message).await?.await }
-            })
-            .buffer_unordered(in_flight)
-            .try_for_each(|_| std::future::ready(Ok(()))),
-    )
-    .await?
-    .context("raw publish")
+    futures_util::stream::iter(0..n)
+        .map(|i| {
+            let message = PublishMessage::build()
+                .payload(payload.clone())
+                .message_id(format!("{prefix}.{i}"));
+            let subject = match spread {
+                true => format!("{subject}_{prefix}_{}", i / per_subject),
+                false => subject.to_owned(),
+            };
+            async move {
+                let publish = async { js.send_publish(subject, message).await?.await };
+                bounded("a raw publish", publish)
+                    .await?
+                    .context("raw publish")?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(in_flight)
+        .try_for_each(|_| std::future::ready(Ok(())))
+        .await
 }
 
 async fn next(conn: &mut Connection) -> anyhow::Result<Delivery> {
@@ -476,9 +480,8 @@ async fn live_rate(
                     }
                     anyhow::Ok(())
                 };
-                let (sent, received) = tokio::join!(sending, receiving);
-                sent?;
-                received?;
+                // Either side failing ends the measurement with its error (the other is not awaited).
+                tokio::try_join!(sending, receiving)?;
                 Ok(rate(n, start.elapsed()))
             }
         },
@@ -504,9 +507,8 @@ async fn live_rate(
                     }
                     anyhow::Ok(())
                 };
-                let (sent, received) = tokio::join!(sending, receiving);
-                sent?;
-                received?;
+                // Either side failing ends the measurement with its error (the other is not awaited).
+                tokio::try_join!(sending, receiving)?;
                 Ok(rate(n, start.elapsed()))
             }
         },
@@ -721,9 +723,8 @@ async fn dm_case(
                         }
                         anyhow::Ok(())
                     };
-                    let (sent, received) = tokio::join!(sending, receiving);
-                    sent?;
-                    received?;
+                    // Either side failing ends the measurement with its error (the other is not awaited).
+                    tokio::try_join!(sending, receiving)?;
                 }
                 Ok(rate(n, start.elapsed()))
             }
@@ -798,9 +799,8 @@ impl RawDms<'_> {
                 }
                 anyhow::Ok(())
             };
-            let (sent, received) = tokio::join!(sending, receiving);
-            sent?;
-            received?;
+            // Either side failing ends the measurement with its error (the other is not awaited).
+            tokio::try_join!(sending, receiving)?;
         }
         let elapsed = start.elapsed();
         let _ = stream.delete_consumer(&name).await;
@@ -1145,9 +1145,8 @@ async fn durable_end_to_end(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<C
                 }
                 anyhow::Ok(())
             };
-            let (sent, received) = tokio::join!(sending, receiving);
-            sent?;
-            received?;
+            // Either side failing ends the measurement with its error (the other is not awaited).
+            tokio::try_join!(sending, receiving)?;
             Ok(rate(n, start.elapsed()))
         }
     };

@@ -407,13 +407,13 @@ fn store_refusal(
     let advice = match limit {
         StoreLimit::PairFull => match routing {
             Routing::To(_) => format!(
-                "{} of your direct messages already wait unread for this recipient, and none \
-                 was read in {waited:?}; send again once it has read some",
+                "{} of your direct messages already wait unread for this recipient, and no room \
+                 was made for this one in {waited:?}; send again once it has read some",
                 crate::binding::streams::DM_MAX_MSGS_PER_PAIR
             ),
             Routing::ToService(_) => format!(
-                "{} of your tasks already wait for this role, and none was taken in \
-                 {waited:?}; send again once a worker has taken some",
+                "{} of your tasks already wait for this role, and no room was made for this \
+                 one in {waited:?}; send again once a worker has taken some",
                 crate::binding::streams::TASK_MAX_MSGS_PER_PAIR
             ),
             Routing::Channel(_) => "the channel keeps no more from you".to_owned(),
