@@ -33,6 +33,8 @@
 //! The `cotald` executable (`src/main.rs`) is the only artefact that embeds the bundled
 //! nats-server; the library refers to it by [`supervisor::BrokerBinary`].
 
+#![deny(unreachable_pub)]
+
 pub mod backoff;
 #[cfg(feature = "bench")]
 pub mod bench;

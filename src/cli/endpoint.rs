@@ -38,7 +38,7 @@ const ROSTER_WAIT: Duration = Duration::from_secs(5);
 
 /// How to reach a space as an endpoint. Every endpoint command flattens it.
 #[derive(Debug, Clone, Args)]
-pub struct EndpointArgs {
+pub(super) struct EndpointArgs {
     /// The join link, e.g. cotals://host:4222/main?channel=general [default: the context's,
     /// else the local appliance's]
     #[arg(long, env = "COTALD_LINK", value_name = "LINK", global = true)]
@@ -81,7 +81,7 @@ impl EndpointArgs {
 
 /// What [`EndpointArgs`] resolved to.
 #[derive(Debug)]
-pub struct Endpoint {
+pub(super) struct Endpoint {
     /// How to connect.
     pub options: ConnectOptions,
     /// The local data dir, when it holds the space of the link: its minted identities resolve
@@ -92,7 +92,7 @@ pub struct Endpoint {
 impl Endpoint {
     /// The identities known by name on this machine, (id, name): what the local appliance
     /// minted for the link's space and its machine operator (none when remote).
-    pub fn directory(&self) -> Vec<(String, String)> {
+    pub(super) fn directory(&self) -> Vec<(String, String)> {
         let mut known: Vec<(String, String)> =
             self.minted().into_iter().map(|r| (r.id, r.name)).collect();
         let operator = self.local.as_ref().and_then(|dir| {
@@ -120,7 +120,7 @@ impl Endpoint {
 
 impl EndpointArgs {
     /// The connect options: see the module doc for where each setting comes from.
-    pub fn options(&self) -> anyhow::Result<ConnectOptions> {
+    pub(super) fn options(&self) -> anyhow::Result<ConnectOptions> {
         Ok(self.resolve()?.options)
     }
 
@@ -157,7 +157,7 @@ impl EndpointArgs {
     }
 
     /// The connect options and what else is known about the space (see [`Endpoint`]).
-    pub fn resolve(&self) -> anyhow::Result<Endpoint> {
+    pub(super) fn resolve(&self) -> anyhow::Result<Endpoint> {
         let local_selected = self.space.is_some() || self.as_name.is_some();
         let context = if local_selected {
             None

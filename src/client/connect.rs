@@ -141,7 +141,7 @@ fn reconnect_delay(loopback: bool) -> impl Fn(usize) -> Duration + Send + Sync +
 }
 
 /// Connects, binds the identity's durables, starts presence.
-pub async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
+pub(super) async fn connect(opts: ConnectOptions) -> Result<Connection, ClientError> {
     let (creds, claims, id) = check_credential(&opts)?;
     let subjects = SpaceSubjects::new(opts.link.space())?;
     let names = SpaceNames::new(subjects.space().as_str());

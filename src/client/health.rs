@@ -76,9 +76,9 @@ pub struct HealthReport {
 }
 
 /// How recent an error met since the last (re)connect makes the connection degraded.
-pub const RECENT_ERROR: Duration = Duration::from_secs(60);
+pub(super) const RECENT_ERROR: Duration = Duration::from_secs(60);
 /// How long copies may wait at the broker, none handed over, before delivery is stalled.
-pub const STALLED: Duration = Duration::from_secs(30);
+pub(super) const STALLED: Duration = Duration::from_secs(30);
 
 impl HealthReport {
     /// What is wrong while connected, in words: an error met since the connection was last

@@ -12,7 +12,7 @@ use super::observer::Observer;
 
 /// The three forms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Form {
+pub(super) enum Form {
     /// `/spaces/<space>/post`: `channel`, `text`, optional `reply_to` and `context_id`.
     Post,
     /// `/spaces/<space>/dm`: `to` (an instance id), `text`.
@@ -23,7 +23,7 @@ pub enum Form {
 
 impl Form {
     /// The form of a path's last segment.
-    pub fn of(segment: &str) -> Option<Self> {
+    pub(super) fn of(segment: &str) -> Option<Self> {
         match segment {
             "post" => Some(Form::Post),
             "dm" => Some(Form::Dm),
@@ -35,7 +35,7 @@ impl Form {
 
 /// Why a form was not sent; said on the page, with the way back.
 #[derive(Debug, thiserror::Error)]
-pub enum Refused {
+pub(super) enum Refused {
     /// A field is missing or empty.
     #[error("the form has no {0}")]
     Missing(&'static str),
@@ -66,7 +66,7 @@ pub enum Refused {
 }
 
 /// A message the person sent.
-pub struct Posted {
+pub(super) struct Posted {
     /// The page to go back to.
     pub back: String,
     /// The message's id.
@@ -78,7 +78,11 @@ pub struct Posted {
 }
 
 /// Sends what `req` says with `observer`'s voice.
-pub async fn send(observer: &Observer, form: Form, req: &Request) -> Result<Posted, Refused> {
+pub(super) async fn send(
+    observer: &Observer,
+    form: Form,
+    req: &Request,
+) -> Result<Posted, Refused> {
     let text = req
         .field("text")
         .map(str::trim)
@@ -187,7 +191,7 @@ fn optional(req: &Request, field: &str) -> Option<String> {
 /// Asked of the broker: a channel removed with its messages is gone from it at once, while the
 /// feed still shows what it had; only when the broker cannot be asked are the feed's channels
 /// offered.
-pub async fn known_channels(observer: &Observer) -> Vec<String> {
+pub(super) async fn known_channels(observer: &Observer) -> Vec<String> {
     let mut names: Vec<String> = match observer.client.channels().await {
         Ok(channels) => channels
             .into_iter()
@@ -201,7 +205,7 @@ pub async fn known_channels(observer: &Observer) -> Vec<String> {
 }
 
 /// The names called out in `text` (`@name`), as §5 carries them (lowercased).
-pub fn mentions(text: &str) -> Vec<String> {
+pub(super) fn mentions(text: &str) -> Vec<String> {
     text.split(|c: char| c.is_whitespace() || matches!(c, ',' | ';' | '(' | ')'))
         .filter_map(|word| word.strip_prefix('@'))
         .map(|name| name.trim_end_matches(['.', ':', '!', '?']))

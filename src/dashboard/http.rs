@@ -15,16 +15,16 @@ use hyper::body::{Frame, Incoming};
 use tokio::sync::mpsc;
 
 /// The largest form body accepted.
-pub const MAX_BODY: usize = 64 * 1024;
+pub(super) const MAX_BODY: usize = 64 * 1024;
 /// How long a client may take to send its request head.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Every response carries these: a Content-Security-Policy that allows only the dashboard's
 /// own script and style files (no inline script, no other origin, no framing, forms posted
 /// only to itself), no MIME sniffing, no referrer to any other site (a URL may carry the
 /// token; within the dashboard the browser then names the origin of a form, which is
 /// checked), nothing cached.
-pub const SECURITY_HEADERS: &[(&str, &str)] = &[
+pub(super) const SECURITY_HEADERS: &[(&str, &str)] = &[
     (
         "Content-Security-Policy",
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
@@ -38,7 +38,7 @@ pub const SECURITY_HEADERS: &[(&str, &str)] = &[
 
 /// The methods served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Method {
+pub(super) enum Method {
     /// Pages, assets, the event streams.
     Get,
     /// A form: post, DM, task.
@@ -47,7 +47,7 @@ pub enum Method {
 
 /// A request as the dashboard sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Request {
+pub(super) struct Request {
     /// `GET` or `POST`.
     pub method: Method,
     /// The path, percent-decoded.
@@ -63,22 +63,22 @@ pub struct Request {
 
 impl Request {
     /// The first query parameter named `name`.
-    pub fn param(&self, name: &str) -> Option<&str> {
+    pub(super) fn param(&self, name: &str) -> Option<&str> {
         first(&self.query, name)
     }
 
     /// The first form field named `name`.
-    pub fn field(&self, name: &str) -> Option<&str> {
+    pub(super) fn field(&self, name: &str) -> Option<&str> {
         first(&self.form, name)
     }
 
     /// The first header named `name` (lower case).
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(super) fn header(&self, name: &str) -> Option<&str> {
         first(&self.headers, name)
     }
 
     /// The value of cookie `name`.
-    pub fn cookie(&self, name: &str) -> Option<&str> {
+    pub(super) fn cookie(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .filter(|(k, _)| k == "cookie")
@@ -98,7 +98,7 @@ fn first<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {
 
 /// Why a request was refused before it was routed; each maps to a status code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(super) enum Refusal {
     /// Malformed (400).
     BadRequest,
     /// A method other than GET and POST (405).
@@ -111,7 +111,7 @@ pub enum Refusal {
 
 impl Refusal {
     /// The status code.
-    pub fn status(self) -> u16 {
+    pub(super) fn status(self) -> u16 {
         match self {
             Refusal::BadRequest => 400,
             Refusal::MethodNotAllowed => 405,
@@ -121,7 +121,7 @@ impl Refusal {
     }
 
     /// What the answer says.
-    pub fn text(self) -> &'static str {
+    pub(super) fn text(self) -> &'static str {
         match self {
             Refusal::BadRequest => "malformed request",
             Refusal::MethodNotAllowed => "only GET and form POSTs are served",
@@ -132,7 +132,7 @@ impl Refusal {
 }
 
 /// Reads what the dashboard needs of `req`, its form body included.
-pub async fn read(req: hyper::Request<Incoming>) -> Result<Request, Refusal> {
+pub(super) async fn read(req: hyper::Request<Incoming>) -> Result<Request, Refusal> {
     let (head, body) = req.into_parts();
     let method = match head.method {
         hyper::Method::GET => Method::Get,
@@ -229,7 +229,7 @@ fn decode(s: &str, multiline: bool) -> Option<String> {
 }
 
 /// Percent-encodes a query value.
-pub fn encode(s: &str) -> String {
+pub(super) fn encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
@@ -242,10 +242,10 @@ pub fn encode(s: &str) -> String {
 }
 
 /// What hyper sends: a whole body, or an event stream.
-pub type Answer = hyper::Response<BoxBody<Bytes, Infallible>>;
+pub(super) type Answer = hyper::Response<BoxBody<Bytes, Infallible>>;
 
 /// A complete response.
-pub struct Response {
+pub(super) struct Response {
     /// Status code.
     pub status: u16,
     /// `Content-Type`.
@@ -258,7 +258,7 @@ pub struct Response {
 
 impl Response {
     /// An HTML page.
-    pub fn html(status: u16, body: String) -> Self {
+    pub(super) fn html(status: u16, body: String) -> Self {
         Response {
             status,
             content_type: "text/html; charset=utf-8",
@@ -268,7 +268,7 @@ impl Response {
     }
 
     /// A plain text answer.
-    pub fn text(status: u16, body: &str) -> Self {
+    pub(super) fn text(status: u16, body: &str) -> Self {
         Response {
             status,
             content_type: "text/plain; charset=utf-8",
@@ -278,14 +278,14 @@ impl Response {
     }
 
     /// A redirect (303) to `location`.
-    pub fn see_other(location: String) -> Self {
+    pub(super) fn see_other(location: String) -> Self {
         let mut r = Response::text(303, "");
         r.headers.push(("Location", location));
         r
     }
 
     /// The answer hyper sends.
-    pub fn answer(self) -> Answer {
+    pub(super) fn answer(self) -> Answer {
         let mut builder = with_security(hyper::Response::builder().status(self.status))
             .header("Content-Type", self.content_type);
         for (name, value) in &self.headers {
@@ -299,7 +299,7 @@ impl Response {
 
 /// A `text/event-stream` answer whose chunks come from `chunks`, for as long as the page
 /// listens (its end drops the receiver, which the sender notices at its next chunk).
-pub fn event_stream(chunks: mpsc::Receiver<Bytes>) -> Answer {
+pub(super) fn event_stream(chunks: mpsc::Receiver<Bytes>) -> Answer {
     let frames = futures_util::stream::unfold(chunks, |mut chunks| async move {
         let chunk = chunks.recv().await?;
         Some((Ok::<_, Infallible>(Frame::data(chunk)), chunks))

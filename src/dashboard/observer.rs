@@ -25,7 +25,7 @@ use crate::services::ServiceError;
 use crate::services::membership::MembershipEntry;
 
 /// How many messages the feed keeps (and shows on load).
-pub const FEED_KEEP: usize = 500;
+pub(super) const FEED_KEEP: usize = 500;
 /// How many arrivals an event stream may fall behind before it is told it lagged.
 const LIVE_BACKLOG: usize = 1024;
 /// How long the roster may take to load at start.
@@ -33,7 +33,7 @@ const ROSTER_LOAD: Duration = Duration::from_secs(5);
 
 /// A message of the feed.
 #[derive(Debug)]
-pub struct FeedItem {
+pub(super) struct FeedItem {
     /// Its place in this dashboard's feed (grows by one per message; the SSE event id).
     pub seq: u64,
     /// The channel.
@@ -166,7 +166,7 @@ impl Feed {
 }
 
 /// A space, observed.
-pub struct Observer {
+pub(super) struct Observer {
     /// The space.
     pub space: String,
     /// The observer's client.
@@ -184,7 +184,7 @@ pub struct Observer {
 
 impl Observer {
     /// Connects as the observer, joins every channel, reads the recent history.
-    pub async fn start(access: SpaceAccess) -> Result<Self, ServiceError> {
+    pub(super) async fn start(access: SpaceAccess) -> Result<Self, ServiceError> {
         let space = access.name.as_str();
         let options = access.connect;
         let at = |what: &str| format!("space `{space}`: {what}");
@@ -263,7 +263,7 @@ impl Observer {
     /// memberships, display only), read key by key with `STREAM.MSG.GET`; an instance without
     /// an entry, or a feed that cannot be read, is left out: the roster shows what presence
     /// says either way.
-    pub async fn memberships(&self, ids: &[&str]) -> BTreeMap<String, MembershipEntry> {
+    pub(super) async fn memberships(&self, ids: &[&str]) -> BTreeMap<String, MembershipEntry> {
         let bucket = SpaceNames::new(&self.space).membership_bucket();
         let stream = match self
             .client
@@ -294,7 +294,10 @@ impl Observer {
 
     /// The kept messages after feed position `after`, and the arrivals from then on: taken
     /// together, so that none is missed and none is seen twice.
-    pub fn follow(&self, after: u64) -> (Vec<Arc<FeedItem>>, broadcast::Receiver<Arc<FeedItem>>) {
+    pub(super) fn follow(
+        &self,
+        after: u64,
+    ) -> (Vec<Arc<FeedItem>>, broadcast::Receiver<Arc<FeedItem>>) {
         let mut feed = self.feed.lock().unwrap_or_else(|e| e.into_inner());
         let mut kept = feed.shown();
         kept.retain(|i| i.seq > after);
@@ -302,12 +305,12 @@ impl Observer {
     }
 
     /// The kept messages.
-    pub fn kept(&self) -> Vec<Arc<FeedItem>> {
+    pub(super) fn kept(&self) -> Vec<Arc<FeedItem>> {
         self.follow(0).0
     }
 
     /// Stops the pump and closes the connection.
-    pub async fn close(self) {
+    pub(super) async fn close(self) {
         self.pump.abort();
         self.client.close().await;
         self.voice.close().await;

@@ -17,7 +17,7 @@ use crate::services::membership::MembershipEntry;
 
 /// `s` escaped for HTML text and attribute values. A carriage return becomes a character
 /// reference too: an event stream would take it for a line end.
-pub fn esc(s: &str) -> String {
+pub(super) fn esc(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -35,7 +35,7 @@ pub fn esc(s: &str) -> String {
 
 /// Which page of a space is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tab {
+pub(super) enum Tab {
     /// Who is there.
     Roster,
     /// The person's direct messages.
@@ -58,7 +58,12 @@ impl Tab {
 }
 
 /// A whole page: the header with every space's tabs and the health link, then `body`.
-pub fn layout(title: &str, spaces: &[String], here: Option<(&str, Tab)>, body: &str) -> String {
+pub(super) fn layout(
+    title: &str,
+    spaces: &[String],
+    here: Option<(&str, Tab)>,
+    body: &str,
+) -> String {
     let mut nav = String::new();
     for space in spaces {
         let _ = write!(nav, r#"<span class="space">{}</span>"#, esc(space));
@@ -88,12 +93,12 @@ pub fn layout(title: &str, spaces: &[String], here: Option<(&str, Tab)>, body: &
 
 /// The part of a page that changes, kept current by its event stream at `url` (each `part`
 /// event replaces it; what a reader opened stays open).
-pub fn live(url: &str, part: &str) -> String {
+pub(super) fn live(url: &str, part: &str) -> String {
     format!(r#"<div id="part" data-live="{}">{part}</div>"#, esc(url))
 }
 
 /// The overview: one line per space.
-pub fn index(spaces: &[(String, usize, usize)]) -> String {
+pub(super) fn index(spaces: &[(String, usize, usize)]) -> String {
     let mut rows = String::new();
     for (space, online, messages) in spaces {
         let s = encode(space);
@@ -141,7 +146,7 @@ fn short_id(id: &str) -> String {
 }
 
 /// The roster: every instance from presence, with its status by the liveness rule (§6).
-pub fn roster(
+pub(super) fn roster(
     peers: &[(String, Peer, PresenceStatus)],
     memberships: &BTreeMap<String, MembershipEntry>,
     stale: bool,
@@ -203,7 +208,11 @@ pub fn roster(
 
 /// The roster's forms: a direct message to an instance, a task for a role (the roles the
 /// roster shows are offered; any other may be typed).
-pub fn roster_forms(space: &str, csrf: &str, peers: &[(String, Peer, PresenceStatus)]) -> String {
+pub(super) fn roster_forms(
+    space: &str,
+    csrf: &str,
+    peers: &[(String, Peer, PresenceStatus)],
+) -> String {
     let s = encode(space);
     let mut to = String::new();
     for (id, peer, status) in peers {
@@ -236,7 +245,7 @@ pub fn roster_forms(space: &str, csrf: &str, peers: &[(String, Peer, PresenceSta
 /// them (the DMs to them, the channel messages that mention them: newest first), then each
 /// conversation both ways (newest conversation first) with a form to answer in it. `names`
 /// gives a peer's name as its messages sign it.
-pub fn direct(
+pub(super) fn direct(
     space: &str,
     csrf: &str,
     me: &str,
@@ -301,7 +310,7 @@ pub fn direct(
 }
 
 /// What a page says of the message the person just sent: where it went.
-pub fn sent(receipt: &str) -> String {
+pub(super) fn sent(receipt: &str) -> String {
     format!(r#"<p class="receipt">Sent: {}</p>"#, esc(receipt))
 }
 
@@ -338,7 +347,7 @@ fn needs_you(dms: &[std::sync::Arc<super::person::DirectItem>], mentions: &[&Fee
 }
 
 /// The channels: effective config, stored messages, the last message seen.
-pub fn channels(
+pub(super) fn channels(
     space: &str,
     channels: &[ChannelInfo],
     feed: &[std::sync::Arc<FeedItem>],
@@ -417,12 +426,12 @@ fn summary(parts: &[Part]) -> String {
 }
 
 /// How many messages a feed page opens with.
-pub const FEED_SHOWN: usize = 150;
+pub(super) const FEED_SHOWN: usize = 150;
 
 /// The feed page: the compose form, the channel filter, the newest kept messages as
 /// conversations (a reply under the message it answers, §5 `replyTo`), and where the live
 /// stream starts.
-pub fn feed(
+pub(super) fn feed(
     space: &str,
     channel: Option<&str>,
     channels: &[String],
@@ -502,7 +511,7 @@ fn conversations(items: &[&FeedItem]) -> String {
 
 /// The compose form of the feed: a post on a channel, or a reply to `reply` (its channel, its
 /// id as `replyTo`, its thread as `contextId`: the thread it was in, else itself).
-pub fn compose(
+pub(super) fn compose(
     space: &str,
     csrf: &str,
     channel: Option<&str>,
@@ -554,7 +563,7 @@ pub fn compose(
 
 /// One message as a list item, with nothing under it (the event stream renders arrivals so;
 /// the browser puts a reply under the message it answers).
-pub fn message(item: &FeedItem) -> String {
+pub(super) fn message(item: &FeedItem) -> String {
     message_with(item, "")
 }
 
@@ -638,7 +647,7 @@ fn parts_html(m: &CotalMessage) -> String {
 
 /// The health page: the broker as it reports itself (`VARZ`, `JSZ`), the appliance's
 /// services as the runtime state records them.
-pub fn health(
+pub(super) fn health(
     state: &RuntimeState,
     varz: Option<&serde_json::Value>,
     jsz: Option<&serde_json::Value>,
@@ -751,7 +760,7 @@ pub fn health(
 }
 
 /// A refusal page.
-pub fn refusal(title: &str, text: &str) -> String {
+pub(super) fn refusal(title: &str, text: &str) -> String {
     format!(
         r#"<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{t}</title><link rel="stylesheet" href="/assets/app.css"></head><body><main><h1>{t}</h1><p>{x}</p></main></body></html>"#,
         t = esc(title),

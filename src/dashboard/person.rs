@@ -23,14 +23,14 @@ use crate::protocol::{CotalMessage, DeliveryKind, InstanceId, Routing};
 use crate::services::ServiceError;
 
 /// How many DMs to and from the person are kept, and how many sends remembered.
-pub const KEEP: usize = 200;
+pub(super) const KEEP: usize = 200;
 
 /// How many of the newest DMs the person sent the direct page asks about.
 const READ_ASKED: usize = 20;
 
 /// One DM to or from the person.
 #[derive(Debug)]
-pub struct DirectItem {
+pub(super) struct DirectItem {
     /// Whether it was sent to the person (else by the person).
     pub incoming: bool,
     /// The other side: its instance id.
@@ -43,7 +43,7 @@ pub struct DirectItem {
 
 /// What the person sent from the dashboard.
 #[derive(Debug, Clone)]
-pub struct Sent {
+pub(super) struct Sent {
     /// The message's id.
     pub id: String,
     /// Its stream sequence.
@@ -56,7 +56,7 @@ pub struct Sent {
 const READ: &str = "read: the recipient acknowledged it";
 
 /// The person's DMs.
-pub struct Person {
+pub(super) struct Person {
     /// The person's instance id.
     pub id: String,
     kept: Arc<Mutex<Kept>>,
@@ -121,7 +121,7 @@ impl Kept {
 impl Person {
     /// Follows the DMs to and from `voice`'s identity: subscribed first, then the history
     /// read, so that none falls between.
-    pub async fn start(voice: &Client) -> Result<Self, ServiceError> {
+    pub(super) async fn start(voice: &Client) -> Result<Self, ServiceError> {
         let at = |what: &str| format!("space `{}`: the person's DMs: {what}", voice.space());
         let me = voice.inner.id.as_str().to_owned();
         let names = &voice.inner.names;
@@ -176,7 +176,7 @@ impl Person {
 
     /// How many DMs to the person wait unread in its `dm_<id>` (not yet acknowledged by a
     /// reader such as `cotald tail --dm`); `None` when the broker cannot say.
-    pub async fn unread(&self, voice: &Client) -> Option<u64> {
+    pub(super) async fn unread(&self, voice: &Client) -> Option<u64> {
         let names = &voice.inner.names;
         let stream = voice.inner.js.get_stream(names.dm_stream()).await.ok()?;
         let info = stream
@@ -187,7 +187,7 @@ impl Person {
     }
 
     /// Remembers what the person sent from the dashboard.
-    pub fn sent(&self, sent: Sent) {
+    pub(super) fn sent(&self, sent: Sent) {
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         if kept.sent.len() == KEEP {
             kept.sent.pop_front();
@@ -196,7 +196,7 @@ impl Person {
     }
 
     /// The receipt of what the person sent with `id` from the dashboard, if remembered.
-    pub fn receipt(&self, id: &str) -> Option<String> {
+    pub(super) fn receipt(&self, id: &str) -> Option<String> {
         let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         kept.sent
             .iter()
@@ -207,7 +207,7 @@ impl Person {
     /// Whether each of the newest DMs the person sent (at most [`READ_ASKED`]) was read, in
     /// words, by message id; a DM whose stream sequence is unknown (seen only live, sent
     /// elsewhere) is left out. A DM once read is not asked about again.
-    pub async fn read_states(&self, voice: &Client) -> HashMap<String, String> {
+    pub(super) async fn read_states(&self, voice: &Client) -> HashMap<String, String> {
         let asked: Vec<(String, String, u64)> = {
             let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
             let sequence_of = |d: &DirectItem| {
@@ -261,7 +261,7 @@ impl Person {
     }
 
     /// The kept DMs, oldest first.
-    pub fn kept(&self) -> Vec<Arc<DirectItem>> {
+    pub(super) fn kept(&self) -> Vec<Arc<DirectItem>> {
         let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         kept.items.iter().cloned().collect()
     }

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// Arguments of cotal_send.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct SendArgs {
+pub(super) struct SendArgs {
     /// The channel, e.g. general or team.backend (must be one you may post to).
     pub(super) channel: String,
     /// The message text.
@@ -26,7 +26,7 @@ pub struct SendArgs {
 
 /// Arguments of cotal_dm.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct DmArgs {
+pub(super) struct DmArgs {
     /// The peer: its name (as in cotal_roster) or its instance id.
     pub(super) to: String,
     /// The message text.
@@ -38,7 +38,7 @@ pub struct DmArgs {
 
 /// Arguments of cotal_anycast.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct AnycastArgs {
+pub(super) struct AnycastArgs {
     /// The role, e.g. reviewer: exactly one of its holders gets the message, now or when one
     /// connects.
     pub(super) role: String,
@@ -51,7 +51,7 @@ pub struct AnycastArgs {
 
 /// Arguments of cotal_inbox.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
-pub struct InboxArgs {
+pub(super) struct InboxArgs {
     /// The most messages to return (default 20, at most 200); the rest stay for the next call.
     #[serde(default)]
     pub(super) limit: Option<usize>,
@@ -66,7 +66,7 @@ pub struct InboxArgs {
 
 /// Arguments of cotal_thread.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct ThreadArgs {
+pub(super) struct ThreadArgs {
     /// A message id (any message of the thread), or a thread id as a message's thread shows.
     pub(super) id: String,
     /// Where to start, counted in messages of the thread (default 0, the first).
@@ -79,7 +79,7 @@ pub struct ThreadArgs {
 
 /// Arguments of cotal_receipts.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
-pub struct ReceiptsArgs {
+pub(super) struct ReceiptsArgs {
     /// One message you sent, by id; without it, your most recent sends.
     #[serde(default)]
     pub(super) id: Option<String>,
@@ -90,7 +90,7 @@ pub struct ReceiptsArgs {
 
 /// Arguments of cotal_roster.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
-pub struct RosterArgs {
+pub(super) struct RosterArgs {
     /// Also list peers that are offline.
     #[serde(default)]
     pub(super) include_offline: bool,
@@ -98,14 +98,14 @@ pub struct RosterArgs {
 
 /// Arguments naming one channel.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct ChannelArgs {
+pub(super) struct ChannelArgs {
     /// The channel, e.g. general or team.backend.
     pub(super) channel: String,
 }
 
 /// Arguments of cotal_join.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct JoinArgs {
+pub(super) struct JoinArgs {
     /// The channel (or a pattern within your read permissions, e.g. team.>).
     pub(super) channel: String,
     /// Replay the channel's recent history into your inbox, as its config says (default true).
@@ -119,7 +119,7 @@ pub struct JoinArgs {
 
 /// Arguments of cotal_history.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct HistoryArgs {
+pub(super) struct HistoryArgs {
     /// The channel.
     pub(super) channel: String,
     /// The most recent messages to return (default 30, at most 500).
@@ -130,7 +130,7 @@ pub struct HistoryArgs {
 /// A presence status you can declare.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
-pub enum StatusWord {
+pub(super) enum StatusWord {
     /// Free for work.
     Idle,
     /// Busy with a task.
@@ -142,7 +142,7 @@ pub enum StatusWord {
 /// An attention mode (advisory: it tells others how you want to be interrupted).
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
-pub enum AttentionWord {
+pub(super) enum AttentionWord {
     /// Everything is welcome.
     Open,
     /// Do not disturb.
@@ -153,7 +153,7 @@ pub enum AttentionWord {
 
 /// Arguments of cotal_status.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
-pub struct StatusArgs {
+pub(super) struct StatusArgs {
     /// idle, working or waiting (unchanged when absent).
     #[serde(default)]
     pub(super) status: Option<StatusWord>,
@@ -169,7 +169,7 @@ pub struct StatusArgs {
 /// A per-channel mode.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
-pub enum ModeWord {
+pub(super) enum ModeWord {
     /// As everything else.
     Normal,
     /// Quiet: low priority for you.
@@ -183,7 +183,7 @@ pub enum ModeWord {
 
 /// Arguments of cotal_channel_mode.
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct ChannelModeArgs {
+pub(super) struct ChannelModeArgs {
     /// The channel.
     pub(super) channel: String,
     /// normal, quiet, muted, or all (normal, and every message here wakes you).
@@ -192,7 +192,7 @@ pub struct ChannelModeArgs {
 
 /// A skill on your card.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
-pub struct SkillArg {
+pub(super) struct SkillArg {
     /// A short id, e.g. rust-review.
     pub(super) id: String,
     /// Its display name.
@@ -204,7 +204,7 @@ pub struct SkillArg {
 
 /// Arguments of cotal_persona.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
-pub struct PersonaArgs {
+pub(super) struct PersonaArgs {
     /// One line about you (unchanged when absent; an empty text clears it).
     #[serde(default)]
     pub(super) description: Option<String>,
@@ -218,7 +218,7 @@ pub struct PersonaArgs {
 
 /// Arguments of cotal_reconnect.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
-pub struct ReconnectArgs {
+pub(super) struct ReconnectArgs {
     /// Drop the connection and connect again now (default: only report the state).
     #[serde(default)]
     pub(super) force: bool,

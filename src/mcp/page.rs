@@ -13,20 +13,20 @@ use super::inbox::Fitted;
 use super::views::MessageView;
 
 /// The most bytes of JSON one answer carries.
-pub const PAGE_BYTES: usize = 64 * 1024;
+pub(super) const PAGE_BYTES: usize = 64 * 1024;
 
 /// Room kept for what an answer says besides its messages that is filled in after they are
 /// chosen (acknowledgement errors, counts).
-pub const ENVELOPE_SLACK: usize = 2048;
+pub(super) const ENVELOPE_SLACK: usize = 2048;
 
 /// The size of `value` as compact JSON.
-pub fn json_len<T: Serialize + ?Sized>(value: &T) -> usize {
+pub(super) fn json_len<T: Serialize + ?Sized>(value: &T) -> usize {
     serde_json::to_vec(value).map_or(0, |b| b.len())
 }
 
 /// Which bytes of a message's text a piece holds, when the text is larger than a page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
-pub struct TextPart {
+pub(super) struct TextPart {
     /// The first byte shown.
     pub from: usize,
     /// The byte after the last shown.
@@ -41,7 +41,7 @@ pub struct TextPart {
 /// counted when they alone would fill half a page). `None` when it does not fit in `room`:
 /// it waits for the next page. A message whose other fields alone exceed half a page (only a
 /// hostile sender makes one) is shown as a short note, so that it costs only itself.
-pub fn fit(
+pub(super) fn fit(
     mut view: MessageView,
     from: usize,
     room: usize,

@@ -8,11 +8,11 @@ use std::sync::Mutex;
 use crate::protocol::Routing;
 
 /// How many sent messages a session remembers.
-pub const KEEP: usize = 200;
+pub(super) const KEEP: usize = 200;
 
 /// One message this session sent.
 #[derive(Debug, Clone)]
-pub struct Outgoing {
+pub(super) struct Outgoing {
     /// Its id.
     pub id: String,
     /// Where it went.
@@ -25,13 +25,13 @@ pub struct Outgoing {
 
 /// The messages this session sent.
 #[derive(Default)]
-pub struct SentLog {
+pub(super) struct SentLog {
     sent: Mutex<VecDeque<Outgoing>>,
 }
 
 impl SentLog {
     /// Remembers `message` (the oldest is forgotten past [`KEEP`]).
-    pub fn record(&self, message: Outgoing) {
+    pub(super) fn record(&self, message: Outgoing) {
         if let Ok(mut sent) = self.sent.lock() {
             if sent.len() == KEEP {
                 sent.pop_front();
@@ -41,7 +41,7 @@ impl SentLog {
     }
 
     /// The message with `id`, or the `n` most recent, newest first.
-    pub fn pick(&self, id: Option<&str>, n: usize) -> Vec<Outgoing> {
+    pub(super) fn pick(&self, id: Option<&str>, n: usize) -> Vec<Outgoing> {
         let Ok(sent) = self.sent.lock() else {
             return Vec::new();
         };

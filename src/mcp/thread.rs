@@ -15,16 +15,16 @@ use std::sync::{Arc, Mutex};
 use crate::protocol::CotalMessage;
 
 /// The most messages a session keeps for its threads.
-pub const KEEP_MESSAGES: usize = 10_000;
+pub(super) const KEEP_MESSAGES: usize = 10_000;
 /// The most bytes of text a session keeps for its threads.
-pub const KEEP_BYTES: usize = 16 << 20;
+pub(super) const KEEP_BYTES: usize = 16 << 20;
 
 /// How many replies up a chain is followed to its first message.
 const CHAIN_MAX: usize = 1_000;
 
 /// What a session saw, by message id, oldest first.
 #[derive(Default)]
-pub struct Threads {
+pub(super) struct Threads {
     seen: Mutex<Seen>,
 }
 
@@ -42,7 +42,7 @@ fn weight(m: &CotalMessage) -> usize {
 
 impl Threads {
     /// Keeps `m` (once per id: the first copy seen stays).
-    pub fn record(&self, m: &CotalMessage) {
+    pub(super) fn record(&self, m: &CotalMessage) {
         let Ok(mut seen) = self.seen.lock() else {
             return;
         };
@@ -63,7 +63,7 @@ impl Threads {
     }
 
     /// The thread `id` names: a known message's thread, else `id` itself (a thread id).
-    pub fn resolve(&self, id: &str) -> String {
+    pub(super) fn resolve(&self, id: &str) -> String {
         let Ok(seen) = self.seen.lock() else {
             return id.to_owned();
         };
@@ -74,7 +74,7 @@ impl Threads {
 
     /// The thread of `m` when it is part of one (it answers a message or carries a context);
     /// `None` for a message that starts nothing yet.
-    pub fn thread(&self, m: &CotalMessage) -> Option<String> {
+    pub(super) fn thread(&self, m: &CotalMessage) -> Option<String> {
         if m.context_id.is_none() && m.reply_to.is_none() {
             return None;
         }
@@ -83,13 +83,13 @@ impl Threads {
     }
 
     /// The context a reply to `parent` carries: the parent's thread.
-    pub fn context_for_reply(&self, parent: &str) -> String {
+    pub(super) fn context_for_reply(&self, parent: &str) -> String {
         self.resolve(parent)
     }
 
     /// Every kept message of thread `thread` (its first message included), in the order they
     /// were sent (then kept).
-    pub fn messages(&self, thread: &str) -> Vec<Arc<CotalMessage>> {
+    pub(super) fn messages(&self, thread: &str) -> Vec<Arc<CotalMessage>> {
         let Ok(seen) = self.seen.lock() else {
             return Vec::new();
         };

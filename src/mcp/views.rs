@@ -12,7 +12,7 @@ use super::page;
 
 /// A sender.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct Who {
+pub(super) struct Who {
     /// The first 12 characters of its instance id: enough to tell senders apart and to
     /// address a DM (cotal_dm takes a name, a whole id, or such a prefix); cotal_roster shows
     /// whole ids.
@@ -26,7 +26,7 @@ pub struct Who {
 
 /// One message.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct MessageView {
+pub(super) struct MessageView {
     /// Message id (use it as reply_to to answer).
     pub(super) id: String,
     /// channel, dm or anycast.
@@ -78,7 +78,7 @@ pub struct MessageView {
 
 /// A message that was sent.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct Sent {
+pub(super) struct Sent {
     /// The message id.
     pub(super) id: String,
     /// Its position in the space's stream (the broker stored it).
@@ -95,7 +95,7 @@ pub struct Sent {
 
 /// What cotal_inbox returns.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct InboxView {
+pub(super) struct InboxView {
     /// The messages, oldest first.
     pub(super) messages: Vec<MessageView>,
     /// How many more wait (call again to read them): what is addressed to you comes first.
@@ -165,7 +165,7 @@ impl InboxView {
 
 /// One peer in the roster.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct PeerView {
+pub(super) struct PeerView {
     /// Instance id.
     pub(super) id: String,
     /// Display name.
@@ -195,7 +195,7 @@ pub struct PeerView {
 
 /// What cotal_roster returns.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct RosterView {
+pub(super) struct RosterView {
     /// The peers.
     pub(super) peers: Vec<PeerView>,
     /// True while the connection is down: statuses are as last seen.
@@ -204,7 +204,7 @@ pub struct RosterView {
 
 /// One channel as you see it.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct ChannelView {
+pub(super) struct ChannelView {
     /// The channel.
     pub(super) channel: String,
     /// Whether you receive it now.
@@ -233,7 +233,7 @@ pub struct ChannelView {
 
 /// What cotal_channels returns.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct ChannelsView {
+pub(super) struct ChannelsView {
     /// The channels: configured, joined, or named by your permissions.
     pub(super) channels: Vec<ChannelView>,
     /// Patterns you may read.
@@ -244,7 +244,7 @@ pub struct ChannelsView {
 
 /// What cotal_join and cotal_leave return.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct MembershipView {
+pub(super) struct MembershipView {
     /// The channel.
     pub(super) channel: String,
     /// What happened, e.g. "joined durable general".
@@ -258,14 +258,14 @@ pub struct MembershipView {
 
 /// What cotal_receipts returns.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct ReceiptsView {
+pub(super) struct ReceiptsView {
     /// Your sends, newest first.
     pub(super) sent: Vec<ReadView>,
 }
 
 /// Whether one message you sent was read.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct ReadView {
+pub(super) struct ReadView {
     /// Its id.
     pub(super) id: String,
     /// Where it went: #channel, a DM's target, or a role.
@@ -282,7 +282,7 @@ pub struct ReadView {
 
 /// What cotal_thread returns.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct ThreadView {
+pub(super) struct ThreadView {
     /// The thread's id.
     pub(super) thread: String,
     /// Where this page starts in the thread (call again with start = start + the messages
@@ -302,7 +302,7 @@ pub struct ThreadView {
 
 /// What cotal_history returns.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct HistoryView {
+pub(super) struct HistoryView {
     /// The channel.
     pub(super) channel: String,
     /// Its most recent messages, oldest first (yours included).
@@ -311,7 +311,7 @@ pub struct HistoryView {
 
 /// What you declare about yourself.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct StatusView {
+pub(super) struct StatusView {
     /// idle, working or waiting.
     pub(super) status: String,
     /// What you are doing.
@@ -328,7 +328,7 @@ pub struct StatusView {
 
 /// Your card.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct PersonaView {
+pub(super) struct PersonaView {
     /// Your name.
     pub(super) name: String,
     /// Your instance id.
@@ -347,7 +347,7 @@ pub struct PersonaView {
 
 /// The connection.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct ConnectionView {
+pub(super) struct ConnectionView {
     /// connected, reconnecting or disconnected.
     pub(super) state: String,
     /// Whether a reconnect was done by this call.
@@ -356,7 +356,7 @@ pub struct ConnectionView {
 
 /// What cotal_connection returns.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct HealthView {
+pub(super) struct HealthView {
     /// ready, starting, degraded, reconnecting or disconnected.
     pub(super) state: String,
     /// Why it is not ready (empty when it is).
@@ -389,7 +389,7 @@ pub struct HealthView {
 
 /// An error the connection met.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct ErrorView {
+pub(super) struct ErrorView {
     /// How many seconds ago.
     pub(super) ago_s: u64,
     /// What it was.
@@ -398,7 +398,7 @@ pub struct ErrorView {
 
 /// What waits at the broker on one of your durables.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct BrokerWaitingView {
+pub(super) struct BrokerWaitingView {
     /// What the durable carries.
     pub(super) what: String,
     /// Copies not yet handed to you.
@@ -412,7 +412,7 @@ pub struct BrokerWaitingView {
 
 /// Who you are.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct YouView {
+pub(super) struct YouView {
     /// Your display name (what others mention and DM).
     pub(super) name: String,
     /// Your instance id.
@@ -426,7 +426,7 @@ pub struct YouView {
 
 /// What cotal_orientation returns.
 #[derive(Debug, Serialize, JsonSchema)]
-pub struct OrientationView {
+pub(super) struct OrientationView {
     /// Who you are.
     pub(super) you: YouView,
     /// The connection state.
@@ -459,4 +459,4 @@ pub struct OrientationView {
     pub(super) guide: Option<String>,
 }
 
-pub const SHORT_ID: usize = 12;
+pub(super) const SHORT_ID: usize = 12;

@@ -8,7 +8,7 @@ use crate::protocol::{Channel, Routing};
 use super::Grants;
 
 /// The server's instructions (sent at initialize), also part of `cotal_orientation`.
-pub const GUIDE: &str = "\
+pub(super) const GUIDE: &str = "\
 You are an endpoint in a Cotal space: a shared room where agents and people coordinate through \
 channels (#name, everyone joined reads them), direct messages (one instance) and anycast (one \
 holder of a role). Messages reach you while this server runs, even between your tool calls; \
@@ -38,7 +38,7 @@ unanswered, cotal_receipts whether what you sent was read, cotal_reconnect renew
 connection.";
 
 /// A refused send, DM or anycast, with the fix.
-pub fn send_error(routing: &Routing, e: &ClientError, grants: &Grants) -> String {
+pub(super) fn send_error(routing: &Routing, e: &ClientError, grants: &Grants) -> String {
     let text = crate::ops::error_text(e);
     let fix = match (e, routing) {
         (ClientError::PublishRefused { .. }, Routing::Channel(channel)) => {
@@ -78,7 +78,7 @@ fn did_you_mean(channel: &str, allowed: &[String]) -> String {
 }
 
 /// A refused join or leave, with the fix.
-pub fn join_error(e: &JoinError, grants: &Grants) -> String {
+pub(super) fn join_error(e: &JoinError, grants: &Grants) -> String {
     let text = crate::ops::error_text(e);
     let fix = match e {
         JoinError::Refused { channel } => {
@@ -104,7 +104,7 @@ pub fn join_error(e: &JoinError, grants: &Grants) -> String {
 }
 
 /// A channel outside the read ACL, with the fix.
-pub fn unreadable(channel: &Channel, grants: &Grants) -> String {
+pub(super) fn unreadable(channel: &Channel, grants: &Grants) -> String {
     format!(
         "Refused: you may not read {channel}. {}You may read: {}. Only the space's operator \
          can change that (a new credential with --allow-subscribe {channel}).",
@@ -115,7 +115,7 @@ pub fn unreadable(channel: &Channel, grants: &Grants) -> String {
 
 /// Arguments that do not fit `tool` (`said`: what the JSON library found), with the fields it
 /// needs.
-pub fn bad_arguments(tool: &str, said: &str, required: &[String]) -> String {
+pub(super) fn bad_arguments(tool: &str, said: &str, required: &[String]) -> String {
     let needs = match required {
         [] => "no field is required".to_owned(),
         fields => format!("it needs {}", fields.join(" and ")),
@@ -131,7 +131,7 @@ pub fn bad_arguments(tool: &str, said: &str, required: &[String]) -> String {
 }
 
 /// A name that does not pick out one peer, with the fix.
-pub fn resolve_error(e: &ResolveError) -> String {
+pub(super) fn resolve_error(e: &ResolveError) -> String {
     refusal(
         &e.to_string(),
         "Fix: cotal_roster lists who is in the space with their ids; give a name from it, or an \
@@ -140,7 +140,7 @@ pub fn resolve_error(e: &ResolveError) -> String {
 }
 
 /// Any other refused operation.
-pub fn other_error(e: &ClientError) -> String {
+pub(super) fn other_error(e: &ClientError) -> String {
     refusal(&crate::ops::error_text(e), &connection_fix(e))
 }
 
@@ -163,7 +163,7 @@ fn connection_fix(e: &ClientError) -> String {
 }
 
 /// `Refused: <text>. <fix>`: how every tool says no.
-pub fn refusal(text: &str, fix: &str) -> String {
+pub(super) fn refusal(text: &str, fix: &str) -> String {
     if fix.is_empty() {
         format!("Refused: {text}.")
     } else {

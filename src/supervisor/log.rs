@@ -33,7 +33,7 @@ pub const MAX_LINE: usize = 1024;
 /// How many refusals of one user are written as they come in each window.
 pub const REFUSALS_SHOWN: u32 = 10;
 /// The window over which one user's refusals are counted.
-pub const REFUSAL_WINDOW: Duration = Duration::from_secs(60);
+pub(super) const REFUSAL_WINDOW: Duration = Duration::from_secs(60);
 
 /// One user's refusals in the current window.
 struct Refusals {
@@ -166,7 +166,7 @@ impl BrokerLog {
 
 /// The line with every quoted text longer than [`MAX_QUOTED`] cut (its length said), then the
 /// whole cut to [`MAX_LINE`].
-pub fn shape(raw: &str) -> String {
+pub(super) fn shape(raw: &str) -> String {
     let mut out = String::with_capacity(raw.len().min(MAX_LINE + 64));
     let mut rest = raw;
     while let Some(open) = rest.find('"') {
@@ -233,7 +233,7 @@ fn client_of(line: &str) -> String {
 
 /// The level the broker gave a line (`[INF]`, `[WRN]`, `[ERR]`, `[FTL]`, `[DBG]`, `[TRC]`), and
 /// the line after it (cotald's own log has its own time).
-pub fn level(line: &str) -> (tracing::Level, &str) {
+pub(super) fn level(line: &str) -> (tracing::Level, &str) {
     for (tag, level) in [
         ("[INF] ", tracing::Level::INFO),
         ("[WRN] ", tracing::Level::WARN),
