@@ -1,0 +1,280 @@
+//! How the trusted reader's copies and offers travel to a member (§8): batches framed on the
+//! member's backstop inbox, and the marker that says a session's backlog was all handed over.
+
+/// Header of a stored `@mention` copy: the chat subject the message was published on (§3),
+/// which the reader hands over with it.
+pub const COPY_SUBJECT: &str = "Cotal-Subject";
+
+/// Durable copies on their way to a member: one message on its inbox carries every copy the
+/// trusted reader had at hand, so a catch-up moves hundreds of copies per message through the
+/// broker instead of one. Each copy is framed as `<subject> <token> <length>\n<payload>`: the
+/// chat subject the message was published on (§3, which the member validates the copy
+/// against like any delivery), the token it acknowledges with `backstop-ack`, and the original
+/// payload, unchanged. Subjects and tokens hold no space or line end, so nothing is escaped.
+#[derive(Debug, Default)]
+pub struct CopyBatch {
+    body: Vec<u8>,
+    copies: usize,
+}
+
+impl CopyBatch {
+    /// Adds one copy.
+    pub fn push(&mut self, subject: &str, token: &str, payload: &[u8]) {
+        self.body.reserve(Self::framed_len(subject, token, payload));
+        self.body.extend_from_slice(subject.as_bytes());
+        self.body.push(b' ');
+        self.body.extend_from_slice(token.as_bytes());
+        self.body.push(b' ');
+        self.body
+            .extend_from_slice(payload.len().to_string().as_bytes());
+        self.body.push(b'\n');
+        self.body.extend_from_slice(payload);
+        self.copies += 1;
+    }
+
+    /// The bytes one copy takes in a batch.
+    pub fn framed_len(subject: &str, token: &str, payload: &[u8]) -> usize {
+        subject.len() + token.len() + payload.len().to_string().len() + payload.len() + 3
+    }
+
+    /// The batch's size in bytes.
+    pub fn len(&self) -> usize {
+        self.body.len()
+    }
+
+    /// How many copies it holds.
+    pub fn copies(&self) -> usize {
+        self.copies
+    }
+
+    /// Whether it holds no copy.
+    pub fn is_empty(&self) -> bool {
+        self.copies == 0
+    }
+
+    /// The message body.
+    pub fn into_body(self) -> Vec<u8> {
+        self.body
+    }
+}
+
+/// One copy of a [`CopyBatch`], borrowed from the received body.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Copy<'a> {
+    /// The chat subject it was published on.
+    pub subject: &'a str,
+    /// What `backstop-ack` acknowledges.
+    pub token: &'a str,
+    /// The original payload.
+    pub payload: &'a [u8],
+}
+
+/// A batch body that is not a sequence of framed copies.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("a malformed batch of durable copies: {0}")]
+pub struct CopyBatchError(&'static str);
+
+/// The copies of a batch body, in order.
+pub fn copies(body: &[u8]) -> Result<Vec<Copy<'_>>, CopyBatchError> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        let end = rest
+            .iter()
+            .position(|b| *b == b'\n')
+            .ok_or(CopyBatchError("a frame without its line end"))?;
+        let head = std::str::from_utf8(&rest[..end])
+            .map_err(|_| CopyBatchError("a frame head that is not UTF-8"))?;
+        let mut fields = head.split(' ');
+        let (Some(subject), Some(token), Some(len), None) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            return Err(CopyBatchError(
+                "a frame head without subject, token and length",
+            ));
+        };
+        let len: usize = len
+            .parse()
+            .map_err(|_| CopyBatchError("a frame length that is not a number"))?;
+        let payload = rest[end + 1..]
+            .get(..len)
+            .ok_or(CopyBatchError("a frame shorter than its length"))?;
+        out.push(Copy {
+            subject,
+            token,
+            payload,
+        });
+        rest = &rest[end + 1 + len..];
+    }
+    Ok(out)
+}
+
+/// Header of a message on the backstop inbox whose body is not a [`CopyBatch`]: its value
+/// says what it is.
+pub const BATCH_KIND: &str = "Cotal-Batch";
+
+/// [`BATCH_KIND`]'s value for an [`OfferBatch`].
+pub const OFFERS: &str = "offers";
+
+/// [`BATCH_KIND`]'s value for a consumer's word that what it held when the session started has
+/// been handed over (or as much as its window lets out before acknowledgements): the body is
+/// `<session> <consumer>`. It follows that consumer's copies on the same inbox, so a member
+/// that reads it has every one of them.
+pub const CAUGHT_UP: &str = "caught-up";
+
+/// The body of a [`CAUGHT_UP`] message.
+pub fn caught_up_body(session: &str, consumer: &str) -> String {
+    format!("{session} {consumer}")
+}
+
+/// Reads a [`CAUGHT_UP`] body: (session, consumer); `None` when it is not one.
+pub fn caught_up(body: &[u8]) -> Option<(&str, &str)> {
+    let text = std::str::from_utf8(body).ok()?;
+    let (session, consumer) = text.split_once(' ')?;
+    (!session.is_empty() && !consumer.is_empty() && !consumer.contains(' '))
+        .then_some((session, consumer))
+}
+
+/// Entries offered to a member that follows its channel, without their content: each framed
+/// as `<subject> <token> <id>\n`, the chat subject (which names the sender, §3), the token the
+/// member acknowledges (`backstop-ack`, as for a copy) or asks the content of
+/// (`backstop-want`), and the message's `id`, validated by the trusted reader. (sender, `id`)
+/// is what the member deduplicates by, so it knows without the content whether it surfaced the
+/// message already.
+#[derive(Debug, Default)]
+pub struct OfferBatch {
+    body: Vec<u8>,
+}
+
+impl OfferBatch {
+    /// Adds one offer; false (nothing added) when the id holds a space or a line end, which
+    /// the framing cannot carry: such an entry is handed over as a copy instead.
+    pub fn push(&mut self, subject: &str, token: &str, id: &str) -> bool {
+        if id.is_empty() || id.contains([' ', '\n', '\r']) {
+            return false;
+        }
+        for part in [subject, " ", token, " ", id, "\n"] {
+            self.body.extend_from_slice(part.as_bytes());
+        }
+        true
+    }
+
+    /// The batch's size in bytes.
+    pub fn len(&self) -> usize {
+        self.body.len()
+    }
+
+    /// Whether it holds no offer.
+    pub fn is_empty(&self) -> bool {
+        self.body.is_empty()
+    }
+
+    /// The message body.
+    pub fn into_body(self) -> Vec<u8> {
+        self.body
+    }
+}
+
+/// One offer of an [`OfferBatch`], borrowed from the received body.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Offer<'a> {
+    /// The chat subject it was published on.
+    pub subject: &'a str,
+    /// What `backstop-ack` acknowledges and `backstop-want` asks for.
+    pub token: &'a str,
+    /// The message's `id`.
+    pub id: &'a str,
+}
+
+/// The offers of a batch body, in order.
+pub fn offers(body: &[u8]) -> Result<Vec<Offer<'_>>, CopyBatchError> {
+    let text =
+        std::str::from_utf8(body).map_err(|_| CopyBatchError("offers that are not UTF-8"))?;
+    text.lines()
+        .map(|line| {
+            let mut fields = line.split(' ');
+            match (fields.next(), fields.next(), fields.next(), fields.next()) {
+                (Some(subject), Some(token), Some(id), None) if !id.is_empty() => {
+                    Ok(Offer { subject, token, id })
+                }
+                _ => Err(CopyBatchError("an offer without subject, token and id")),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_of_copies_round_trips_whatever_the_payload_holds() {
+        let mut batch = CopyBatch::default();
+        let payloads: [&[u8]; 3] = [b"{\"a\": 1}", b"", b"line\nbreaks and spaces \n"];
+        for (i, p) in payloads.iter().enumerate() {
+            batch.push("cotal.main.chat.UA.general", &format!("c{i}"), p);
+        }
+        assert_eq!(batch.copies(), 3);
+        let expected: usize = payloads
+            .iter()
+            .enumerate()
+            .map(|(i, p)| CopyBatch::framed_len("cotal.main.chat.UA.general", &format!("c{i}"), p))
+            .sum();
+        assert_eq!(batch.len(), expected);
+        let body = batch.into_body();
+        let read = copies(&body).unwrap();
+        assert_eq!(read.len(), 3);
+        for (i, copy) in read.iter().enumerate() {
+            assert_eq!(copy.subject, "cotal.main.chat.UA.general");
+            assert_eq!(copy.token, format!("c{i}"));
+            assert_eq!(copy.payload, payloads[i]);
+        }
+        assert_eq!(copies(b"").unwrap(), []);
+    }
+
+    #[test]
+    fn a_malformed_batch_is_refused() {
+        for body in [
+            &b"cotal.main.chat.UA.general c1 5"[..],
+            b"cotal.main.chat.UA.general c1\n{}",
+            b"cotal.main.chat.UA.general c1 x\n{}",
+            b"cotal.main.chat.UA.general c1 9\n{}",
+            b"a b c d\n",
+        ] {
+            assert!(copies(body).is_err(), "{body:?}");
+        }
+    }
+
+    #[test]
+    fn offers_round_trip_and_an_id_the_framing_cannot_carry_is_refused() {
+        let mut batch = OfferBatch::default();
+        assert!(batch.push("cotal.main.chat.UA.general", "f7", "m-1"));
+        assert!(batch.push("cotal.main.chat.UB.general", "f9", "m-2"));
+        for id in ["", "a b", "a\nb"] {
+            assert!(
+                !batch.push("cotal.main.chat.UA.general", "f10", id),
+                "{id:?}"
+            );
+        }
+        let body = batch.into_body();
+        assert_eq!(
+            offers(&body).unwrap(),
+            [
+                Offer {
+                    subject: "cotal.main.chat.UA.general",
+                    token: "f7",
+                    id: "m-1"
+                },
+                Offer {
+                    subject: "cotal.main.chat.UB.general",
+                    token: "f9",
+                    id: "m-2"
+                }
+            ]
+        );
+        assert_eq!(offers(b"").unwrap(), []);
+        for body in [&b"a b\n"[..], b"a b c d\n", b"a b \n", b"\xff"] {
+            assert!(offers(body).is_err(), "{body:?}");
+        }
+    }
+}
