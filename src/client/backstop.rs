@@ -58,13 +58,13 @@ pub(crate) async fn start(client: &Client) -> Result<(), ClientError> {
     inner.catch_up.register(FIRST_SESSION, BACKLOG);
     let first = Arc::new(Mutex::new(FirstSession::default()));
     let (acks, batch) = mpsc::unbounded_channel::<String>();
-    let receiver = tokio::spawn(receive(client.clone(), copies, acks, first.clone()));
+    inner
+        .background
+        .spawn(receive(client.clone(), copies, acks, first.clone()));
     let stop = CancellationToken::new();
+    // The batcher ends on its own token, after sending its last acks (`Client::stop_receiving`).
     let batcher = tokio::spawn(send_acks(client.clone(), batch, stop.clone()));
-    let keeper = tokio::spawn(keep_sessions(client.clone(), first));
-    if let Ok(mut tasks) = inner.tasks.lock() {
-        tasks.extend([receiver, keeper]);
-    }
+    inner.background.spawn(keep_sessions(client.clone(), first));
     if let Ok(mut slot) = inner.ack_batcher.lock() {
         *slot = Some((stop, batcher));
     }

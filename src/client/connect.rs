@@ -193,7 +193,7 @@ pub(super) async fn connect(opts: ConnectOptions) -> Result<Connection, ClientEr
         marked: Default::default(),
         health,
         grants: claims.permissions.clone(),
-        tasks: Mutex::new(Vec::new()),
+        background: Default::default(),
         roster,
         declared: Mutex::new(Default::default()),
         request_timeout: opts.request_timeout,
@@ -205,14 +205,7 @@ pub(super) async fn connect(opts: ConnectOptions) -> Result<Connection, ClientEr
     let client = Client { inner };
     let backstop = opts.receive_backstop && super::backstop::granted(&client, grants);
     if let Err(e) = start(&client, &opts, bind_dm, announce, backstop).await {
-        let tasks = client
-            .inner
-            .tasks
-            .lock()
-            .map(|mut t| std::mem::take(&mut *t));
-        for task in tasks.unwrap_or_default() {
-            task.abort();
-        }
+        client.inner.background.stop().await;
         let _ = client.inner.nats.drain().await;
         return Err(e);
     }

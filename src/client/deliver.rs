@@ -650,7 +650,7 @@ pub(crate) async fn bind(
     }
     let inner = client.inner.clone();
     let (stream, durable) = (stream.to_owned(), durable.to_owned());
-    let task = tokio::spawn(async move {
+    client.inner.background.spawn(async move {
         let mut consumer = consumer;
         loop {
             // A small prefetch: every pulled copy's `ack_wait` runs while it waits for the
@@ -701,7 +701,6 @@ pub(crate) async fn bind(
             }
         }
     });
-    client.inner.tasks.lock().map(|mut t| t.push(task)).ok();
     Ok(())
 }
 

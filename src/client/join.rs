@@ -49,29 +49,26 @@ const GAP_MARGIN: Duration = Duration::from_secs(5);
 /// Closes the live gap of reconnects: when the connection comes back, every joined channel is
 /// read from shortly before it dropped ([`Client::recover_gap`]).
 pub(crate) fn start_gap_recovery(client: &Client) {
-    let task = {
-        let client = client.clone();
-        tokio::spawn(async move {
-            let mut state = client.state();
-            let mut dropped_at = None;
-            while state.changed().await.is_ok() {
-                let now = *state.borrow_and_update();
-                match now {
-                    super::ConnectionState::Reconnecting => {
-                        dropped_at.get_or_insert_with(time::OffsetDateTime::now_utc);
-                    }
-                    super::ConnectionState::Connected => {
-                        if let Some(at) = dropped_at.take() {
-                            client.recover_gap(at - GAP_MARGIN).await;
-                        }
-                    }
-                    super::ConnectionState::Disconnected => return,
+    client.inner.background.spawn(recover_gaps(client.clone()));
+}
+
+/// Recovers the gap of each reconnect, until the connection is closed for good.
+async fn recover_gaps(client: Client) {
+    let mut state = client.state();
+    let mut dropped_at = None;
+    while state.changed().await.is_ok() {
+        let now = *state.borrow_and_update();
+        match now {
+            super::ConnectionState::Reconnecting => {
+                dropped_at.get_or_insert_with(time::OffsetDateTime::now_utc);
+            }
+            super::ConnectionState::Connected => {
+                if let Some(at) = dropped_at.take() {
+                    client.recover_gap(at - GAP_MARGIN).await;
                 }
             }
-        })
-    };
-    if let Ok(mut tasks) = client.inner.tasks.lock() {
-        tasks.push(task);
+            super::ConnectionState::Disconnected => return,
+        }
     }
 }
 

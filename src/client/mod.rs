@@ -17,6 +17,7 @@
 //! | §5, §8 send through JetStream with `Nats-Msg-Id` | [`Client::send`] |
 //! | §5 control request/reply | [`Client::control`] |
 
+mod background;
 mod backstop;
 mod catch_up;
 mod channels;
@@ -480,7 +481,8 @@ pub(crate) struct Inner {
     /// What the credential may publish and subscribe to (its JWT's grants): a join the grants
     /// refuse is refused before any SUB.
     pub(crate) grants: crate::binding::UserPermissions,
-    pub(crate) tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The background tasks (watch, heartbeat, pulls, backstop, gap recovery).
+    pub(crate) background: background::Background,
     pub(crate) roster: presence::Roster,
     pub(crate) declared: Mutex<presence::Declared>,
     pub(crate) request_timeout: Duration,
@@ -832,16 +834,7 @@ impl Client {
                 tracing::debug!("the last durable acks were not confirmed before stopping");
             }
         }
-        let tasks = self
-            .inner
-            .tasks
-            .lock()
-            .map(|mut t| std::mem::take(&mut *t))
-            .unwrap_or_default();
-        for task in tasks {
-            task.abort();
-            let _ = task.await;
-        }
+        self.inner.background.stop().await;
     }
 }
 

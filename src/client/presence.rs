@@ -484,37 +484,26 @@ pub(crate) async fn publish_offline(client: &Client) {
 /// Watches the roster and, when `announce`, publishes the first heartbeat (so a bad grant
 /// fails the connect) and keeps beating.
 pub(crate) async fn start(client: &Client, announce: bool) -> Result<(), ClientError> {
-    let watcher = client.clone();
-    let watch_task = tokio::spawn(async move { watch(watcher).await });
-    client
-        .inner
-        .tasks
-        .lock()
-        .map(|mut t| t.push(watch_task))
-        .ok();
+    client.inner.background.spawn(watch(client.clone()));
     if !announce {
         return Ok(());
     }
     client.inner.roster.expect_echo(client.id().as_str());
     heartbeat(client).await?;
-    let beat = client.clone();
-    let heartbeat_task = tokio::spawn(async move {
-        let mut next = tokio::time::Instant::now() + HEARTBEAT_INTERVAL;
-        loop {
-            tokio::time::sleep_until(next).await;
-            next += HEARTBEAT_INTERVAL;
-            if let Err(e) = heartbeat(&beat).await {
-                tracing::debug!(error = %e, "heartbeat failed; retrying on the next beat");
-            }
-        }
-    });
-    client
-        .inner
-        .tasks
-        .lock()
-        .map(|mut t| t.push(heartbeat_task))
-        .ok();
+    client.inner.background.spawn(keep_beating(client.clone()));
     Ok(())
+}
+
+/// A heartbeat every [`HEARTBEAT_INTERVAL`] after the first, until the client stops.
+async fn keep_beating(client: Client) {
+    let mut next = tokio::time::Instant::now() + HEARTBEAT_INTERVAL;
+    loop {
+        tokio::time::sleep_until(next).await;
+        next += HEARTBEAT_INTERVAL;
+        if let Err(e) = heartbeat(&client).await {
+            tracing::debug!(error = %e, "heartbeat failed; retrying on the next beat");
+        }
+    }
 }
 
 /// Watches the presence bucket; rebinds after every reconnect or failure. The live half is a
