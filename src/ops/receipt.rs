@@ -77,6 +77,20 @@ pub struct Receipt {
 }
 
 impl Receipt {
+    /// A receipt of `tier` that knows nothing yet: every count unknown.
+    pub fn unknown(tier: Tier) -> Receipt {
+        Receipt {
+            tier,
+            durable_members: None,
+            durable_away: None,
+            live_now: None,
+            target: None,
+            target_online: None,
+            role_holders: None,
+            role_online: None,
+        }
+    }
+
     /// What happened, in words a person or an agent reads.
     pub fn words(&self) -> String {
         let unknown = "unknown";
@@ -206,16 +220,7 @@ mod tests {
     use super::*;
 
     fn receipt(tier: Tier) -> Receipt {
-        Receipt {
-            tier,
-            durable_members: None,
-            durable_away: None,
-            live_now: None,
-            target: None,
-            target_online: None,
-            role_holders: None,
-            role_online: None,
-        }
+        Receipt::unknown(tier)
     }
 
     #[test]

@@ -77,16 +77,7 @@ impl Receipts {
         caller: &IdentityRecord,
         to: &ReceiptFor,
     ) -> Result<Receipt, ReceiptError> {
-        let mut receipt = Receipt {
-            tier: Tier::Dm,
-            durable_members: None,
-            durable_away: None,
-            live_now: None,
-            target: None,
-            target_online: None,
-            role_holders: None,
-            role_online: None,
-        };
+        let mut receipt = Receipt::unknown(Tier::Dm);
         match to {
             ReceiptFor::Channel(name) => {
                 let channel = Channel::new(name)
