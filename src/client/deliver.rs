@@ -644,64 +644,76 @@ pub(crate) async fn bind(
         stream: stream.to_owned(),
         source: e.into(),
     })?;
-    let mut backlog = crate::binding::backlog::Backlog::at(consumer.cached_info());
+    let backlog = crate::binding::backlog::Backlog::at(consumer.cached_info());
     if !backlog.is_done() {
         client.inner.catch_up.register(durable, what);
     }
-    let inner = client.inner.clone();
     let (stream, durable) = (stream.to_owned(), durable.to_owned());
-    client.inner.background.spawn(async move {
-        let mut consumer = consumer;
-        loop {
-            // A small prefetch: every pulled copy's `ack_wait` runs while it waits for the
-            // application, so pulling far ahead of it would only provoke redeliveries.
-            match consumer
-                .stream()
-                .max_messages_per_batch(PULL_BATCH)
-                .messages()
-                .await
-            {
-                Ok(mut messages) => {
-                    while let Some(next) = messages.next().await {
-                        match next {
-                            Ok(msg) => {
-                                let last = backlog.took_one();
-                                inner.out.stream_copy(msg).await;
-                                if last {
-                                    inner.catch_up.done(&durable);
-                                }
+    client.inner.background.spawn(pull(
+        client.inner.clone(),
+        consumer,
+        backlog,
+        stream,
+        durable,
+    ));
+    Ok(())
+}
+
+/// Pulls `durable`'s copies into the client's deliveries, counting down the `backlog` found
+/// at bind; rebinds when the consumer goes away or the stream ends (a broker restart).
+async fn pull(
+    inner: std::sync::Arc<super::Inner>,
+    mut consumer: jetstream::consumer::PullConsumer,
+    mut backlog: crate::binding::backlog::Backlog,
+    stream: String,
+    durable: String,
+) {
+    loop {
+        // A small prefetch: every pulled copy's `ack_wait` runs while it waits for the
+        // application, so pulling far ahead of it would only provoke redeliveries.
+        match consumer
+            .stream()
+            .max_messages_per_batch(PULL_BATCH)
+            .messages()
+            .await
+        {
+            Ok(mut messages) => {
+                while let Some(next) = messages.next().await {
+                    match next {
+                        Ok(msg) => {
+                            let last = backlog.took_one();
+                            inner.out.stream_copy(msg).await;
+                            if last {
+                                inner.catch_up.done(&durable);
                             }
-                            Err(e) => {
-                                tracing::debug!(durable, error = %e, "pull stream error");
-                                if matches!(
-                                    e.kind(),
-                                    jetstream::consumer::pull::MessagesErrorKind::ConsumerDeleted
-                                ) {
-                                    break;
-                                }
+                        }
+                        Err(e) => {
+                            tracing::debug!(durable, error = %e, "pull stream error");
+                            if matches!(
+                                e.kind(),
+                                jetstream::consumer::pull::MessagesErrorKind::ConsumerDeleted
+                            ) {
+                                break;
                             }
                         }
                     }
                 }
-                Err(e) => inner.out.notice(Notice::ConsumerLost {
-                    durable: durable.clone(),
-                    reason: e.to_string(),
-                }),
             }
-            // The consumer went away or the stream ended (e.g. a broker restart): rebind.
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            if let Ok(c) = inner
-                .js
-                .get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(
-                    &durable, &stream,
-                )
-                .await
-            {
-                consumer = c;
-            }
+            Err(e) => inner.out.notice(Notice::ConsumerLost {
+                durable: durable.clone(),
+                reason: e.to_string(),
+            }),
         }
-    });
-    Ok(())
+        // The consumer went away or the stream ended (e.g. a broker restart): rebind.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if let Ok(c) = inner
+            .js
+            .get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(&durable, &stream)
+            .await
+        {
+            consumer = c;
+        }
+    }
 }
 
 #[cfg(test)]
