@@ -31,6 +31,7 @@
 //! rendered the same way. HTML, CSS and JS are compiled into the binary.
 
 mod compose;
+mod direct;
 mod http;
 mod observer;
 mod pages;
@@ -456,7 +457,7 @@ impl Site {
             ),
         };
         let banner = match &part {
-            Part::Roster(o) | Part::Direct(o) | Part::Channels(o) => sent_banner(o, req),
+            Part::Roster(o) | Part::Direct(o) | Part::Channels(o) => direct::sent_banner(o, req),
             Part::Index | Part::Health => String::new(),
         };
         let body = head + &banner + &pages::live(&live_url, &body);
@@ -482,7 +483,7 @@ impl Site {
                     .map(|i| i.as_ref())
                     .filter(|i| i.message.mentions.iter().any(|m| m == me))
                     .collect();
-                pages::direct(
+                direct::direct(
                     &o.space,
                     &self.token.csrf(),
                     me,
@@ -542,7 +543,7 @@ impl Site {
         let body = format!(
             "<h1>Feed of {}</h1>{}{}",
             pages::esc(&observer.space),
-            sent_banner(observer, req),
+            direct::sent_banner(observer, req),
             pages::feed(&observer.space, channel, &names, &kept, last, &form)
         );
         Response::html(
@@ -564,15 +565,6 @@ impl Site {
         );
         pages::health(&state, varz.ok().as_ref(), jsz.ok().as_ref())
     }
-}
-
-/// What the page says of the message the person just sent (`?sent=<id>`): its receipt, as
-/// taken when it was sent.
-fn sent_banner(observer: &Observer, req: &Request) -> String {
-    req.param("sent")
-        .and_then(|id| observer.person.receipt(id))
-        .map(|receipt| pages::sent(&receipt))
-        .unwrap_or_default()
 }
 
 /// The roster's instances with their status by the liveness rule (§6): the present first,
