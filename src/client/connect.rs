@@ -386,7 +386,7 @@ async fn start(
     if backstop {
         super::backstop::start(client).await?;
     }
-    super::join::start_gap_recovery(client);
+    super::history::start_gap_recovery(client);
     Ok(())
 }
 

@@ -10,7 +10,8 @@
 //! | --- | --- |
 //! | §2 adopt the credential's id; inbox `_INBOX_<id>` (§10) | `connect` |
 //! | §6 heartbeat, roster | [`presence`] |
-//! | §7 join/leave, watermark, replay, durable membership | [`join`] |
+//! | §7 join/leave, watermark, durable membership | [`join`] |
+//! | §7 replay, history, the gap of a reconnect | `history` |
 //! | §7 the channels: registry, effective config, activity | [`ChannelInfo`] |
 //! | §4, §5, §8 receive, dedup, ack/term | [`deliver`] |
 //! | §4 `durable`, §8 the trusted reader's copies, acked once handled | `backstop` |
@@ -25,6 +26,7 @@ mod connect;
 pub mod deliver;
 mod error;
 mod health;
+mod history;
 pub mod join;
 pub mod presence;
 mod transient;

@@ -1,0 +1,390 @@
+//! A channel's history (§7 replay, §8 the pinned `chathist_<id>` consumer): reading it on
+//! demand, backfilling a join up to its watermark, the replay marks of live channels, and
+//! closing the gap a reconnect leaves in every joined channel.
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
+use futures_util::StreamExt;
+
+use super::join::DurableState;
+use super::{Client, ClientError, nats_err};
+use crate::binding::chat_history_consumer;
+use crate::protocol::{Channel, ChannelPattern, CotalMessage, resolve};
+
+/// History fetch batch size.
+const HISTORY_BATCH: usize = 256;
+/// A history read ends when a pull brings nothing for this long.
+const HISTORY_IDLE: Duration = Duration::from_secs(2);
+
+/// How far before the drop was noticed a reconnect's gap read starts: messages in flight on
+/// a dying connection are lost too, and the broker's clock is not ours.
+const GAP_MARGIN: Duration = Duration::from_secs(5);
+
+/// Closes the live gap of reconnects: when the connection comes back, every joined channel is
+/// read from shortly before it dropped ([`Client::recover_gap`]).
+pub(crate) fn start_gap_recovery(client: &Client) {
+    client.inner.background.spawn(recover_gaps(client.clone()));
+}
+
+/// Recovers the gap of each reconnect, until the connection is closed for good.
+async fn recover_gaps(client: Client) {
+    let mut state = client.state();
+    let mut dropped_at = None;
+    while state.changed().await.is_ok() {
+        let now = *state.borrow_and_update();
+        match now {
+            super::ConnectionState::Reconnecting => {
+                dropped_at.get_or_insert_with(time::OffsetDateTime::now_utc);
+            }
+            super::ConnectionState::Connected => {
+                if let Some(at) = dropped_at.take() {
+                    client.recover_gap(at - GAP_MARGIN).await;
+                }
+            }
+            super::ConnectionState::Disconnected => return,
+        }
+    }
+}
+
+impl Client {
+    /// Up to `limit` of the most recent messages of `channel`, oldest first, our own included:
+    /// read through the pinned `chathist_<id>` consumer (so only within the read ACL, §9) and
+    /// within the channel's replay window. A channel whose effective `replay` is false has no
+    /// readable history (§7): [`ClientError::HistoryClosed`].
+    pub async fn history(
+        &self,
+        channel: &Channel,
+        limit: usize,
+    ) -> Result<Vec<CotalMessage>, ClientError> {
+        let pattern = ChannelPattern::new(channel.as_str())?;
+        let effective = self.effective_config(&pattern).await?;
+        if !effective.replay {
+            return Err(ClientError::HistoryClosed {
+                channel: channel.as_str().to_owned(),
+            });
+        }
+        let start = |_frontier: u64| match &effective.replay_window {
+            Some(window) => DeliverPolicy::ByStartTime {
+                start_time: time::OffsetDateTime::now_utc() - window.duration(),
+            },
+            None => DeliverPolicy::All,
+        };
+        self.read_history(&pattern, limit, start).await
+    }
+
+    /// Up to `limit` of the most recent messages of every channel the credential reads, oldest
+    /// first, leaving out the channels whose effective `replay` is false or whose replay window
+    /// they are older than (§7): what an observer shows of the space's past when it opens.
+    /// Read from the last `limit` entries of CHAT (every CHAT subject is a channel message).
+    pub async fn recent(&self, limit: usize) -> Result<Vec<CotalMessage>, ClientError> {
+        let every = ChannelPattern::new(">")?;
+        let start = |frontier: u64| DeliverPolicy::ByStartSequence {
+            start_sequence: frontier.saturating_sub(limit as u64) + 1,
+        };
+        let messages = self.read_history(&every, limit, start).await?;
+        let registry = self.channel_registry().await?;
+        let now = time::OffsetDateTime::now_utc();
+        Ok(messages
+            .into_iter()
+            .filter(|m| {
+                let crate::protocol::Routing::Channel(channel) = &m.routing else {
+                    return false;
+                };
+                let effective = resolve(registry.channels.get(channel), registry.defaults.as_ref());
+                let sent = m
+                    .ts
+                    .as_u64()
+                    .and_then(|ms| {
+                        time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+                            .ok()
+                    })
+                    .unwrap_or(now);
+                effective.replay
+                    && effective
+                        .replay_window
+                        .as_ref()
+                        .is_none_or(|w| now - w.duration() <= sent)
+            })
+            .collect())
+    }
+
+    /// Reads up to the last `limit` messages matching `pattern` through the pinned
+    /// `chathist_<id>` consumer, starting where `start(frontier)` says.
+    async fn read_history(
+        &self,
+        pattern: &ChannelPattern,
+        limit: usize,
+        start: impl FnOnce(u64) -> DeliverPolicy,
+    ) -> Result<Vec<CotalMessage>, ClientError> {
+        let subject = self.inner.subjects.chat_subscription(pattern);
+        fn fail<E: Into<super::BoxError>>(subject: &str) -> impl FnOnce(E) -> ClientError {
+            nats_err(format!("history of {subject}"))
+        }
+        let _one_at_a_time = self.inner.history.lock().await;
+        let frontier = self.chat_frontier().await?;
+        let mut kept = std::collections::VecDeque::with_capacity(limit.min(HISTORY_BATCH));
+        if frontier == 0 || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let stream = self
+            .inner
+            .js
+            .get_stream(self.inner.names.chat_stream())
+            .await
+            .map_err(fail(&subject))?;
+        let name = chat_history_consumer(self.inner.id.as_str());
+        let _ = stream.delete_consumer(&name).await;
+        let consumer = stream
+            .create_consumer(pull::Config {
+                name: Some(name.clone()),
+                filter_subject: subject.clone(),
+                ack_policy: AckPolicy::None,
+                deliver_policy: start(frontier),
+                memory_storage: true,
+                inactive_threshold: Duration::from_secs(30),
+                ..Default::default()
+            })
+            .await
+            .map_err(fail(&subject))?;
+        let max_payload = self.inner.nats.server_info().max_payload;
+        let mut pending = consumer.cached_info().num_pending;
+        'read: while pending > 0 {
+            let mut batch = consumer
+                .fetch()
+                .max_messages(HISTORY_BATCH.min(pending as usize).max(1))
+                .expires(Duration::from_secs(2))
+                .messages()
+                .await
+                .map_err(fail(&subject))?;
+            let mut got = 0;
+            while let Some(msg) = batch.next().await {
+                let msg = msg.map_err(fail(&subject))?;
+                got += 1;
+                let Ok(info) = msg.info() else { continue };
+                if info.stream_sequence > frontier {
+                    break 'read;
+                }
+                pending = info.pending;
+                // What fails the receive checks is not shown, as it would not be delivered.
+                if let Ok(accepted) = crate::binding::frame::accept_delivery(
+                    msg.subject.as_str(),
+                    msg.headers.as_ref(),
+                    msg.status,
+                    &msg.payload,
+                    max_payload,
+                ) && accepted.kind == crate::protocol::DeliveryKind::Channel
+                {
+                    if kept.len() == limit {
+                        kept.pop_front();
+                    }
+                    kept.push_back(accepted.message);
+                }
+            }
+            if got == 0 {
+                break;
+            }
+        }
+        let _ = stream.delete_consumer(&name).await;
+        Ok(kept.into())
+    }
+
+    /// Reads the channel's history from `start` up to `watermark` through the pinned
+    /// single-filter `chathist_<id>` consumer (§8); surfaces what is at or below `historical`
+    /// with `historical = true`. One history read runs at a time (they share the consumer).
+    pub(super) async fn backfill(
+        &self,
+        subject: &str,
+        watermark: u64,
+        deliver_policy: DeliverPolicy,
+        historical: u64,
+        read_to: u64,
+    ) -> Result<usize, ClientError> {
+        let _one_at_a_time = self.inner.history.lock().await;
+        fn fail<E: Into<super::BoxError>>(subject: &str) -> impl FnOnce(E) -> ClientError {
+            nats_err(format!("history of {subject}"))
+        }
+        let stream = self
+            .inner
+            .js
+            .get_stream(self.inner.names.chat_stream())
+            .await
+            .map_err(fail(subject))?;
+        let name = chat_history_consumer(self.inner.id.as_str());
+        // A consumer left behind by an interrupted read would refuse the new filter.
+        let _ = stream.delete_consumer(&name).await;
+        let consumer = stream
+            .create_consumer(pull::Config {
+                name: Some(name.clone()),
+                filter_subject: subject.to_owned(),
+                ack_policy: AckPolicy::None,
+                deliver_policy,
+                memory_storage: true,
+                inactive_threshold: Duration::from_secs(30),
+                ..Default::default()
+            })
+            .await
+            .map_err(fail(subject))?;
+        // Read to the watermark, then once more to the frontier as it is then: a message routed
+        // just before our SUB became active may be stored just after the watermark was read.
+        // Later messages reach the live subscription; dedup by `id` absorbs any overlap. Pulls
+        // are pipelined (the next batch is asked for while this one is surfaced); a pull that
+        // brings nothing for [`HISTORY_IDLE`] ends the read, as the frontier said it would.
+        let mut pending = consumer.cached_info().num_pending;
+        let mut messages = consumer
+            .stream()
+            .max_messages_per_batch(HISTORY_BATCH)
+            .messages()
+            .await
+            .map_err(fail(subject))?;
+        let mut surfaced = 0;
+        let mut target = watermark;
+        let mut extended = false;
+        loop {
+            if pending == 0 {
+                if extended {
+                    break;
+                }
+                extended = true;
+                let now = self.chat_frontier().await?;
+                if now <= target {
+                    break;
+                }
+                target = now;
+                pending = stream
+                    .consumer_info(&name)
+                    .await
+                    .map_err(fail(subject))?
+                    .num_pending;
+                if pending == 0 {
+                    break;
+                }
+            }
+            let Ok(Some(msg)) = tokio::time::timeout(HISTORY_IDLE, messages.next()).await else {
+                break;
+            };
+            let msg = msg.map_err(fail(subject))?;
+            let Ok(info) = msg.info() else { continue };
+            let (seq, left) = (info.stream_sequence, info.pending);
+            if seq <= read_to {
+                pending = left;
+                continue;
+            }
+            if seq > target {
+                if extended {
+                    break;
+                }
+                extended = true;
+                target = self.chat_frontier().await?;
+                if seq > target {
+                    break;
+                }
+            }
+            if self
+                .inner
+                .out
+                .channel_copy(&msg.message, seq <= historical)
+                .await
+            {
+                surfaced += 1;
+            }
+            pending = left;
+        }
+        drop(messages);
+        let _ = stream.delete_consumer(&name).await;
+        Ok(surfaced)
+    }
+
+    /// This identity's replay mark of `channel` (0 when it has none, or it cannot be read:
+    /// the replay is then as configured).
+    pub(super) async fn replay_mark(&self, channel: &str) -> u64 {
+        match self
+            .manager::<std::collections::BTreeMap<String, u64>>(&crate::ops::Request::ReplayMarks)
+            .await
+        {
+            Ok(marks) => marks.get(channel).copied().unwrap_or(0),
+            Err(e) => {
+                tracing::debug!(channel, error = %e, "replay mark not read; replaying as configured");
+                0
+            }
+        }
+    }
+
+    /// Tells the appliance that everything surfaced so far on the joined `live` channels that
+    /// replay has been read (the caller has handled all it was given): their next session's
+    /// replay starts after the CHAT frontier of now. A message stored just before and not
+    /// surfaced yet is then not replayed; a `live` channel promises no more (§4).
+    pub async fn mark_read(&self) -> Result<(), ClientError> {
+        let channels: Vec<String> = self
+            .inner
+            .joined
+            .lock()
+            .await
+            .iter()
+            .filter(|(key, j)| {
+                j.pump.is_some()
+                    && j.replay
+                    && matches!(j.durable, DurableState::NotApplicable)
+                    && !key.contains(['*', '>'])
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        if channels.is_empty() {
+            return Ok(());
+        }
+        let frontier = self.chat_frontier().await?;
+        let marked = &self.inner.marked;
+        if marked.swap(frontier, std::sync::atomic::Ordering::Relaxed) == frontier {
+            return Ok(());
+        }
+        let marks = channels.into_iter().map(|c| (c, frontier)).collect();
+        let request = crate::ops::Request::ReplayMark(crate::ops::ReplayMark { marks })
+            .to_control(self.endpoint());
+        self.notify(crate::binding::MANAGER_SERVICE, &request).await
+    }
+
+    /// After a reconnect: reads each joined channel from `since` to the frontier, so that what
+    /// was published while the live subscriptions were down is surfaced (deduplicated with
+    /// what did arrive). A channel whose history may not be read reports the gap instead.
+    pub(crate) async fn recover_gap(&self, since: time::OffsetDateTime) {
+        let channels: Vec<(String, String, bool)> = self
+            .inner
+            .joined
+            .lock()
+            .await
+            .iter()
+            .filter(|(_, j)| j.pump.is_some())
+            .map(|(k, j)| (k.clone(), j.subject.clone(), j.replay))
+            .collect();
+        for (channel, subject, replay) in channels {
+            if !replay {
+                self.inner.out.notice(super::deliver::Notice::Gap {
+                    channel,
+                    since: since.unix_timestamp(),
+                });
+                continue;
+            }
+            let read = async {
+                let frontier = self.chat_frontier().await?;
+                self.backfill(
+                    &subject,
+                    frontier,
+                    DeliverPolicy::ByStartTime { start_time: since },
+                    0,
+                    0,
+                )
+                .await
+            };
+            match read.await {
+                Ok(n) => tracing::debug!(channel, surfaced = n, "reconnect gap read"),
+                Err(e) => {
+                    tracing::warn!(channel, error = %e, "reconnect gap not read");
+                    self.inner.out.notice(super::deliver::Notice::Gap {
+                        channel,
+                        since: since.unix_timestamp(),
+                    });
+                }
+            }
+        }
+    }
+}
