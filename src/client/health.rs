@@ -7,8 +7,6 @@
 use std::sync::Mutex;
 use std::time::SystemTime;
 
-use async_nats::jetstream;
-
 use std::time::Duration;
 
 use super::{Client, ConnectionState};
@@ -172,7 +170,11 @@ impl Client {
         }
         let (mut waiting, mut unknown) = (Vec::new(), Vec::new());
         for (what, stream, durable) in durables {
-            match consumer_info(&self.inner.js, &stream, &durable).await {
+            let info = async {
+                let stream = self.inner.js.get_stream_no_info(&stream).await?;
+                Ok::<_, super::BoxError>(stream.consumer_info(&durable).await?)
+            };
+            match info.await {
                 Ok(info) => waiting.push(DurableWaiting {
                     what,
                     pending: info.num_pending,
@@ -190,16 +192,6 @@ impl Client {
         let connected = *self.inner.state.borrow() == ConnectionState::Connected;
         self.inner.health.error(what, connected);
     }
-}
-
-async fn consumer_info(
-    js: &jetstream::Context,
-    stream: &str,
-    durable: &str,
-) -> Result<jetstream::consumer::Info, super::BoxError> {
-    let mut consumer: jetstream::consumer::PullConsumer =
-        js.get_consumer_from_stream(durable, stream).await?;
-    Ok(consumer.info().await?.clone())
 }
 
 #[cfg(test)]

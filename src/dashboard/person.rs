@@ -52,9 +52,6 @@ pub(super) struct Sent {
     pub receipt: String,
 }
 
-/// A DM the recipient read, as the direct page says it.
-const READ: &str = "read: the recipient acknowledged it";
-
 /// The person's DMs.
 pub(super) struct Person {
     /// The person's instance id.
@@ -70,8 +67,9 @@ struct Kept {
     seen: HashSet<(String, String)>,
     /// What the person sent from the dashboard, oldest first.
     sent: VecDeque<Sent>,
-    /// The DMs the person sent that their recipient read, by id (asked no more).
-    read: HashSet<String>,
+    /// What the direct page says of the DMs the person sent that their recipient read, by
+    /// id (asked no more).
+    read: HashMap<String, String>,
 }
 
 impl Kept {
@@ -226,23 +224,21 @@ impl Person {
                 .take(READ_ASKED)
                 .collect()
         };
-        let mut states = HashMap::new();
-        for (id, peer, sequence) in asked {
-            if self.was_read(&id) {
-                states.insert(id, READ.to_owned());
-                continue;
+        // Asked together: a page renders in one round trip, not one per DM.
+        let asks = asked.into_iter().map(|(id, peer, sequence)| async move {
+            if let Some(words) = self.read(&id) {
+                return Some((id, words));
             }
-            let Ok(target) = peer.parse::<InstanceId>() else {
-                continue;
-            };
+            let target = peer.parse::<InstanceId>().ok()?;
             let words = match voice.read_receipt(&Routing::to(&target), sequence).await {
                 Ok(r) if r.state == Some(crate::ops::receipt::ReadState::Read) => {
+                    let words = r.words();
                     let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
                     if kept.read.len() >= 4 * KEEP {
                         kept.read.clear();
                     }
-                    kept.read.insert(id.clone());
-                    READ.to_owned()
+                    kept.read.insert(id.clone(), words.clone());
+                    words
                 }
                 Ok(r) => r.words(),
                 Err(e) => format!(
@@ -250,14 +246,19 @@ impl Person {
                     crate::ops::error_text(&e)
                 ),
             };
-            states.insert(id, words);
-        }
-        states
+            Some((id, words))
+        });
+        futures_util::future::join_all(asks)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
-    fn was_read(&self, id: &str) -> bool {
+    /// What the direct page says of a DM its recipient read (asked no more).
+    fn read(&self, id: &str) -> Option<String> {
         let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        kept.read.contains(id)
+        kept.read.get(id).cloned()
     }
 
     /// The kept DMs, oldest first.

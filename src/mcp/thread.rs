@@ -82,11 +82,6 @@ impl Threads {
         Some(seen.thread_of(m))
     }
 
-    /// The context a reply to `parent` carries: the parent's thread.
-    pub(super) fn context_for_reply(&self, parent: &str) -> String {
-        self.resolve(parent)
-    }
-
     /// Every kept message of thread `thread` (its first message included), in the order they
     /// were sent (then kept).
     pub(super) fn messages(&self, thread: &str) -> Vec<Arc<CotalMessage>> {

@@ -222,18 +222,15 @@ impl Receipts {
         Some((parsed.sender.to_owned(), parsed.rest.to_owned()))
     }
 
+    /// The info of `durable` on `stream`, in one request.
     async fn consumer_info(
         &self,
         stream: &str,
         durable: &str,
     ) -> Result<async_nats::jetstream::consumer::Info, Box<dyn std::error::Error + Send + Sync>>
     {
-        let mut consumer: async_nats::jetstream::consumer::PullConsumer = self
-            .space
-            .jetstream()
-            .get_consumer_from_stream(durable, stream)
-            .await?;
-        Ok(consumer.info().await?.clone())
+        let stream = self.space.jetstream().get_stream_no_info(stream).await?;
+        Ok(stream.consumer_info(durable).await?)
     }
 
     /// Whether `id` is online by the liveness rule (§6).

@@ -187,10 +187,11 @@ impl CotalServer {
             vec![Part::text(text)],
         );
         message.reply_to = reply_to.filter(|r| !r.is_empty());
+        // A reply carries its parent's thread as its context.
         message.context_id = message
             .reply_to
             .as_deref()
-            .map(|parent| self.threads.context_for_reply(parent));
+            .map(|parent| self.threads.resolve(parent));
         Ok(message)
     }
 }
