@@ -320,8 +320,11 @@ fn local_link(dir: &DataDir, space: &str, channels: &[String]) -> anyhow::Result
             std::net::IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
         });
     }
-    let text = crate::daemon::join_link(&addr.to_string(), space, channels)?;
-    Ok(JoinLink::parse(&text)?)
+    Ok(crate::daemon::join_link(
+        &addr.to_string(),
+        space,
+        channels,
+    )?)
 }
 
 /// Refuses a `--ca` that is not a PEM certificate, naming what it looks like instead.

@@ -32,6 +32,7 @@ use serde_json::Value;
 
 use super::{Core, DaemonError};
 use crate::binding::SpaceNames;
+use crate::datadir::DataDir;
 use crate::files::FileError;
 use crate::ops::{BackupManifest, BackupReport, BackupRequest, SpaceCopy, StreamCopy};
 use crate::space::Space;
@@ -77,14 +78,27 @@ pub enum BackupError {
         #[source]
         source: std::io::Error,
     },
-    /// A file of a restore could not be read.
-    #[error("{path}: {reason}")]
+    /// A file of a restore is not the JSON a backup writes.
+    #[error("{path} is not the JSON a backup writes")]
     Restore {
         /// The file.
         path: PathBuf,
         /// Why.
-        reason: String,
+        #[source]
+        source: serde_json::Error,
     },
+    /// A stream's snapshot request could not be written as JSON.
+    #[error("writing the snapshot request of stream `{stream}`")]
+    Request {
+        /// The stream.
+        stream: String,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The task writing the archive ended without an answer (it panicked or was cancelled).
+    #[error("the archive writer ended without finishing")]
+    Writer(#[source] tokio::task::JoinError),
 }
 
 /// The streams of a space an archive holds, in the order they are copied and restored, and
@@ -137,7 +151,7 @@ impl Core {
     /// Snapshots every stream into `parts`, then packs `parts`, the data dir's parts and the
     /// profile into `out`.
     async fn backup_into(&self, out: &Path, parts: &Path) -> Result<BackupManifest, DaemonError> {
-        let spaces = self.served_spaces().await;
+        let spaces = self.spaces.spaces().await;
         let mut manifest = BackupManifest {
             format: FORMAT,
             cotald: env!("CARGO_PKG_VERSION").to_owned(),
@@ -160,8 +174,12 @@ impl Core {
                         space: space.name().to_owned(),
                         source,
                     })?;
-                let request = serde_json::to_vec_pretty(&taken.request)
-                    .map_err(|e| DaemonError::Invalid(e.to_string()))?;
+                let request = serde_json::to_vec_pretty(&taken.request).map_err(|source| {
+                    BackupError::Request {
+                        stream: stream.clone(),
+                        source,
+                    }
+                })?;
                 crate::files::write_atomic(&dir.join(format!("{stream}.json")), &request, 0o600)?;
                 copy.streams.push(StreamCopy {
                     stream,
@@ -177,65 +195,70 @@ impl Core {
         let packed = manifest.clone();
         tokio::task::spawn_blocking(move || pack(&out, &parts, &root, &packed, &profile))
             .await
-            .map_err(|e| DaemonError::Invalid(format!("the archive writer failed: {e}")))??;
+            .map_err(BackupError::Writer)??;
         Ok(manifest)
     }
+}
 
-    /// Restores the streams a `cotald restore` left for `space` in the data dir, if any.
-    pub(super) async fn restore_pending(&self, space: &Space) -> Result<(), DaemonError> {
-        let dir = self.dir.restore();
-        let manifest_path = dir.join(MANIFEST);
-        let Ok(text) = std::fs::read(&manifest_path) else {
-            return Ok(());
-        };
-        let unreadable = |reason: String| BackupError::Restore {
+/// Restores the streams a `cotald restore` left for `space` in the data dir, if any.
+///
+/// A stream is restored with `replicas` (the node's, not the archive's: a backup of a single
+/// node restores into a cluster and back).
+pub(super) async fn restore_pending(
+    data_dir: &DataDir,
+    replicas: usize,
+    space: &Space,
+) -> Result<(), DaemonError> {
+    let dir = data_dir.restore();
+    let manifest_path = dir.join(MANIFEST);
+    let Ok(text) = std::fs::read(&manifest_path) else {
+        return Ok(());
+    };
+    let manifest: BackupManifest =
+        serde_json::from_slice(&text).map_err(|source| BackupError::Restore {
             path: manifest_path.clone(),
-            reason,
+            source,
+        })?;
+    let Some(copy) = manifest.spaces.iter().find(|s| s.name == space.name()) else {
+        return Ok(());
+    };
+    let streams = dir.join(STREAMS).join(space.name());
+    for stream in &copy.streams {
+        let request_path = streams.join(format!("{}.json", stream.stream));
+        let snap = streams.join(format!("{}.snap", stream.stream));
+        // Restored by an earlier start that was interrupted.
+        let Ok(request) = std::fs::read(&request_path) else {
+            continue;
         };
-        let manifest: BackupManifest =
-            serde_json::from_slice(&text).map_err(|e| unreadable(e.to_string()))?;
-        let Some(copy) = manifest.spaces.iter().find(|s| s.name == space.name()) else {
-            return Ok(());
-        };
-        let streams = dir.join(STREAMS).join(space.name());
-        for stream in &copy.streams {
-            let request_path = streams.join(format!("{}.json", stream.stream));
-            let snap = streams.join(format!("{}.snap", stream.stream));
-            // Restored by an earlier start that was interrupted.
-            let Ok(request) = std::fs::read(&request_path) else {
-                continue;
-            };
-            let mut request: Value =
-                serde_json::from_slice(&request).map_err(|e| BackupError::Restore {
-                    path: request_path.clone(),
-                    reason: e.to_string(),
-                })?;
-            request["config"]["num_replicas"] = self.replicas.into();
-            let messages = snapshot::restore(&space.nats(), &stream.stream, &request, &snap)
-                .await
-                .map_err(|source| BackupError::Stream {
-                    space: space.name().to_owned(),
-                    source,
-                })?;
-            std::fs::remove_file(&request_path)
-                .map_err(FileError::at(&request_path, "removing"))?;
-            let _ = std::fs::remove_file(&snap);
-            tracing::info!(
-                space = space.name(),
-                stream = stream.stream,
-                messages,
-                "stream restored from the backup"
-            );
-        }
-        let _ = std::fs::remove_dir_all(&streams);
-        let left = std::fs::read_dir(dir.join(STREAMS))
-            .map(|d| d.flatten().count())
-            .unwrap_or(0);
-        if left == 0 {
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-        Ok(())
+        let mut request: Value =
+            serde_json::from_slice(&request).map_err(|source| BackupError::Restore {
+                path: request_path.clone(),
+                source,
+            })?;
+        request["config"]["num_replicas"] = replicas.into();
+        let messages = snapshot::restore(&space.nats(), &stream.stream, &request, &snap)
+            .await
+            .map_err(|source| BackupError::Stream {
+                space: space.name().to_owned(),
+                source,
+            })?;
+        std::fs::remove_file(&request_path).map_err(FileError::at(&request_path, "removing"))?;
+        let _ = std::fs::remove_file(&snap);
+        tracing::info!(
+            space = space.name(),
+            stream = stream.stream,
+            messages,
+            "stream restored from the backup"
+        );
     }
+    let _ = std::fs::remove_dir_all(&streams);
+    let left = std::fs::read_dir(dir.join(STREAMS))
+        .map(|d| d.flatten().count())
+        .unwrap_or(0);
+    if left == 0 {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(())
 }
 
 /// Writes the archive: first to `<out>.partial` (owner-only), then renamed.

@@ -41,11 +41,11 @@ pub(super) async fn prepare(opts: &Options) -> Result<(Prepared, BrokerSpec), Da
         keys.ensure_space(name)?;
     }
     tracing::info!(spaces = spaces.len(), "phase: provisioned keys and TLS");
-    let store_limit = budget::store_limit(dir.root(), &dir.jetstream()).map_err(|e| {
-        DaemonError::Invalid(format!(
-            "cannot read the free space of {}: {e}",
-            dir.root().display()
-        ))
+    let store_limit = budget::store_limit(dir.root(), &dir.jetstream()).map_err(|source| {
+        DaemonError::FreeSpace {
+            path: dir.root().to_owned(),
+            source,
+        }
     })?;
     tracing::info!(
         limit = crate::profile::human_size(store_limit.max(0) as u64),

@@ -19,6 +19,35 @@ use crate::provision::{Imported, JoinBundle, KeyStore, TlsFiles};
 
 use super::DaemonError;
 
+/// Why a node cannot be made one of a cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The data dir's `[cluster]` table does not parse.
+    #[error("{path}: not a [cluster] table")]
+    Table {
+        /// The table.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: toml::de::Error,
+    },
+    /// The cluster options break a rule of the profile's `[cluster]` table, in its words.
+    #[error("{0}")]
+    Options(String),
+    /// The bundle would be written over a file.
+    #[error("{0} exists: the bundle is written to a new file")]
+    BundleExists(std::path::PathBuf),
+    /// The data dir served alone and holds streams a cluster would not adopt.
+    #[error(
+        "{0} holds the streams of an appliance that served alone, and JetStream does not adopt \
+         a standalone server's streams into a new cluster: its stored messages would not be \
+         served. Add --discard-history to move the store aside (to \
+         jetstream.standalone-<time>; credentials, identities and the trust chain are kept), or \
+         start the cluster from fresh data dirs"
+    )]
+    Standalone(std::path::PathBuf),
+}
+
 fn table_path(dir: &DataDir) -> std::path::PathBuf {
     dir.cluster_table()
 }
@@ -47,8 +76,8 @@ pub fn read_joined(dir: &DataDir) -> Result<Option<ClusterConfig>, DaemonError> 
     struct Table {
         cluster: ClusterConfig,
     }
-    let table: Table = toml::from_str(&text)
-        .map_err(|e| DaemonError::Invalid(format!("{}: {e}", path.display())))?;
+    let table: Table =
+        toml::from_str(&text).map_err(|source| ClusterError::Table { path, source })?;
     Ok(Some(table.cluster))
 }
 
@@ -91,10 +120,9 @@ fn validated(name: &str, node: &NodeOptions) -> Result<ClusterConfig, DaemonErro
         replicas: node.replicas,
     };
     // The profile's own checks, on a profile made of this table alone.
-    let mut profile = crate::profile::Profile::embedded()
-        .map_err(|e| DaemonError::Invalid(format!("the embedded profile does not parse: {e}")))?;
+    let mut profile = crate::profile::Profile::embedded().map_err(DaemonError::EmbeddedProfile)?;
     profile.cluster = Some(config.clone());
-    profile.validate().map_err(DaemonError::Invalid)?;
+    profile.validate().map_err(ClusterError::Options)?;
     Ok(config)
 }
 
@@ -135,22 +163,12 @@ pub fn init(
 ) -> Result<JoinBundle, DaemonError> {
     let config = validated(name, node)?;
     if bundle.exists() {
-        return Err(DaemonError::Invalid(format!(
-            "{} exists: the bundle is written to a new file",
-            bundle.display()
-        )));
+        return Err(ClusterError::BundleExists(bundle.to_owned()).into());
     }
     let clustered = read_joined(dir).ok().flatten().is_some();
     if !clustered && holds_streams(dir) {
         if !discard_history {
-            return Err(DaemonError::Invalid(format!(
-                "{} holds the streams of an appliance that served alone, and JetStream does not \
-                 adopt a standalone server's streams into a new cluster: its stored messages \
-                 would not be served. Add --discard-history to move the store aside (to \
-                 jetstream.standalone-<time>; credentials, identities and the trust chain are \
-                 kept), or start the cluster from fresh data dirs",
-                dir.root().display()
-            )));
+            return Err(ClusterError::Standalone(dir.root().to_owned()).into());
         }
         let aside = dir.root().join(format!(
             "jetstream.standalone-{}",

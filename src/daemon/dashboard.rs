@@ -6,13 +6,14 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use super::{Core, join_link};
-use crate::binding::{SpaceNames, acl};
+use super::{Core, DaemonError, join_link};
+use crate::binding::{CredsError, SpaceNames, acl};
 use crate::client::ConnectOptions;
 use crate::dashboard::{Availability, Dashboard, SpaceAccess, StateView, Token};
 use crate::ops::{CredentialProfile, IdentityRecord};
 use crate::profile::DashboardConfig;
-use crate::protocol::{EndpointKind, JoinLink};
+use crate::protocol::EndpointKind;
+use crate::provision::ProvisionError;
 use crate::services::ServiceSet;
 
 /// The name of the appliance's observer user in each space.
@@ -39,16 +40,16 @@ pub(super) async fn start(
         Err(e) => return not_served(crate::ops::error_text(&e)),
     };
     let mut spaces = Vec::new();
-    for (name, served) in core.spaces.lock().await.iter() {
-        match observer(core, name, served) {
+    for (name, served) in core.spaces.all().await {
+        match observer(core, &name, &served) {
             Ok(access) => spaces.push(access),
-            Err(e) => return not_served(e),
+            Err(e) => return not_served(crate::ops::error_text(&e)),
         }
     }
     let (added, spaces) = tokio::sync::watch::channel(spaces);
     let state: StateView = {
-        let core = core.clone();
-        Arc::new(move || core.state.lock().unwrap_or_else(|e| e.into_inner()).clone())
+        let state = core.state.clone();
+        Arc::new(move || state.read(Clone::clone))
     };
     let dashboard = match Dashboard::bind(listen, token, spaces, state, core.monitor.clone()) {
         Ok(d) => d,
@@ -71,10 +72,9 @@ pub(super) async fn start(
         return not_served(crate::ops::error_text(&e));
     }
     let _ = core.dashboard.set(added);
-    if let Ok(mut state) = core.state.lock() {
-        state.dashboard = Some(url.clone());
-    }
-    if let Err(e) = core.write_state() {
+    core.state
+        .update(|state| state.dashboard = Some(url.clone()));
+    if let Err(e) = core.state.write() {
         tracing::warn!(error = %crate::ops::error_text(&e), "runtime state not written");
     }
     Availability::Serving(url)
@@ -90,15 +90,16 @@ pub(super) async fn space_added(core: &Core, name: &str) {
     let Some(added) = core.dashboard.get() else {
         return;
     };
-    let access = match core.spaces.lock().await.get(name) {
-        Some(served) => observer(core, name, served),
+    let access = match core.spaces.get(name).await {
+        Some(served) => observer(core, name, &served),
         None => return,
     };
     match access {
         Ok(access) => {
             added.send_modify(|spaces| spaces.push(access));
         }
-        Err(reason) => tracing::warn!(space = name, reason, "dashboard: space not shown"),
+        Err(e) => tracing::warn!(space = name, error = %crate::ops::error_text(&e),
+            "dashboard: space not shown"),
     }
 }
 
@@ -106,17 +107,25 @@ pub(super) async fn space_added(core: &Core, name: &str) {
 /// membership feed, [`acl::dashboard_observer`]; never the SYS or manager credential), known to the space as a builtin identity like the local operator; the machine
 /// operator's credential, which posts what a person types; and the options that connect both
 /// to the appliance's own listener.
-fn observer(core: &Core, name: &str, served: &super::Served) -> Result<SpaceAccess, String> {
-    let fail = |e: &dyn std::fmt::Display| format!("space `{name}`: observer: {e}");
-    let keys = core.keys.space(name).map_err(|e| fail(&e))?;
+fn observer(core: &Core, name: &str, served: &super::Served) -> Result<SpaceAccess, ObserverError> {
+    let fail = |source| ObserverError {
+        space: name.to_owned(),
+        source,
+    };
+    let keys = core
+        .keys
+        .space(name)
+        .map_err(|e| fail(ObserverFailure::Keys(e)))?;
     let names = SpaceNames::new(name);
     let creds = keys
         .own_user_creds_with(OBSERVER, |id| acl::dashboard_observer(&names, id))
-        .map_err(|e| fail(&e))?;
-    let id = creds.public_key().map_err(|e| fail(&e))?;
+        .map_err(|e| fail(ObserverFailure::Keys(e)))?;
+    let id = creds
+        .public_key()
+        .map_err(|e| fail(ObserverFailure::Creds(e)))?;
     served.identities.insert_builtin(observer_record(name, id));
-    let link = join_link(&core.local.to_string(), name, &[]).map_err(|e| fail(&e))?;
-    let link = JoinLink::parse(&link).map_err(|e| fail(&e))?;
+    let link = join_link(&core.local.to_string(), name, &[])
+        .map_err(|e| fail(ObserverFailure::Link(Box::new(e))))?;
     let mut connect = ConnectOptions::new(link, creds.render());
     connect.ca = Some(core.ca_cert.clone());
     connect.name = Some(OBSERVER.into());
@@ -126,7 +135,7 @@ fn observer(core: &Core, name: &str, served: &super::Served) -> Result<SpaceAcce
     connect.receive_backstop = false;
     let operator = keys
         .own_user_creds(crate::ops::OPERATOR)
-        .map_err(|e| fail(&e))?;
+        .map_err(|e| fail(ObserverFailure::Keys(e)))?;
     let mut voice = ConnectOptions::new(connect.link.clone(), operator.render());
     voice.ca = Some(core.ca_cert.clone());
     voice.kind = EndpointKind::Endpoint;
@@ -139,6 +148,29 @@ fn observer(core: &Core, name: &str, served: &super::Served) -> Result<SpaceAcce
         voice,
         identities: served.identities.clone(),
     })
+}
+
+/// Why a space's observer could not be made: the dashboard serves without that space.
+#[derive(Debug, thiserror::Error)]
+#[error("space `{space}`: observer")]
+struct ObserverError {
+    space: String,
+    #[source]
+    source: ObserverFailure,
+}
+
+/// What failed of a space's observer.
+#[derive(Debug, thiserror::Error)]
+enum ObserverFailure {
+    /// Its keys or credentials.
+    #[error(transparent)]
+    Keys(#[from] ProvisionError),
+    /// Its credential's key.
+    #[error(transparent)]
+    Creds(#[from] CredsError),
+    /// The link to the appliance's own listener.
+    #[error(transparent)]
+    Link(Box<DaemonError>),
 }
 
 /// The dashboard's observer as the space's manager knows it: the observer profile, reading

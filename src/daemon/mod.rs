@@ -24,6 +24,7 @@
 //! Spaces come from the profile and from `cotald space add` (remembered in the data dir once
 //! they are served); the operations the admin socket serves are listed in [`crate::ops`].
 
+mod accounts;
 pub mod admin;
 pub mod backup;
 mod broker;
@@ -33,6 +34,7 @@ mod core;
 mod dashboard;
 pub mod notify;
 mod ops;
+mod served;
 mod space_services;
 mod state;
 
@@ -49,15 +51,17 @@ use crate::client::DialError;
 use crate::datadir::{DataDir, DataDirError, DataDirLock, UnservedSpace};
 use crate::files::FileError;
 use crate::ops::{OpError, SpaceInfo};
-use crate::profile::{Profile, SpaceConfig};
-use crate::protocol::{Host, JoinLink};
+use crate::profile::{Profile, ProfileError, SpaceConfig};
+use crate::protocol::{Host, JoinLink, JoinLinkError};
 use crate::provision::{KeyStore, ProvisionError};
 use crate::services::ServiceSet;
 use crate::space::store::StoreError;
 use crate::space::{MintError, SpaceError};
 use crate::supervisor::{BrokerBinary, Supervisor, SupervisorError};
 
-use self::core::{Core, Served};
+pub use self::accounts::PushError;
+use self::core::Core;
+use self::served::Served;
 
 /// What `cotald up` needs.
 #[derive(Debug, Clone)]
@@ -130,23 +134,53 @@ pub enum DaemonError {
         #[source]
         source: DialError,
     },
-    /// The broker refused a space's account JWT.
-    #[error("the broker refused the account of space `{space}`: {reason}")]
-    ClaimsUpdate {
-        /// The space.
-        space: String,
-        /// What it said.
-        reason: String,
-    },
+    /// A space's account JWT is not in the broker.
+    #[error(transparent)]
+    Account(#[from] PushError),
     /// The request names a space this appliance does not serve.
     #[error("unknown space `{0}` (see `cotald space list`)")]
     UnknownSpace(String),
     /// `space add` of a space that exists.
     #[error("space `{0}` already exists")]
     SpaceExists(String),
-    /// A request argument is invalid.
+    /// A space name the profile's rules refuse, in their words.
     #[error("{0}")]
-    Invalid(String),
+    SpaceName(String),
+    /// An operation on a space's channels that names no space.
+    #[error("`{0}` needs a space")]
+    NeedsSpace(&'static str),
+    /// The request names an identity the space does not have.
+    #[error("no identity `{name}` in space `{space}`")]
+    UnknownIdentity {
+        /// The name asked for.
+        name: String,
+        /// The space.
+        space: String,
+    },
+    /// A reply could not be written as JSON.
+    #[error("writing the reply")]
+    Reply(#[source] serde_json::Error),
+    /// The profile built into the binary does not parse (a defect of the build).
+    #[error("the embedded profile")]
+    EmbeddedProfile(#[source] ProfileError),
+    /// The host and port join links name is not `HOST:PORT`.
+    #[error("`{0}` is not HOST:PORT")]
+    LinkHost(String),
+    /// A join link could not be made of its parts.
+    #[error("making a join link")]
+    Link(#[source] JoinLinkError),
+    /// The free space of the data dir's disk cannot be read.
+    #[error("cannot read the free space of {path}")]
+    FreeSpace {
+        /// The data dir.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A cluster operation refused.
+    #[error(transparent)]
+    Cluster(#[from] cluster::ClusterError),
     /// The admin socket.
     #[error("admin socket {path}")]
     Admin {
@@ -269,7 +303,14 @@ impl Appliance {
             space: "appliance".into(),
             source,
         };
-        let tracker = state::StateTracker::new(self.core.clone(), self.supervisor.status());
+        let core = &self.core;
+        let tracker = state::StateTracker::new(
+            core.state.clone(),
+            core.spaces.clone(),
+            core.monitor.clone(),
+            core.cluster.as_ref().map(|c| c.name.clone()),
+            self.supervisor.status(),
+        );
         self.services.start(Arc::new(tracker)).await.map_err(own)?;
         let socket = admin::AdminSocket::bind(self.core.clone())?;
         self.services.start(Arc::new(socket)).await.map_err(own)
@@ -299,11 +340,11 @@ impl Appliance {
     /// [`CLOSE_DEADLINE`]; then the broker, SIGKILLed after [`STOP_DEADLINE`] (logged). In all
     /// under 10 s.
     async fn stop(self) {
-        let spaces = self.core.take_spaces().await;
+        let spaces = self.core.spaces.take().await;
         let sets = std::iter::once(&self.services).chain(spaces.iter().map(|s| &s.services));
         futures_util::future::join_all(sets.map(|set| set.shutdown(SERVICES_DEADLINE))).await;
         let closes = futures_util::future::join_all(spaces.iter().map(|s| s.space.close()));
-        let drain = tokio::time::timeout(CLOSE_DEADLINE, self.core.system.drain());
+        let drain = tokio::time::timeout(CLOSE_DEADLINE, self.core.accounts.close());
         let _ = tokio::join!(closes, drain);
         self.core.root.cancel();
         self.supervisor.stop().await;
@@ -312,18 +353,18 @@ impl Appliance {
 }
 
 /// A `cotals://` join link for `space` at `host_port`, naming `channels` (§10).
-pub fn join_link(host_port: &str, space: &str, channels: &[String]) -> Result<String, DaemonError> {
-    let invalid = |e: crate::protocol::JoinLinkError| DaemonError::Invalid(e.to_string());
-    let (host, port) = host_port
-        .rsplit_once(':')
-        .ok_or_else(|| DaemonError::Invalid(format!("no port in {host_port}")))?;
-    let port: u16 = port
-        .parse()
-        .map_err(|_| DaemonError::Invalid(format!("bad port in {host_port}")))?;
-    let link = JoinLink::new(true, Host::parse(host).map_err(invalid)?, space)
-        .map_err(invalid)?
-        .with_port(port)
-        .map_err(invalid)?
+pub fn join_link(
+    host_port: &str,
+    space: &str,
+    channels: &[String],
+) -> Result<JoinLink, DaemonError> {
+    let not_host_port = || DaemonError::LinkHost(host_port.to_owned());
+    let (host, port) = host_port.rsplit_once(':').ok_or_else(not_host_port)?;
+    let port: u16 = port.parse().map_err(|_| not_host_port())?;
+    let host = Host::parse(host).map_err(|_| not_host_port())?;
+    let link = JoinLink::new(true, host, space)
+        .and_then(|link| link.with_port(port))
+        .map_err(DaemonError::Link)?
         .with_channels(channels.iter().cloned());
-    Ok(link.to_string())
+    Ok(link)
 }

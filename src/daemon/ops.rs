@@ -18,7 +18,7 @@ use crate::services::identity_sync;
 use crate::space::{Identities, identity, store};
 
 fn json<T: serde::Serialize>(value: T) -> Result<Value, DaemonError> {
-    serde_json::to_value(value).map_err(|e| DaemonError::Invalid(e.to_string()))
+    serde_json::to_value(value).map_err(DaemonError::Reply)
 }
 
 impl Core {
@@ -44,7 +44,7 @@ impl Core {
                 let space = req
                     .space
                     .clone()
-                    .ok_or_else(|| DaemonError::Invalid("channels-rm needs a space".into()))?;
+                    .ok_or(DaemonError::NeedsSpace("channels-rm"))?;
                 let served = self.served(&space).await?;
                 json(served.space.remove_channel(&req.channel, req.purge).await?)
             }
@@ -72,14 +72,7 @@ impl Core {
     /// `delivery`: each served space's refusals, and its online durable members' delivery.
     async fn delivery(&self) -> crate::ops::status::DeliveryReport {
         let mut report = crate::ops::status::DeliveryReport::new();
-        let spaces: Vec<(String, Arc<Served>)> = self
-            .spaces
-            .lock()
-            .await
-            .iter()
-            .map(|(name, served)| (name.clone(), served.clone()))
-            .collect();
-        for (name, served) in spaces {
+        for (name, served) in self.spaces.all().await {
             let backstop = served.manager.backstop();
             report.insert(
                 name,
@@ -97,21 +90,15 @@ impl Core {
     /// start) only once it is served.
     async fn add_space(self: &Arc<Self>, add: SpaceAdd) -> Result<SpaceInfo, DaemonError> {
         let name = add.name.as_str();
-        crate::profile::validate_space_name(name).map_err(DaemonError::Invalid)?;
-        if self
-            .spaces
-            .lock()
-            .await
-            .keys()
-            .any(|s| s.eq_ignore_ascii_case(name))
-        {
+        crate::profile::validate_space_name(name).map_err(DaemonError::SpaceName)?;
+        if self.spaces.holds_name(name).await {
             return Err(DaemonError::SpaceExists(name.to_owned()));
         }
         let info = self
             .serve_space(name, SpaceConfig::with_profile(add.profile))
             .await?;
         store::add_runtime_space(&self.dir, name, add.profile)?;
-        self.write_state()?;
+        self.state.write()?;
         self.record_served().await?;
         super::dashboard::space_added(self, name).await;
         tracing::info!(space = name, profile = ?add.profile, "space added");
@@ -121,7 +108,7 @@ impl Core {
     /// In a cluster: puts an identity record into the space's shared bucket at once, so that
     /// whichever node holds the space's lease knows it before the credential is used.
     async fn share(&self, served: &Served, record: &IdentityRecord) -> Result<(), DaemonError> {
-        if !self.clustered {
+        if self.cluster.is_none() {
             return Ok(());
         }
         identity_sync::share(&served.space, record)
@@ -136,17 +123,18 @@ impl Core {
     /// operation holds it across a broker round trip.
     async fn served(&self, space: &str) -> Result<Arc<Served>, DaemonError> {
         self.spaces
-            .lock()
-            .await
             .get(space)
-            .cloned()
+            .await
             .ok_or_else(|| DaemonError::UnknownSpace(space.to_owned()))
     }
 
     /// `space-list`.
     async fn list_spaces(&self) -> Result<Vec<SpaceInfo>, DaemonError> {
-        let spaces = self.spaces.lock().await;
-        spaces.values().map(|s| self.space_info(&s.space)).collect()
+        let spaces = self.spaces.all().await;
+        spaces
+            .iter()
+            .map(|(_, s)| self.space_info(&s.space))
+            .collect()
     }
 
     /// `mint`: sign, remember, pre-create the identity's durables; a re-mint's revocation of
@@ -176,7 +164,7 @@ impl Core {
         tracing::info!(space = %req.space, id = %minted.record.id, name = %minted.record.name,
             profile = ?minted.record.profile, replaced = minted.replaced.is_some(), "minted");
         Ok(MintReply {
-            link: self.link(&req.space, &minted.record.subscribe)?,
+            link: self.link(&req.space, &minted.record.subscribe)?.to_string(),
             creds: minted.creds.render(),
             record: minted.record,
             provisioned: true,
@@ -191,12 +179,14 @@ impl Core {
         let served = self.served(&req.space).await?;
         let _changing = served.changing.lock().await;
         let served = served.as_ref();
-        let record = served.identities.find(&req.name).ok_or_else(|| {
-            DaemonError::Invalid(format!(
-                "no identity `{}` in space `{}`",
-                req.name, req.space
-            ))
-        })?;
+        let record =
+            served
+                .identities
+                .find(&req.name)
+                .ok_or_else(|| DaemonError::UnknownIdentity {
+                    name: req.name.clone(),
+                    space: req.space.clone(),
+                })?;
         let now = now_secs();
         let revoked = IdentityRecord {
             revoked_at: Some(now),
@@ -226,7 +216,7 @@ impl Core {
         let space = req
             .space
             .clone()
-            .ok_or_else(|| DaemonError::Invalid("channels-set needs a space".into()))?;
+            .ok_or(DaemonError::NeedsSpace("channels-set"))?;
         let served = self.served(&space).await?;
         json(served.space.set_channel(&req.channel, &req.config).await?)
     }
@@ -256,13 +246,13 @@ pub fn execute_offline(dir: &DataDir, req: &Request) -> Result<Value, DaemonErro
     let link_host = match dir.read_last_served() {
         Some(last) => last.link_host,
         None => crate::profile::Profile::embedded()
-            .map_err(|e| DaemonError::Invalid(e.to_string()))?
+            .map_err(DaemonError::EmbeddedProfile)?
             .broker
             .listen
             .to_string(),
     };
     json(MintReply {
-        link: join_link(&link_host, &req.space, &minted.record.subscribe)?,
+        link: join_link(&link_host, &req.space, &minted.record.subscribe)?.to_string(),
         creds: minted.creds.render(),
         replaced: minted.replaced.is_some(),
         record: minted.record,

@@ -6,8 +6,7 @@
 
 use std::sync::Arc;
 
-use super::core::Push;
-use super::{Core, DaemonError};
+use super::DaemonError;
 use crate::backoff::Backoff;
 use crate::services::backstop::Backstop;
 use crate::services::consumers::ConsumerGuard;
@@ -19,7 +18,7 @@ use crate::services::membership::{BrokerView, MembershipFeed};
 use crate::services::mentions::Mentions;
 use crate::services::presence::{PresenceView, PresenceWatch};
 use crate::services::receipts::Receipts;
-use crate::services::warden::{PushAccount, Warden};
+use crate::services::warden::{AccountPush, Warden};
 use crate::services::{ServiceError, ServiceSet};
 use crate::space::members::Members;
 use crate::space::{Identities, Space};
@@ -37,8 +36,6 @@ pub(super) struct SpaceServices {
     backstop: Arc<Backstop>,
     manager: Arc<Manager>,
     view: BrokerView,
-    /// Pushes the space's account JWT again, for the warden's holds.
-    push_account: PushAccount,
 }
 
 /// A space's services once started: the manager the operator's requests reach, and in a
@@ -53,10 +50,10 @@ impl SpaceServices {
     /// keeps) and makes them; the connection watch and the presence watch are started in `set`
     /// at once, since the reader and the router need the roster.
     pub(super) async fn build(
-        core: &Arc<Core>,
         space: &Arc<Space>,
         identities: &Arc<Identities>,
         set: &ServiceSet,
+        view: BrokerView,
     ) -> Result<SpaceServices, DaemonError> {
         let name = space.name();
         let members = Arc::new(
@@ -71,7 +68,6 @@ impl SpaceServices {
             members.clone(),
             presence.clone(),
         ));
-        let view = broker_view(core, space)?;
         let receipts = Arc::new(Receipts::new(
             space.clone(),
             identities.clone(),
@@ -103,23 +99,24 @@ impl SpaceServices {
             backstop,
             manager,
             view,
-            push_account: account_pusher(core, space, identities)?,
         })
     }
 
     /// Starts them in `set`: at once on a single node; in a cluster, the identity sync and
     /// the lease keeper, which starts the others while this node holds the lease. A clustered
     /// start that fails is not fatal (the bucket may be created by another node this very
-    /// moment): the set retries it with backoff, and `status` shows it.
+    /// moment): the set retries it with backoff, and `status` shows it. The warden pushes the
+    /// space's account again for its holds through `account`.
     pub(super) async fn start(
         self,
         set: &ServiceSet,
+        account: Arc<dyn AccountPush>,
         cluster: Option<(&str, usize)>,
     ) -> Result<Started, DaemonError> {
         let manager = self.manager.clone();
         let name = self.space.name().to_owned();
         let Some((node, replicas)) = cluster else {
-            self.start_leased(set, false)
+            self.start_leased(set, account, false)
                 .await
                 .map_err(|e| service_error(&name, e))?;
             return Ok(Started {
@@ -135,7 +132,8 @@ impl SpaceServices {
         let space = self.space.clone();
         let starter: Starter = Arc::new(move |leased: Arc<ServiceSet>| {
             let parts = self.clone();
-            Box::pin(async move { parts.start_leased(&leased, true).await })
+            let account = account.clone();
+            Box::pin(async move { parts.start_leased(&leased, account, true).await })
         });
         let keeper = Arc::new(LeaseKeeper::new(space, node.to_owned(), replicas, starter));
         if let Err(e) = set.start(keeper.clone()).await {
@@ -156,6 +154,7 @@ impl SpaceServices {
     async fn start_leased(
         self,
         set: &ServiceSet,
+        account: Arc<dyn AccountPush>,
         first_the_manager: bool,
     ) -> Result<(), ServiceError> {
         // Retried: a takeover often coincides with the registry's stream electing a leader.
@@ -176,7 +175,7 @@ impl SpaceServices {
         let (space, identities) = (&self.space, &self.identities);
         let mentions = Mentions::new(space.clone(), identities.clone(), self.presence.clone());
         results.push(set.start(Arc::new(mentions)).await);
-        let warden = Warden::new(space.clone(), identities.clone(), self.push_account.clone());
+        let warden = Warden::new(space.clone(), identities.clone(), account);
         results.push(set.start(Arc::new(warden)).await);
         let guard = ConsumerGuard::new(space.clone(), identities.clone());
         results.push(set.start(Arc::new(guard)).await);
@@ -188,47 +187,6 @@ impl SpaceServices {
         results.push(set.start(Arc::new(feed)).await);
         results.into_iter().collect()
     }
-}
-
-/// The credentials and address the membership feed watches the broker with (§7: a member
-/// that disconnects is seen offline by the broker before the roster says so).
-fn broker_view(core: &Core, space: &Space) -> Result<BrokerView, DaemonError> {
-    let account = space.account().to_owned();
-    let creds = core
-        .keys
-        .system_daemon_creds(&format!("cotald-membership-{}", space.name()), |id| {
-            crate::binding::acl::membership_daemon(&account, id)
-        })?;
-    Ok(BrokerView {
-        creds,
-        ca: core.ca_cert.clone(),
-        addr: core.local,
-    })
-}
-
-/// How the warden pushes the space's account again for its holds. The keys are loaded
-/// once: a hold is pushed while its sender may be flooding.
-fn account_pusher(
-    core: &Arc<Core>,
-    space: &Arc<Space>,
-    identities: &Arc<Identities>,
-) -> Result<PushAccount, DaemonError> {
-    let keys = Arc::new(core.keys.space(space.name())?);
-    let core = Arc::downgrade(core);
-    let config = space.config().clone();
-    let (identities, space) = (identities.clone(), Arc::downgrade(space));
-    Ok(Arc::new(move || {
-        let (core, space) = (core.upgrade(), space.upgrade());
-        let (keys, config, identities) = (keys.clone(), config.clone(), identities.clone());
-        Box::pin(async move {
-            let (Some(core), Some(space)) = (core, space) else {
-                return Err("the space is no longer served".to_owned());
-            };
-            core.push_account(&keys, &config, &identities, Some(&space), Push::Always)
-                .await
-                .map_err(|e| crate::ops::error_text(&e))
-        })
-    }))
 }
 
 /// A service of `space` that could not start.

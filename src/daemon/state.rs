@@ -4,46 +4,103 @@
 //! the same pace) and, every [`CLUSTER_POLL`], the cluster's nodes (the broker's `JSZ`) and each
 //! stream's leader.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::Core;
+use super::served::ServedSpaces;
 use crate::binding::streams;
-use crate::datadir::{ClusterNode, ClusterState, StreamLeader};
+use crate::datadir::{
+    ClusterNode, ClusterState, DataDir, DataDirError, RuntimeState, StreamLeader,
+};
 use crate::services::{Context, Health, Service, ServiceError};
 use crate::supervisor::BrokerStatus;
+use crate::supervisor::monitor::Monitor;
 
 /// How often service health is compared with what the file says.
 const HEALTH_POLL: Duration = Duration::from_millis(500);
 /// How often a clustered node reads its cluster's nodes and stream leaders.
 const CLUSTER_POLL: Duration = Duration::from_secs(5);
 
+/// `run/state.json` as the appliance says it now, and its one writer.
+pub(super) struct StateFile {
+    dir: DataDir,
+    /// Held across a write, so that two writers (a broker restart and a `space add`) cannot
+    /// land an older snapshot last.
+    state: Mutex<RuntimeState>,
+}
+
+impl StateFile {
+    /// What the appliance starts saying, written by the first [`StateFile::write`].
+    pub(super) fn new(dir: DataDir, state: RuntimeState) -> Self {
+        StateFile {
+            dir,
+            state: Mutex::new(state),
+        }
+    }
+
+    /// Changes what it says; written by the next [`StateFile::write`].
+    pub(super) fn update(&self, change: impl FnOnce(&mut RuntimeState)) {
+        change(&mut self.lock());
+    }
+
+    /// A part of what it says.
+    pub(super) fn read<T>(&self, part: impl FnOnce(&RuntimeState) -> T) -> T {
+        part(&self.lock())
+    }
+
+    /// Writes `run/state.json`.
+    pub(super) fn write(&self) -> Result<(), DataDirError> {
+        let state = self.lock();
+        self.dir.write_state(&state)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RuntimeState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// Keeps `run/state.json` current.
 pub(super) struct StateTracker {
-    core: Arc<Core>,
+    file: Arc<StateFile>,
+    spaces: Arc<ServedSpaces>,
+    monitor: Monitor,
+    /// This node's server name, in a cluster.
+    node: Option<String>,
     broker: watch::Receiver<BrokerStatus>,
 }
 
 impl StateTracker {
-    pub(super) fn new(core: Arc<Core>, broker: watch::Receiver<BrokerStatus>) -> Self {
-        StateTracker { core, broker }
+    pub(super) fn new(
+        file: Arc<StateFile>,
+        spaces: Arc<ServedSpaces>,
+        monitor: Monitor,
+        node: Option<String>,
+        broker: watch::Receiver<BrokerStatus>,
+    ) -> Self {
+        StateTracker {
+            file,
+            spaces,
+            monitor,
+            node,
+            broker,
+        }
     }
 
     async fn write(&self) -> Result<(), ServiceError> {
-        let services = self.core.services().await;
-        let leases = self.core.leases().await;
+        let services = self.spaces.services().await;
+        let leases = self.spaces.leases().await;
         let now = self.broker.borrow().clone();
-        if let Ok(mut state) = self.core.state.lock() {
+        self.file.update(|state| {
             state.broker_pid = now.pid;
             state.broker_restarts = now.restarts;
             state.broker_last_restart = now.last_restart;
             state.services = services;
             state.leases = leases;
-        }
-        self.core
-            .write_state()
+        });
+        self.file
+            .write()
             .map_err(ServiceError::at("writing the runtime state"))
     }
 }
@@ -52,16 +109,16 @@ impl StateTracker {
     /// The cluster as this node sees it: the meta group from the broker's `JSZ`, each served
     /// stream's leader from its info. What cannot be read is left out (a node without quorum
     /// still reports itself).
-    async fn cluster(&self) -> ClusterState {
+    async fn cluster(&self, node: &str) -> ClusterState {
         let mut seen = ClusterState {
-            node: self.core.node.clone(),
+            node: node.to_owned(),
             ..Default::default()
         };
-        if let Ok(jsz) = self.core.monitor.jsz(false, Duration::from_secs(1)).await {
+        if let Ok(jsz) = self.monitor.jsz(false, Duration::from_secs(1)).await {
             let meta = &jsz["meta_cluster"];
             seen.meta_leader = meta["leader"].as_str().unwrap_or_default().to_owned();
             seen.nodes.push(ClusterNode {
-                name: self.core.node.clone(),
+                name: node.to_owned(),
                 current: true,
             });
             for peer in meta["replicas"].as_array().into_iter().flatten() {
@@ -72,7 +129,7 @@ impl StateTracker {
             }
             seen.nodes.sort_by(|a, b| a.name.cmp(&b.name));
         }
-        for space in self.core.served_spaces().await {
+        for space in self.spaces.spaces().await {
             let names = streams::all(space.names(), &space.config().retention());
             for config in names {
                 let info = async {
@@ -111,15 +168,15 @@ impl Service for StateTracker {
         let mut broker = self.broker.clone();
         self.write().await?;
         ctx.report(Health::Running);
-        let mut written = (self.core.services().await, self.core.leases().await);
+        let mut written = (self.spaces.services().await, self.spaces.leases().await);
         let mut poll = tokio::time::interval(HEALTH_POLL);
         let mut cluster_poll = tokio::time::interval(CLUSTER_POLL);
         loop {
             tokio::select! {
-                _ = cluster_poll.tick(), if self.core.clustered => {
-                    let seen = self.cluster().await;
-                    if let Ok(mut state) = self.core.state.lock() {
-                        state.cluster = Some(seen);
+                _ = cluster_poll.tick(), if self.node.is_some() => {
+                    if let Some(node) = &self.node {
+                        let seen = self.cluster(node).await;
+                        self.file.update(|state| state.cluster = Some(seen));
                     }
                     self.write().await?;
                 }
@@ -132,7 +189,7 @@ impl Service for StateTracker {
                     self.write().await?;
                 }
                 _ = poll.tick() => {
-                    let now = (self.core.services().await, self.core.leases().await);
+                    let now = (self.spaces.services().await, self.spaces.leases().await);
                     if now != written {
                         self.write().await?;
                         written = now;

@@ -80,26 +80,35 @@ const REMEASURE_AFTER: Duration = Duration::from_millis(100);
 /// eighth, so that a sender past it is held while seven others at their share still fit.
 pub const SHARE_DIVISOR: u64 = 8;
 
-/// Signs and pushes the space's account JWT again, with the current holds: the daemon's job,
-/// since it holds the keys. The error is said in words.
-pub type PushAccount =
-    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+/// Why the account could not be pushed again, as the appliance says it.
+pub type PushFailed = Box<dyn std::error::Error + Send + Sync>;
+
+/// Signs and pushes the space's account JWT again, with the current holds: the appliance's
+/// job, since it holds the operator key.
+pub trait AccountPush: Send + Sync {
+    /// Pushes the account as it is now.
+    fn push_again(&self) -> Pin<Box<dyn Future<Output = Result<(), PushFailed>> + Send + '_>>;
+}
 
 /// The warden of one space.
 pub struct Warden {
     space: Arc<Space>,
     identities: Arc<Identities>,
-    push_account: PushAccount,
+    account: Arc<dyn AccountPush>,
 }
 
 impl Warden {
     /// A warden of `space`, judging targets and roles by `identities`, pushing holds with
-    /// `push_account`.
-    pub fn new(space: Arc<Space>, identities: Arc<Identities>, push_account: PushAccount) -> Self {
+    /// `account`.
+    pub fn new(
+        space: Arc<Space>,
+        identities: Arc<Identities>,
+        account: Arc<dyn AccountPush>,
+    ) -> Self {
         Warden {
             space,
             identities,
-            push_account,
+            account,
         }
     }
 }
@@ -499,7 +508,7 @@ impl Warden {
 
     /// Pushes the account JWT with the current holds; false (logged) when that failed.
     async fn push_holds(&self) -> bool {
-        match (self.push_account)().await {
+        match self.account.push_again().await {
             Ok(()) => {
                 self.space.holds().forget_released();
                 true
@@ -507,7 +516,7 @@ impl Warden {
             Err(e) => {
                 tracing::warn!(
                     space = self.space.name(),
-                    error = e,
+                    error = %crate::ops::error_text(&*e),
                     "the holds could not be pushed to the broker; retrying"
                 );
                 false
