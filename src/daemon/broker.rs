@@ -18,39 +18,13 @@ pub(super) async fn prepare(opts: &Options) -> Result<(Prepared, BrokerSpec), Da
     let dir = &opts.data_dir;
     let executable = opts.broker.install(&dir.bin())?;
     let broker_version = opts.broker.version().unwrap_or("unknown").to_owned();
-    let broker = &opts.profile.broker;
-    let listen = keep_picked_port(opts.listen.unwrap_or(broker.listen), dir);
-    let cluster = match &opts.profile.cluster {
-        Some(c) => Some(c.clone()),
-        None => cluster::read_joined(dir)?,
-    };
-    let mut listeners = vec![listen];
-    listeners.extend(broker.monitor);
-    listeners.extend(cluster.as_ref().map(|c| c.listen));
-    supervisor::claim(&dir.run(), &executable, &dir.broker_conf(), &listeners).await?;
+    let (listen, cluster) = claim_listeners(opts, &executable).await?;
     let hostnames = hostnames(opts, listen);
     let keys = KeyStore::load_or_create(&dir.keys())?;
     let tls = TlsFiles::ensure(&dir.tls(), &hostnames)?;
-    let (mut spaces, mut unserved) = store::runtime_spaces(dir);
-    let profile_spaces = opts.profile.spaces.keys().cloned().collect();
-    for (name, config) in &opts.profile.spaces {
-        spaces.insert(name.clone(), config.clone());
-        unserved.retain(|u| &u.name != name);
-    }
-    for name in spaces.keys() {
-        keys.ensure_space(name)?;
-    }
-    tracing::info!(spaces = spaces.len(), "phase: provisioned keys and TLS");
-    let store_limit = budget::store_limit(dir.root(), &dir.jetstream()).map_err(|source| {
-        DaemonError::FreeSpace {
-            path: dir.root().to_owned(),
-            source,
-        }
-    })?;
-    tracing::info!(
-        limit = crate::profile::human_size(store_limit.max(0) as u64),
-        "JetStream storage budget: three quarters of the free disk space plus what it stores"
-    );
+    let spaces = Spaces::to_serve(opts, &keys)?;
+    tracing::info!(spaces = spaces.all.len(), "phase: provisioned keys and TLS");
+    let store_limit = store_limit(dir)?;
     if let Some(c) = &cluster {
         tracing::info!(
             cluster = c.name,
@@ -64,7 +38,7 @@ pub(super) async fn prepare(opts: &Options) -> Result<(Prepared, BrokerSpec), Da
         server_name: server_name.clone(),
         host: listen.ip(),
         port: (listen.port() != 0).then_some(listen.port()),
-        monitor: broker.monitor,
+        monitor: opts.profile.broker.monitor,
         ports_file_dir: dir.run(),
         operator_jwt: keys.operator_jwt()?,
         system_account: keys.system_account(),
@@ -72,16 +46,11 @@ pub(super) async fn prepare(opts: &Options) -> Result<(Prepared, BrokerSpec), Da
         resolver_dir: dir.resolver(),
         store_dir: dir.jetstream(),
         max_file_store: store_limit,
-        sync_interval: broker.sync_interval.clone(),
+        sync_interval: opts.profile.broker.sync_interval.clone(),
         tls_cert: tls.server_cert.clone(),
         tls_key: tls.server_key.clone(),
         tls_ca: tls.ca_cert.clone(),
-        cluster: cluster.as_ref().map(|c| supervisor::ClusterConf {
-            name: c.name.clone(),
-            host: c.listen.ip(),
-            port: c.listen.port(),
-            routes: c.routes.clone(),
-        }),
+        cluster: cluster.as_ref().map(cluster_conf),
         leaf_remotes: leaf_remotes(&opts.profile, &keys)?,
     };
     let spec = BrokerSpec {
@@ -98,10 +67,10 @@ pub(super) async fn prepare(opts: &Options) -> Result<(Prepared, BrokerSpec), Da
     };
     let prepared = Prepared {
         dir: dir.clone(),
-        spaces,
-        profile_spaces,
+        spaces: spaces.all,
+        profile_spaces: spaces.profile,
         store_limit,
-        unserved,
+        unserved: spaces.unserved,
         hostnames,
         ca_cert: tls.ca_cert,
         keys,
@@ -111,6 +80,79 @@ pub(super) async fn prepare(opts: &Options) -> Result<(Prepared, BrokerSpec), Da
         profile_text: opts.profile.text.clone(),
     };
     Ok((prepared, spec))
+}
+
+/// The client listener (its port kept from the last start when it was picked), and the
+/// cluster's table when this node is one of a cluster: both claimed from whatever holds them
+/// (a broker left behind by a crash of this data dir's appliance).
+async fn claim_listeners(
+    opts: &Options,
+    executable: &std::path::Path,
+) -> Result<(SocketAddr, Option<ClusterConfig>), DaemonError> {
+    let dir = &opts.data_dir;
+    let broker = &opts.profile.broker;
+    let listen = keep_picked_port(opts.listen.unwrap_or(broker.listen), dir);
+    let cluster = match &opts.profile.cluster {
+        Some(c) => Some(c.clone()),
+        None => cluster::read_joined(dir)?,
+    };
+    let mut listeners = vec![listen];
+    listeners.extend(broker.monitor);
+    listeners.extend(cluster.as_ref().map(|c| c.listen));
+    supervisor::claim(&dir.run(), executable, &dir.broker_conf(), &listeners).await?;
+    Ok((listen, cluster))
+}
+
+/// The spaces to serve: those added while running (remembered in the data dir) and the
+/// profile's, which win; each with its account keys.
+struct Spaces {
+    all: std::collections::BTreeMap<String, crate::profile::SpaceConfig>,
+    /// The profile's: served first, so they get their storage first.
+    profile: std::collections::BTreeSet<String>,
+    /// Known already not to be servable (an unreadable record).
+    unserved: Vec<crate::datadir::UnservedSpace>,
+}
+
+impl Spaces {
+    fn to_serve(opts: &Options, keys: &KeyStore) -> Result<Spaces, DaemonError> {
+        let (mut all, mut unserved) = store::runtime_spaces(&opts.data_dir);
+        for (name, config) in &opts.profile.spaces {
+            all.insert(name.clone(), config.clone());
+            unserved.retain(|u| &u.name != name);
+        }
+        for name in all.keys() {
+            keys.ensure_space(name)?;
+        }
+        Ok(Spaces {
+            all,
+            profile: opts.profile.spaces.keys().cloned().collect(),
+            unserved,
+        })
+    }
+}
+
+/// The JetStream storage budget of the data dir's disk ([`budget`]).
+fn store_limit(dir: &DataDir) -> Result<i64, DaemonError> {
+    let limit = budget::store_limit(dir.root(), &dir.jetstream()).map_err(|source| {
+        DaemonError::FreeSpace {
+            path: dir.root().to_owned(),
+            source,
+        }
+    })?;
+    tracing::info!(
+        limit = crate::profile::human_size(limit.max(0) as u64),
+        "JetStream storage budget: three quarters of the free disk space plus what it stores"
+    );
+    Ok(limit)
+}
+
+fn cluster_conf(c: &ClusterConfig) -> supervisor::ClusterConf {
+    supervisor::ClusterConf {
+        name: c.name.clone(),
+        host: c.listen.ip(),
+        port: c.listen.port(),
+        routes: c.routes.clone(),
+    }
 }
 
 /// The names the server certificate covers and links name: the profile's and `--hostname`'s,

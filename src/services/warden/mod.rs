@@ -29,6 +29,7 @@
 //! was not running and identities revoked since.
 
 mod ledger;
+mod shares;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -46,9 +47,9 @@ use async_nats::jetstream::stream;
 
 use super::{Context, Health, Service, ServiceError};
 use crate::binding::{SpaceNames, dm_durable};
-use crate::profile::human_size;
-use crate::space::{Held, Hold, Identities, Space};
-use ledger::{Ledger, TaskSizes};
+use crate::space::{Held, Identities, Space};
+use ledger::Ledger;
+use shares::Shares;
 
 /// How often every DM and TASK subject is checked (and full pairs trimmed) besides the live
 /// checks.
@@ -137,62 +138,6 @@ impl Addressable {
             }
         }
         self.version = Some(version);
-    }
-}
-
-/// What the senders hold in one store (DM or TASK), and the share each may hold.
-#[derive(Default)]
-struct Shares {
-    /// DM: every DM stored and unread.
-    ledger: Ledger,
-    /// TASK: the sizes each pair published last.
-    tasks: TaskSizes,
-    /// TASK: what each sender held when last measured.
-    measured: HashMap<String, u64>,
-    /// Bytes each sender published (seen on the core subscription) that are not counted yet:
-    /// DM's stored feed trails the publishes by some milliseconds, in which a fast sender
-    /// stores megabytes, and TASK is measured only now and then. DM's is cleared every
-    /// [`TRIM_EVERY`] (refused publishes never reach the ledger), TASK's when measured.
-    in_flight: HashMap<String, u64>,
-    /// When each sender past its share may be judged again.
-    judged: HashMap<String, Instant>,
-    /// The store's byte limit (0: none, and no share).
-    store: u64,
-}
-
-impl Shares {
-    /// `bytes` from `sender` were published.
-    fn published(&mut self, sender: &str, bytes: u64) {
-        *self.in_flight.entry(sender.to_owned()).or_default() += bytes;
-    }
-
-    /// DM stored `bytes` from `sender` to `target` at `seq`.
-    fn stored(&mut self, target: &str, sender: &str, seq: u64, bytes: u64) {
-        self.ledger.stored(target, sender, seq, bytes);
-        if let Some(in_flight) = self.in_flight.get_mut(sender) {
-            *in_flight = in_flight.saturating_sub(bytes);
-        }
-    }
-
-    /// What `sender` holds, or is about to, as far as is known without asking the broker.
-    fn estimate(&self, sender: &str) -> u64 {
-        let counted = self.ledger.unread(sender) + self.measured.get(sender).copied().unwrap_or(0);
-        counted + self.in_flight.get(sender).copied().unwrap_or(0)
-    }
-
-    fn share(&self) -> u64 {
-        match self.store {
-            0 => u64::MAX,
-            store => store / SHARE_DIVISOR,
-        }
-    }
-
-    fn hold(&self, unread: u64) -> Hold {
-        Hold {
-            unread,
-            share: self.share(),
-            store: self.store,
-        }
     }
 }
 
@@ -389,139 +334,6 @@ impl Warden {
             .await
             .map_err(ServiceError::at("reading a stream the warden keeps"))?;
         Ok(stream.cached_info().clone())
-    }
-
-    /// What `sender` holds, asked of the broker: its DM targets' floors read again, or the
-    /// tasks TASK still counts for its pairs (each at the size it was published with, or the
-    /// stream's mean).
-    async fn measure(&self, held: Held, shares: &mut Shares, sender: &str) -> u64 {
-        if held == Held::Dms {
-            let targets = shares.ledger.targets_of(sender);
-            self.read_floors(&mut shares.ledger, targets).await;
-            return shares.estimate(sender);
-        }
-        let measured = async {
-            let state = self
-                .stream_info(&self.space.names().task_stream())
-                .await?
-                .state;
-            let mean = state.bytes.checked_div(state.messages).unwrap_or(0);
-            let stream = self
-                .space
-                .jetstream()
-                .get_stream(self.space.names().task_stream())
-                .await
-                .map_err(ServiceError::at("reading TASK"))?;
-            let mut subjects = stream
-                .info_with_subjects(self.space.names().tasks_from(sender))
-                .await
-                .map_err(ServiceError::at("listing TASK's subjects"))?;
-            let (mut bytes, mut listed) = (0, HashSet::new());
-            while let Some(entry) = subjects.next().await {
-                let (pair, count) = entry.map_err(ServiceError::at("listing TASK's subjects"))?;
-                bytes += shares.tasks.held(&pair, count as u64, mean);
-                listed.insert(pair);
-            }
-            let own = format!(".{sender}");
-            shares
-                .tasks
-                .retain(|pair| !pair.ends_with(&own) || listed.contains(pair));
-            Ok::<_, ServiceError>(bytes)
-        };
-        match measured.await {
-            Ok(bytes) => {
-                shares.measured.insert(sender.to_owned(), bytes);
-                shares.in_flight.remove(sender);
-                bytes
-            }
-            Err(e) => {
-                tracing::debug!(space = self.space.name(), sender, error = %e,
-                    "a sender's tasks not measured");
-                shares.estimate(sender)
-            }
-        }
-    }
-
-    /// Holds `sender` from sending `held` when it is past its share, not held, not judged
-    /// recently ([`TRIM_EVERY`] after a hold, [`REMEASURE_AFTER`] after a measure that found it
-    /// under), and, measured again, still past it; returns whether the holds changed.
-    async fn judge_share(&self, held: Held, shares: &mut Shares, sender: &str) -> bool {
-        if shares.estimate(sender) <= shares.share()
-            || self.space.holds().get(held, sender).is_some()
-            || shares
-                .judged
-                .get(sender)
-                .is_some_and(|again| Instant::now() < *again)
-        {
-            return false;
-        }
-        let unread = self.measure(held, shares, sender).await;
-        if unread <= shares.share() {
-            // Under its share once measured (what it sent may not be counted as stored yet):
-            // looked at again soon, while it may still be flooding.
-            shares
-                .judged
-                .insert(sender.to_owned(), Instant::now() + REMEASURE_AFTER);
-            return false;
-        }
-        shares
-            .judged
-            .insert(sender.to_owned(), Instant::now() + TRIM_EVERY);
-        let hold = shares.hold(unread);
-        let newly = self.space.holds().hold(held, sender, hold);
-        if newly {
-            tracing::warn!(
-                space = self.space.name(),
-                sender,
-                held = ?held,
-                unread = human_size(unread),
-                share = human_size(hold.share),
-                "a sender holds more than its share of the store: those publishes of it are \
-                 refused until some are read"
-            );
-        }
-        newly
-    }
-
-    /// Ends the holds of senders back under half their share (and updates the others'
-    /// figures); returns whether the holds changed.
-    async fn review_holds(&self, held: Held, shares: &mut Shares) -> bool {
-        let mut changed = false;
-        for sender in self.space.holds().senders(held) {
-            let unread = self.measure(held, shares, &sender).await;
-            if unread <= shares.share() / 2 {
-                self.space.holds().release(held, &sender);
-                tracing::info!(
-                    space = self.space.name(),
-                    sender,
-                    held = ?held,
-                    unread = human_size(unread),
-                    "a held sender's messages were read: it may send again"
-                );
-                changed = true;
-            } else {
-                self.space.holds().hold(held, &sender, shares.hold(unread));
-            }
-        }
-        changed
-    }
-
-    /// Pushes the account JWT with the current holds; false (logged) when that failed.
-    async fn push_holds(&self) -> bool {
-        match self.account.push_again().await {
-            Ok(()) => {
-                self.space.holds().forget_released();
-                true
-            }
-            Err(e) => {
-                tracing::warn!(
-                    space = self.space.name(),
-                    error = %crate::ops::error_text(&*e),
-                    "the holds could not be pushed to the broker; retrying"
-                );
-                false
-            }
-        }
     }
 
     /// Whether DM holds [`FULL_PERCENT`] of its byte limit or more.
