@@ -82,9 +82,9 @@ pub(super) fn to_file(path: &Path) -> io::Result<()> {
 
 /// Whether this process is a background job of the terminal on stderr (`cotald up &`).
 pub(super) fn background_job() -> bool {
-    // SAFETY: plain queries of this process and of file descriptor 2.
-    let (terminal, own) = unsafe { (libc::tcgetpgrp(2), libc::getpgrp()) };
-    terminal > 0 && terminal != own
+    // Not a terminal, or no foreground group: not a job of one.
+    rustix::termios::tcgetpgrp(std::io::stderr())
+        .is_ok_and(|terminal| terminal != rustix::process::getpgrp())
 }
 
 /// The log file, appended to, owner-only.

@@ -376,8 +376,11 @@ fn cluster_lines(s: &RuntimeState) -> Vec<String> {
 }
 
 fn process_alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid as libc::pid_t, 0) == 0 }
+    // Signal 0: whether the process exists (and may be signalled by this user).
+    i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .is_some_and(|pid| rustix::process::test_kill_process(pid).is_ok())
 }
 
 #[cfg(test)]

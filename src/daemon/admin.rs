@@ -96,8 +96,7 @@ impl Service for AdminSocket {
 
 async fn serve(core: Arc<Core>, stream: UnixStream) {
     // The socket's mode already confines it; the peer's uid is checked as well.
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let own = unsafe { libc::geteuid() };
+    let own = rustix::process::geteuid().as_raw();
     match stream.peer_cred() {
         Ok(cred) if cred.uid() == own => {}
         other => {

@@ -43,18 +43,8 @@ pub fn store_limit(data_dir: &Path, store_dir: &Path) -> std::io::Result<i64> {
 
 /// Bytes available to an unprivileged writer on the file system of `path`.
 fn available(path: &Path) -> std::io::Result<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `c` is a valid NUL-terminated path and `stat` is written by the call on success.
-    if unsafe { libc::statvfs(c.as_ptr(), stat.as_mut_ptr()) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: statvfs returned 0, so it filled `stat`.
-    let stat = unsafe { stat.assume_init() };
-    #[allow(clippy::useless_conversion)] // the field widths differ between targets
-    Ok(u64::from(stat.f_bavail) * u64::from(stat.f_frsize))
+    let stat = rustix::fs::statvfs(path)?;
+    Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
 }
 
 /// The bytes of every file under `dir` (0 when it does not exist yet).

@@ -21,13 +21,15 @@
 //! makes such a leftover the rarer there).
 
 #[cfg(any(target_os = "linux", target_os = "android"))]
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 #[cfg(any(target_os = "linux", target_os = "android"))]
 use std::path::PathBuf;
 #[cfg(any(target_os = "linux", target_os = "android"))]
 use std::time::Duration;
 
+#[cfg(any(target_os = "linux", target_os = "android"))]
+use rustix::process::Signal;
 #[cfg(any(target_os = "linux", target_os = "android"))]
 use tokio::io::unix::AsyncFd;
 
@@ -61,7 +63,11 @@ pub(super) async fn end_leftovers(ports_dir: &Path, executable: &Path, conf: &Pa
 pub(super) async fn end_leftovers(ports_dir: &Path, _executable: &Path, conf: &Path) {
     for pid in recorded_pids(ports_dir) {
         // SAFETY: signal 0 sends nothing; it asks whether the pid exists.
-        if pid != std::process::id() && unsafe { libc::kill(pid as libc::pid_t, 0) } == 0 {
+        let alive = i32::try_from(pid)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+            .is_some_and(|pid| rustix::process::test_kill_process(pid).is_ok());
+        if pid != std::process::id() && alive {
             tracing::warn!(
                 pid,
                 conf = %conf.display(),
@@ -137,17 +143,15 @@ fn canonical(path: &Path) -> PathBuf {
 /// SIGTERM, then SIGKILL after [`STOP_DEADLINE`], through a pidfd. A pid that is gone, or
 /// turns out not to be ours once pinned, is left alone.
 async fn end(pid: u32, executable: &Path, conf: &Path) -> std::io::Result<()> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        let e = std::io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::ESRCH) => Ok(()),
-            _ => Err(e),
-        };
-    }
-    // SAFETY: a descriptor pidfd_open just returned, owned by nobody else.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+    use rustix::process::{Pid, PidfdFlags};
+    let Some(pinned) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
+        return Ok(());
+    };
+    let pidfd = match rustix::process::pidfd_open(pinned, PidfdFlags::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::SRCH) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
     if !is_our_broker(pid, executable, conf) {
         return Ok(());
     }
@@ -158,7 +162,7 @@ async fn end(pid: u32, executable: &Path, conf: &Path) -> std::io::Result<()> {
         conf = %conf.display(),
         "a nats-server of this data dir was left running; stopping it (SIGTERM)"
     );
-    send(&exited, libc::SIGTERM)?;
+    send(&exited, Signal::TERM)?;
     if tokio::time::timeout(STOP_DEADLINE, exited.readable())
         .await
         .is_ok()
@@ -171,7 +175,7 @@ async fn end(pid: u32, executable: &Path, conf: &Path) -> std::io::Result<()> {
         deadline = ?STOP_DEADLINE,
         "the nats-server left running ignored SIGTERM; killing it"
     );
-    send(&exited, libc::SIGKILL)?;
+    send(&exited, Signal::KILL)?;
     let _exited = tokio::time::timeout(KILL_WAIT, exited.readable())
         .await
         .map_err(|_| {
@@ -185,25 +189,11 @@ async fn end(pid: u32, executable: &Path, conf: &Path) -> std::io::Result<()> {
 }
 
 #[cfg(any(target_os = "linux", target_os = "android"))]
-fn send(pidfd: &AsyncFd<OwnedFd>, signal: libc::c_int) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: pidfd_send_signal on a pidfd we own, without siginfo.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            signal,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
-    };
-    match rc {
-        0 => Ok(()),
-        _ => match std::io::Error::last_os_error() {
-            // Exited meanwhile: what we wanted.
-            e if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
-            e => Err(e),
-        },
+fn send(pidfd: &AsyncFd<OwnedFd>, signal: Signal) -> std::io::Result<()> {
+    match rustix::process::pidfd_send_signal(pidfd.get_ref(), signal) {
+        // Exited meanwhile: what we wanted.
+        Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -547,9 +547,13 @@ impl Running {
     }
 
     async fn stop(mut self, deadline: Duration) {
-        // SAFETY: plain syscall on our own child's pid, which we have not reaped yet.
-        unsafe {
-            libc::kill(self.pid as libc::pid_t, libc::SIGTERM);
+        // Our own child's pid, which is not reaped yet: it names no other process.
+        if let Some(pid) = i32::try_from(self.pid)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+            && let Err(e) = rustix::process::kill_process(pid, rustix::process::Signal::TERM)
+        {
+            tracing::warn!(pid = self.pid, error = %e, "nats-server could not be sent SIGTERM");
         }
         match tokio::time::timeout(deadline, self.process.wait()).await {
             Ok(status) => {

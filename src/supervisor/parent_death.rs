@@ -24,17 +24,18 @@ use tokio::process::Command;
 /// Makes the child that `cmd` spawns die with this process.
 #[cfg(any(target_os = "linux", target_os = "android"))]
 pub(super) fn arrange(cmd: &mut Command) -> io::Result<()> {
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: prctl and getppid are async-signal-safe; the closure allocates nothing.
+    use rustix::process::{Pid, Signal};
+    let parent = i32::try_from(std::process::id())
+        .ok()
+        .and_then(Pid::from_raw);
+    // SAFETY: rustix makes these two system calls directly, which is async-signal-safe; the
+    // closure allocates nothing (an `Errno` becomes an OS error code, not a boxed error).
     unsafe {
         cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
             // cotald died between the fork and the prctl: the signal will never come.
-            // (An OS error code: building any other error would allocate.)
-            if libc::getppid() != parent {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            if rustix::process::getppid() != parent {
+                return Err(rustix::io::Errno::SRCH.into());
             }
             Ok(())
         });
@@ -72,16 +73,10 @@ fn lifeline() -> io::Result<RawFd> {
 /// is not async-signal-safe).
 #[cfg_attr(any(target_os = "linux", target_os = "android"), allow(dead_code))]
 fn last_fd() -> libc::c_int {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes the struct it is given.
-    let known = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
-    if !known || limit.rlim_cur == libc::RLIM_INFINITY {
-        return 1 << 20;
+    match rustix::process::getrlimit(rustix::process::Resource::Nofile).current {
+        Some(limit) => libc::c_int::try_from(limit).unwrap_or(libc::c_int::MAX) - 1,
+        None => 1 << 20,
     }
-    libc::c_int::try_from(limit.rlim_cur).unwrap_or(libc::c_int::MAX) - 1
 }
 
 /// In the child, between fork and exec: forks the watcher of `lifeline`. The child goes on to
