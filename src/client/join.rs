@@ -171,7 +171,9 @@ impl Drop for Reservation {
     fn drop(&mut self) {
         if let Some(inner) = self.inner.take() {
             let key = std::mem::take(&mut self.key);
-            tokio::spawn(async move {
+            let background = &inner.background;
+            let inner = inner.clone();
+            background.spawn(async move {
                 let mut joined = inner.joined.lock().await;
                 if joined.get(&key).is_some_and(|j| j.pump.is_none()) {
                     joined.remove(&key);

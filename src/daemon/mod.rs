@@ -17,8 +17,10 @@
 //!    socket, the web dashboard ([`crate::dashboard`], when enabled); ready (and a service
 //!    manager that asked is told so: [`notify`]).
 //!
-//! Every background task belongs to a [`ServiceSet`] under one root cancellation token: the
-//! appliance's set, and one per space. Shutdown cancels the root, waits for each set up to its
+//! Every background task of the appliance belongs to a [`ServiceSet`] under one root
+//! cancellation token (the appliance's set, and one per space), but one: the broker's
+//! supervisor, which must outlive them all, is the task of the [`Supervisor`] handle, stopped
+//! by it (or by its drop) last. Shutdown cancels the root, waits for each set up to its
 //! deadline, closes the spaces' connections, then stops the broker.
 //!
 //! Spaces come from the profile and from `cotald space add` (remembered in the data dir once
