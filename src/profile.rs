@@ -147,6 +147,17 @@ pub struct BrokerConfig {
     /// Extra names for the server certificate (in addition to localhost and loopback IPs).
     #[serde(default)]
     pub hostnames: Vec<String>,
+    /// How long a server certificate is valid (`"365d"` unless set; at least `"10s"`). It is
+    /// issued at every start and renewed while running when a third of it is left.
+    #[serde(default = "BrokerConfig::default_certificate_lifetime")]
+    pub certificate_lifetime: ReplayWindow,
+}
+
+impl BrokerConfig {
+    /// A year.
+    pub(crate) fn default_certificate_lifetime() -> ReplayWindow {
+        ReplayWindow::parse("365d").expect("a window")
+    }
 }
 
 /// The deployment profile of a space (§7): it decides `=defaults.deliveryClass`.

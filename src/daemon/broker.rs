@@ -5,6 +5,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
+use super::renewal::ServerCertificate;
 use super::{DaemonError, Options, Prepared, READY_TIMEOUT, STOP_DEADLINE, budget, cluster};
 use crate::datadir::DataDir;
 use crate::profile::{ClusterConfig, Profile};
@@ -21,7 +22,14 @@ pub(super) async fn prepare(opts: &Options) -> Result<(Prepared, BrokerSpec), Da
     let (listen, cluster) = claim_listeners(opts, &executable).await?;
     let hostnames = hostnames(opts, listen);
     let keys = KeyStore::load_or_create(&dir.keys())?;
-    let tls = TlsFiles::ensure(&dir.tls(), &hostnames)?;
+    let lifetime = opts.profile.broker.certificate_lifetime.duration();
+    let tls = TlsFiles::ensure(&dir.tls(), &hostnames, lifetime)?;
+    let certificate = ServerCertificate {
+        dir: dir.tls(),
+        hostnames: hostnames.clone(),
+        lifetime,
+        expires: tls.server_expires,
+    };
     let spaces = Spaces::to_serve(opts, &keys)?;
     tracing::info!(spaces = spaces.all.len(), "phase: provisioned keys and TLS");
     let store_limit = store_limit(dir)?;
@@ -78,6 +86,7 @@ pub(super) async fn prepare(opts: &Options) -> Result<(Prepared, BrokerSpec), Da
         replicas: cluster.as_ref().map(ClusterConfig::replicas),
         node: server_name,
         profile_text: opts.profile.text.clone(),
+        certificate,
     };
     Ok((prepared, spec))
 }

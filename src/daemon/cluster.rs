@@ -185,7 +185,9 @@ pub fn init(
     }
     let keys = KeyStore::load_or_create(&dir.keys())?;
     keys.ensure_space("main")?;
-    TlsFiles::ensure(&dir.tls(), &[])?;
+    // The server certificate is issued again at the node's start, for its own names.
+    let lifetime = crate::profile::BrokerConfig::default_certificate_lifetime().duration();
+    TlsFiles::ensure(&dir.tls(), &[], lifetime)?;
     let exported = JoinBundle::export(&dir.keys(), &dir.tls(), name)?;
     exported.write(bundle)?;
     write_table(dir, &config)?;

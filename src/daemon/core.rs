@@ -89,6 +89,7 @@ impl Core {
             replicas,
             node,
             profile_text,
+            certificate: _, // renewed by the appliance's own service
         } = prepared;
         let local = local_addr(status.client);
         let system =

@@ -36,6 +36,7 @@ mod core;
 mod dashboard;
 pub mod notify;
 mod ops;
+mod renewal;
 mod served;
 mod space_services;
 mod state;
@@ -224,7 +225,7 @@ pub struct Appliance {
     core: Arc<Core>,
     _lock: DataDirLock,
     supervisor: Supervisor,
-    services: ServiceSet,
+    services: Arc<ServiceSet>,
     info: ReadyInfo,
 }
 
@@ -247,6 +248,8 @@ pub(super) struct Prepared {
     pub(super) node: String,
     /// The profile's text, as a backup carries it.
     pub(super) profile_text: String,
+    /// The server certificate the broker starts with, renewed while it runs.
+    pub(super) certificate: renewal::ServerCertificate,
 }
 
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -266,6 +269,7 @@ impl Appliance {
         let lock = opts.data_dir.lock()?;
         tracing::info!(data_dir = %opts.data_dir.root().display(), "phase: data dir locked");
         let (prepared, spec) = broker::prepare(&opts).await?;
+        let certificate = prepared.certificate.clone();
         let supervisor = Supervisor::start(spec).await?;
         let status = supervisor.status().borrow().clone();
         let core = match Core::start(prepared, &status, supervisor.monitor()).await {
@@ -276,7 +280,7 @@ impl Appliance {
                 return Err(e);
             }
         };
-        let services = ServiceSet::new("appliance", &core.root);
+        let services = Arc::new(ServiceSet::new("appliance", &core.root));
         let mut appliance = Appliance {
             info: core.ready_info(&status).await,
             core,
@@ -284,7 +288,7 @@ impl Appliance {
             supervisor,
             services,
         };
-        if let Err(e) = appliance.start_own_services().await {
+        if let Err(e) = appliance.start_own_services(certificate).await {
             appliance.stop().await;
             return Err(e);
         }
@@ -295,27 +299,39 @@ impl Appliance {
             opts.dashboard,
         )
         .await;
+        if let Err(e) = appliance.track_state().await {
+            appliance.stop().await;
+            return Err(e);
+        }
         tracing::info!("phase: ready");
         Ok(appliance)
     }
 
-    /// Phase 7: the runtime state for `cotald status` and the admin socket.
-    async fn start_own_services(&self) -> Result<(), DaemonError> {
-        let own = |source| DaemonError::Service {
-            space: "appliance".into(),
-            source,
-        };
+    /// Phase 7: the admin socket and the server certificate's renewal.
+    async fn start_own_services(
+        &self,
+        certificate: renewal::ServerCertificate,
+    ) -> Result<(), DaemonError> {
+        let socket = admin::AdminSocket::bind(self.core.clone())?;
+        self.services.start(Arc::new(socket)).await.map_err(own)?;
+        let renewal = renewal::CertificateRenewal::new(certificate, self.core.monitor.clone());
+        self.services.start(Arc::new(renewal)).await.map_err(own)
+    }
+
+    /// Phase 7's last step: the runtime state for `cotald status`, written once every other
+    /// service runs (so that a `status` right after `ready` finds them running), then tracked.
+    async fn track_state(&self) -> Result<(), DaemonError> {
         let core = &self.core;
         let tracker = state::StateTracker::new(
             core.state.clone(),
             core.spaces.clone(),
             core.monitor.clone(),
             core.cluster.as_ref().map(|c| c.name.clone()),
+            Arc::downgrade(&self.services),
             self.supervisor.status(),
         );
-        self.services.start(Arc::new(tracker)).await.map_err(own)?;
-        let socket = admin::AdminSocket::bind(self.core.clone())?;
-        self.services.start(Arc::new(socket)).await.map_err(own)
+        tracker.write().await.map_err(own)?;
+        self.services.start(Arc::new(tracker)).await.map_err(own)
     }
 
     /// What the appliance announces.
@@ -343,7 +359,7 @@ impl Appliance {
     /// under 10 s.
     async fn stop(self) {
         let spaces = self.core.spaces.take().await;
-        let sets = std::iter::once(&self.services).chain(spaces.iter().map(|s| &s.services));
+        let sets = std::iter::once(&*self.services).chain(spaces.iter().map(|s| &s.services));
         futures_util::future::join_all(sets.map(|set| set.shutdown(SERVICES_DEADLINE))).await;
         let closes = futures_util::future::join_all(spaces.iter().map(|s| s.space.close()));
         let drain = tokio::time::timeout(CLOSE_DEADLINE, self.core.accounts.close());
@@ -351,6 +367,14 @@ impl Appliance {
         self.core.root.cancel();
         self.supervisor.stop().await;
         self.core.dir.clear_state();
+    }
+}
+
+/// A service of the appliance's own set that could not start.
+fn own(source: crate::services::ServiceError) -> DaemonError {
+    DaemonError::Service {
+        space: "appliance".into(),
+        source,
     }
 }
 

@@ -4,7 +4,7 @@
 //! the same pace) and, every [`CLUSTER_POLL`], the cluster's nodes (the broker's `JSZ`) and each
 //! stream's leader.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -14,7 +14,7 @@ use crate::binding::streams;
 use crate::datadir::{
     ClusterNode, ClusterState, DataDir, DataDirError, RuntimeState, StreamLeader,
 };
-use crate::services::{Context, Health, Service, ServiceError};
+use crate::services::{Context, Health, Service, ServiceError, ServiceSet, ServiceStatus};
 use crate::supervisor::BrokerStatus;
 use crate::supervisor::monitor::Monitor;
 
@@ -68,6 +68,8 @@ pub(super) struct StateTracker {
     monitor: Monitor,
     /// This node's server name, in a cluster.
     node: Option<String>,
+    /// The appliance's own services (this one among them, hence not kept alive by it).
+    own: Weak<ServiceSet>,
     broker: watch::Receiver<BrokerStatus>,
 }
 
@@ -77,6 +79,7 @@ impl StateTracker {
         spaces: Arc<ServedSpaces>,
         monitor: Monitor,
         node: Option<String>,
+        own: Weak<ServiceSet>,
         broker: watch::Receiver<BrokerStatus>,
     ) -> Self {
         StateTracker {
@@ -84,12 +87,26 @@ impl StateTracker {
             spaces,
             monitor,
             node,
+            own,
             broker,
         }
     }
 
-    async fn write(&self) -> Result<(), ServiceError> {
-        let services = self.spaces.services().await;
+    /// Every service's health: the appliance's own, then each space's.
+    async fn services(&self) -> Vec<ServiceStatus> {
+        let own = self
+            .own
+            .upgrade()
+            .map(|set| set.status())
+            .unwrap_or_default();
+        own.into_iter()
+            .chain(self.spaces.services().await)
+            .collect()
+    }
+
+    /// Writes the runtime state as it is now.
+    pub(super) async fn write(&self) -> Result<(), ServiceError> {
+        let services = self.services().await;
         let leases = self.spaces.leases().await;
         let now = self.broker.borrow().clone();
         self.file.update(|state| {
@@ -166,9 +183,10 @@ impl Service for StateTracker {
 
     async fn run(&self, ctx: Context) -> Result<(), ServiceError> {
         let mut broker = self.broker.clone();
-        self.write().await?;
+        // Running first, so that what it writes says so of itself too.
         ctx.report(Health::Running);
-        let mut written = (self.spaces.services().await, self.spaces.leases().await);
+        self.write().await?;
+        let mut written = (self.services().await, self.spaces.leases().await);
         let mut poll = tokio::time::interval(HEALTH_POLL);
         let mut cluster_poll = tokio::time::interval(CLUSTER_POLL);
         loop {
@@ -189,7 +207,7 @@ impl Service for StateTracker {
                     self.write().await?;
                 }
                 _ = poll.tick() => {
-                    let now = (self.spaces.services().await, self.spaces.leases().await);
+                    let now = (self.services().await, self.spaces.leases().await);
                     if now != written {
                         self.write().await?;
                         written = now;

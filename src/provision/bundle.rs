@@ -222,7 +222,8 @@ mod tests {
         let first = tempfile::tempdir().unwrap();
         let keys = KeyStore::load_or_create(&first.path().join("keys")).unwrap();
         keys.ensure_space("main").unwrap();
-        TlsFiles::ensure(&first.path().join("tls"), &[]).unwrap();
+        let year = std::time::Duration::from_secs(365 * 24 * 3600);
+        TlsFiles::ensure(&first.path().join("tls"), &[], year).unwrap();
         let bundle = JoinBundle::export(
             &first.path().join("keys"),
             &first.path().join("tls"),

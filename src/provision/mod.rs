@@ -17,7 +17,7 @@ mod tls;
 pub use bundle::{Imported, JoinBundle, SpaceSeeds};
 pub use claims::{AccountLimits, JetStreamLimits, now_secs, rfc3339};
 pub use keystore::{KeyStore, SpaceKeys};
-pub use tls::{TlsFiles, validate_hostname};
+pub use tls::{MIN_CERTIFICATE_LIFETIME, TlsFiles, validate_hostname};
 
 use std::path::PathBuf;
 
@@ -76,6 +76,12 @@ pub enum ProvisionError {
          address"
     )]
     Hostname(String),
+    /// A server certificate lifetime too short to be renewed before it ends.
+    #[error(
+        "a server certificate lifetime of {0:?} is too short: it is renewed when a third of it \
+         is left, so give at least {MIN_CERTIFICATE_LIFETIME:?}"
+    )]
+    Lifetime(std::time::Duration),
     /// Generating or signing the TLS material failed.
     #[error("TLS material: {0}")]
     Tls(#[from] rcgen::Error),

@@ -530,6 +530,15 @@ async fn status_shows_each_service() {
             .unwrap_or_else(|| panic!("{name} in {status}"));
         assert_eq!(s["state"], "running", "{s}");
     }
+    // The appliance's own services too: a failing renewal of the server certificate, say,
+    // makes `status` degraded like a failing service of a space.
+    for name in ["state", "admin-socket", "certificate", "dashboard"] {
+        let s = services
+            .iter()
+            .find(|s| s["scope"] == "appliance" && s["name"] == name)
+            .unwrap_or_else(|| panic!("{name} in {status}"));
+        assert_eq!(s["state"], "running", "{s}");
+    }
     let out = tokio::process::Command::new(crate::helper::cotald_bin())
         .args(["status", "--data-dir"])
         .arg(tmp.path())

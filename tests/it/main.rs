@@ -5,6 +5,7 @@ mod acl;
 mod appliance;
 mod backup;
 mod bench;
+mod certificate;
 mod cli;
 mod client;
 mod cluster;

@@ -1,0 +1,71 @@
+//! The server certificate is renewed while the appliance runs: an appliance up longer than the
+//! certificate's lifetime keeps accepting new clients, and the clients connected before the
+//! renewal stay connected. A lifetime of seconds stands for a year.
+
+use std::time::{Duration, Instant};
+
+use crate::helper::{Cotald, Probe, mint_user};
+
+/// The shortest lifetime the profile accepts is 10 s; 15 s renews after 10 s.
+const LIFETIME: Duration = Duration::from_secs(15);
+
+#[tokio::test]
+async fn the_server_certificate_is_renewed_before_it_ends_and_new_clients_still_connect() {
+    let tmp = tempfile::tempdir().unwrap();
+    let local =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/local.toml")).unwrap();
+    let profile = tmp.path().join("short.toml");
+    let text = local.replacen(
+        "[broker]\n",
+        &format!(
+            "[broker]\ncertificate_lifetime = \"{}s\"\n",
+            LIFETIME.as_secs()
+        ),
+        1,
+    );
+    assert_ne!(text, local, "the profile has a [broker] table");
+    std::fs::write(&profile, text).unwrap();
+    let dir = tmp.path().join("data");
+
+    let issued = Instant::now();
+    let mut c = Cotald::spawn(&dir, &["--config", profile.to_str().unwrap()]);
+    c.wait_stdout("cotald is ready").await;
+    let first = std::fs::read(dir.join("tls/server.pem")).unwrap();
+    let creds = mint_user(&dir, "main", &tmp.path().join("user.creds"));
+    let mut before = Probe::connect(&c, &creds).await;
+
+    // Renewed with a third of its life left, and loaded by the broker.
+    c.wait_stderr("server certificate renewed").await;
+    let renewed = std::fs::read(dir.join("tls/server.pem")).unwrap();
+    assert_ne!(first, renewed, "a new certificate is written");
+
+    // Past the end of the first certificate: a client that connects now verifies the one the
+    // broker presents, so it connects only if the broker loaded the renewed one.
+    let first_ends = issued + LIFETIME + Duration::from_secs(1);
+    tokio::time::sleep_until(first_ends.into()).await;
+    let mut after = Probe::try_connect(&c, &creds)
+        .await
+        .unwrap_or_else(|e| panic!("no new connection after the first certificate ended: {e}"));
+    after.barrier().await;
+
+    // The client connected before the renewal was never cut off.
+    before.barrier().await;
+    while let Ok(event) = before.events.try_recv() {
+        assert!(
+            !matches!(event, async_nats::Event::Disconnected),
+            "the renewal disconnected a client"
+        );
+    }
+    let state = c.state();
+    let renewal = state
+        .services
+        .iter()
+        .find(|s| s.scope == "appliance" && s.name == "certificate")
+        .expect("the renewal is a service of the appliance");
+    assert_eq!(
+        renewal.health,
+        cotald::ops::status::Health::Running,
+        "{renewal:?}"
+    );
+    c.stop().await;
+}
