@@ -5,7 +5,8 @@
 //! `POST`s, no absolute-form targets, no control character in anything decoded (a CR LF must
 //! never reach a header the dashboard echoes), a body of at most [`MAX_BODY`] bytes. The
 //! decoding itself is well-kept code too: queries and forms as the WHATWG URL Standard reads
-//! them (`form_urlencoded`, what a browser does), the path by `percent-encoding`.
+//! them (`form_urlencoded`, what a browser does), the path by `percent-encoding`; the
+//! addresses the pages link to are encoded by the same crates.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
-use percent_encoding::percent_decode_str;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 use tokio::sync::mpsc;
 
 /// The largest form body accepted.
@@ -214,17 +215,38 @@ fn clean(s: &str, multiline: bool) -> bool {
         .all(|c| !c.is_ascii_control() || (multiline && matches!(c, '\n' | '\r' | '\t')))
 }
 
-/// Percent-encodes a query value.
-pub(super) fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
+/// What a path segment keeps as it is: RFC 3986's unreserved characters.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// The address of a space's page: `/spaces/<space>/<page>`, then `query` form-encoded.
+pub(super) fn space_url(space: &str, page: &str, query: &[(&str, &str)]) -> String {
+    let path = format!("/spaces/{}/{page}", utf8_percent_encode(space, SEGMENT));
+    with_query(path, query)
+}
+
+/// `path` (decoded) as an address on this site: each segment percent-encoded, then `query`
+/// form-encoded. Always a path (`//host` would leave the site).
+pub(super) fn site_url(path: &str, query: &[(&str, &str)]) -> String {
+    let segments: Vec<String> = path
+        .trim_start_matches('/')
+        .split('/')
+        .map(|s| utf8_percent_encode(s, SEGMENT).to_string())
+        .collect();
+    with_query(format!("/{}", segments.join("/")), query)
+}
+
+fn with_query(path: String, query: &[(&str, &str)]) -> String {
+    if query.is_empty() {
+        return path;
     }
-    out
+    let query = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(query)
+        .finish();
+    format!("{path}?{query}")
 }
 
 /// What hyper sends: a whole body, or an event stream.
@@ -243,13 +265,13 @@ pub(super) struct Response {
 }
 
 impl Response {
-    /// An HTML page.
-    pub(super) fn html(status: u16, body: String) -> Self {
+    /// An HTML page: markup only (what `maud::html!` made, every string in it escaped).
+    pub(super) fn html(status: u16, page: maud::Markup) -> Self {
         Response {
             status,
             content_type: "text/html; charset=utf-8",
             headers: Vec::new(),
-            body: body.into_bytes(),
+            body: page.into_string().into_bytes(),
         }
     }
 
@@ -361,8 +383,26 @@ mod tests {
     }
 
     #[test]
-    fn encode_round_trips() {
-        let q = pairs(&format!("a={}", encode("a b/ü&=+")), false).unwrap();
-        assert_eq!(first(&q, "a"), Some("a b/ü&=+"));
+    fn addresses_are_encoded_and_read_back() {
+        let url = space_url(
+            "main",
+            "feed",
+            &[("channel", "a b&c=d/ü"), ("reply", "x+y")],
+        );
+        assert_eq!(
+            url,
+            "/spaces/main/feed?channel=a+b%26c%3Dd%2F%C3%BC&reply=x%2By"
+        );
+        let (path, query) = url.split_once('?').unwrap();
+        assert_eq!(decode_path(path).as_deref(), Some("/spaces/main/feed"));
+        let query = pairs(query, false).unwrap();
+        assert_eq!(first(&query, "channel"), Some("a b&c=d/ü"));
+        assert_eq!(first(&query, "reply"), Some("x+y"));
+        assert_eq!(
+            space_url("my-space_1", "roster", &[]),
+            "/spaces/my-space_1/roster"
+        );
+        assert_eq!(site_url("//elsewhere.example/", &[]), "/elsewhere.example/");
+        assert_eq!(site_url("/a b/?", &[("k", "v")]), "/a%20b/%3F?k=v");
     }
 }

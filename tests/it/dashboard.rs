@@ -342,7 +342,7 @@ async fn pages_show_the_roster_the_channels_and_the_live_feed() {
         .page_with("/spaces/main/channels", &["#general", "hello from alice"])
         .await;
     assert!(channels.contains("durable"), "{channels}");
-    assert!(channels.contains("Everyone&#39;s channel"), "{channels}");
+    assert!(channels.contains("Everyone's channel"), "{channels}");
 
     // History on load: a page opened now shows what was sent before.
     let loading = Instant::now();
@@ -415,7 +415,7 @@ async fn a_hostile_message_is_shown_as_text_and_dms_stay_out_of_sight() {
     assert!(
         events
             .seen
-            .contains("&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;"),
+            .contains("&lt;script&gt;alert('pwned')&lt;/script&gt;"),
         "{}",
         events.seen
     );
