@@ -1,11 +1,12 @@
-//! The pages, rendered on the server by `maud::html!`, which escapes every string spliced into
+//! The pages, rendered on the server with `maud::html!`, which escapes every string spliced into
 //! the markup, in text and in attribute values alike: a message body `<script>…`, a name, a
-//! channel's description are shown as text, and there is no escaping call to forget. The only
-//! markup not built here is the fixed CSS and JS in `assets/`. Addresses carry their query
-//! values form-encoded (`http::space_url`). The pages hold no inline script or style (the CSP
-//! allows neither); `app.js` follows the event streams (the feed's messages, each page's live
-//! part) and shows times in the reader's own locale and zone. Forms post to the dashboard
-//! itself with its anti-forgery field.
+//! channel's description are shown as text, and there is no escaping call to forget. The rest
+//! of the dashboard's markup is built the same way (the direct page in `direct`, the health page
+//! in `health`); only the fixed CSS and JS of `assets/` are sent as they are, as files.
+//! Addresses carry their query values form-encoded (`http::space_url`). The pages hold no
+//! inline script or style (the CSP allows neither); `app.js` follows the event streams (the
+//! feed's messages, each page's live part) and shows times in the reader's own locale and zone.
+//! Forms post to the dashboard itself with its anti-forgery field.
 
 use std::collections::BTreeMap;
 
@@ -34,6 +35,7 @@ impl Tab {
     /// Every tab, in the order the header shows them.
     const ALL: [Tab; 4] = [Tab::Roster, Tab::Direct, Tab::Channels, Tab::Feed];
 
+    /// The page's last path segment.
     pub(super) fn path(self) -> &'static str {
         match self {
             Tab::Roster => "roster",
