@@ -7,7 +7,7 @@
 
 use crate::protocol::{Channel, CotalMessage, InstanceId, Part, Routing};
 
-use super::http::{Request, encode};
+use super::http::{Request, space_url};
 use super::observer::Observer;
 
 /// The three forms.
@@ -88,7 +88,7 @@ pub(super) async fn send(
         .map(str::trim)
         .filter(|t| !t.is_empty())
         .ok_or(Refused::Missing("text"))?;
-    let space = encode(&observer.space);
+    let space = observer.space.as_str();
     let (routing, back) = match form {
         Form::Post => {
             let name = required(req, "channel")?;
@@ -101,7 +101,7 @@ pub(super) async fn send(
                     known: known.join(", "),
                 });
             }
-            let back = format!("/spaces/{space}/feed?channel={}", encode(name));
+            let back = space_url(space, "feed", &[("channel", name)]);
             (Routing::channel(&channel), back)
         }
         Form::Dm => {
@@ -109,7 +109,7 @@ pub(super) async fn send(
             let target: InstanceId = to
                 .parse()
                 .map_err(|_| Refused::Invalid(to.to_owned(), "instance id"))?;
-            (Routing::to(&target), format!("/spaces/{space}/direct"))
+            (Routing::to(&target), space_url(space, "direct", &[]))
         }
         Form::Task => {
             let role = required(req, "role")?;
@@ -117,7 +117,7 @@ pub(super) async fn send(
                 return Err(Refused::Invalid(role.to_owned(), "role"));
             }
             held(observer, role)?;
-            (Routing::to_service(role), format!("/spaces/{space}/roster"))
+            (Routing::to_service(role), space_url(space, "roster", &[]))
         }
     };
     let voice = &observer.voice;

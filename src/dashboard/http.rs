@@ -3,7 +3,10 @@
 //! given with the same security headers. A server a browser talks to belongs on a well-kept
 //! HTTP stack; what is left here is the dashboard's own strictness: only `GET` and form
 //! `POST`s, no absolute-form targets, no control character in anything decoded (a CR LF must
-//! never reach a header the dashboard echoes), a body of at most [`MAX_BODY`] bytes.
+//! never reach a header the dashboard echoes), a body of at most [`MAX_BODY`] bytes. The
+//! decoding itself is well-kept code too: queries and forms as the WHATWG URL Standard reads
+//! them (`form_urlencoded`, what a browser does), the path by `percent-encoding`; the
+//! addresses the pages link to are encoded by the same crates.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -12,6 +15,7 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 use tokio::sync::mpsc;
 
 /// The largest form body accepted.
@@ -142,7 +146,7 @@ pub(super) async fn read(req: hyper::Request<Incoming>) -> Result<Request, Refus
     if head.uri.authority().is_some() || head.uri.scheme().is_some() {
         return Err(Refusal::BadRequest);
     }
-    let path = decode(head.uri.path(), false).ok_or(Refusal::BadRequest)?;
+    let path = decode_path(head.uri.path()).ok_or(Refusal::BadRequest)?;
     let query = pairs(head.uri.query().unwrap_or(""), false).ok_or(Refusal::BadRequest)?;
     let mut headers = Vec::with_capacity(head.headers.len());
     for (name, value) in &head.headers {
@@ -186,59 +190,63 @@ pub(super) async fn read(req: hyper::Request<Incoming>) -> Result<Request, Refus
     })
 }
 
-/// `a=b&c=d`, each side percent-decoded.
+/// `a=b&c=d` as the WHATWG URL Standard decodes `application/x-www-form-urlencoded` (a
+/// browser's own reading, by `form_urlencoded`): `+` is a space, a malformed `%` escape stays as
+/// written, bytes that are not UTF-8 become U+FFFD. `None` when a name or a value decodes to a
+/// control character (line ends and tabs allowed in values when `multiline`: a message's text).
 fn pairs(text: &str, multiline: bool) -> Option<Vec<(String, String)>> {
-    text.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            Some((decode(k, false)?, decode(v, multiline)?))
+    form_urlencoded::parse(text.as_bytes())
+        .map(|(k, v)| {
+            (clean(&k, false) && clean(&v, multiline)).then(|| (k.into_owned(), v.into_owned()))
         })
         .collect()
 }
 
-/// Percent-decodes `s` (`+` is a space); `None` when it is malformed, not UTF-8, or decodes to
-/// a control character (line ends and tabs allowed when `multiline`: a message's text).
-fn decode(s: &str, multiline: bool) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes.get(i + 1..i + 3)?;
-                let hex = std::str::from_utf8(hex).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    let allowed = |b: &u8| multiline && matches!(b, b'\n' | b'\r' | b'\t');
-    if out.iter().any(|b| b.is_ascii_control() && !allowed(b)) {
-        return None;
-    }
-    String::from_utf8(out).ok()
+/// The request path percent-decoded (RFC 3986: a `+` is a plus here, a malformed escape stays
+/// as written); `None` when it is not UTF-8 or decodes to a control character.
+fn decode_path(path: &str) -> Option<String> {
+    let path = percent_decode_str(path).decode_utf8().ok()?;
+    clean(&path, false).then(|| path.into_owned())
 }
 
-/// Percent-encodes a query value.
-pub(super) fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
+/// Whether `s` holds no control character (but line ends and tabs when `multiline`).
+fn clean(s: &str, multiline: bool) -> bool {
+    s.chars()
+        .all(|c| !c.is_ascii_control() || (multiline && matches!(c, '\n' | '\r' | '\t')))
+}
+
+/// What a path segment keeps as it is: RFC 3986's unreserved characters.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// The address of a space's page: `/spaces/<space>/<page>`, then `query` form-encoded.
+pub(super) fn space_url(space: &str, page: &str, query: &[(&str, &str)]) -> String {
+    let path = format!("/spaces/{}/{page}", utf8_percent_encode(space, SEGMENT));
+    with_query(path, query)
+}
+
+/// `path` (decoded) as an address on this site: each segment percent-encoded, then `query`
+/// form-encoded. Always a path (`//host` would leave the site).
+pub(super) fn site_url(path: &str, query: &[(&str, &str)]) -> String {
+    let segments: Vec<String> = path
+        .trim_start_matches('/')
+        .split('/')
+        .map(|s| utf8_percent_encode(s, SEGMENT).to_string())
+        .collect();
+    with_query(format!("/{}", segments.join("/")), query)
+}
+
+fn with_query(path: String, query: &[(&str, &str)]) -> String {
+    if query.is_empty() {
+        return path;
     }
-    out
+    let query = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(query)
+        .finish();
+    format!("{path}?{query}")
 }
 
 /// What hyper sends: a whole body, or an event stream.
@@ -257,13 +265,13 @@ pub(super) struct Response {
 }
 
 impl Response {
-    /// An HTML page.
-    pub(super) fn html(status: u16, body: String) -> Self {
+    /// An HTML page: markup only (what `maud::html!` made, every string in it escaped).
+    pub(super) fn html(status: u16, page: maud::Markup) -> Self {
         Response {
             status,
             content_type: "text/html; charset=utf-8",
             headers: Vec::new(),
-            body: body.into_bytes(),
+            body: page.into_string().into_bytes(),
         }
     }
 
@@ -329,16 +337,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn queries_and_forms_are_decoded_strictly() {
-        let q = pairs("channel=team%2Eops&token=ab+c", false).unwrap();
+    fn queries_and_forms_are_decoded_as_a_browser_does_without_control_characters() {
+        let q = pairs("channel=team%2Eops&token=ab+c&&flag", false).unwrap();
         assert_eq!(first(&q, "channel"), Some("team.ops"));
         assert_eq!(first(&q, "token"), Some("ab c"));
-        for bad in ["a=%zz", "a=%0d%0aSet-Cookie:x", "a=%00", "a=%ff"] {
+        assert_eq!(first(&q, "flag"), Some(""));
+        // Malformed: decoded as the WHATWG URL Standard (and so a browser) reads it, not refused.
+        let odd = pairs("a=%zz&b=%ff&c=100%", false).unwrap();
+        assert_eq!(first(&odd, "a"), Some("%zz"));
+        assert_eq!(first(&odd, "b"), Some("\u{FFFD}"));
+        assert_eq!(first(&odd, "c"), Some("100%"));
+        // A control character is refused, in a name too: a CR LF must never reach a header.
+        for bad in ["a=%0d%0aSet-Cookie:x", "a=%00", "a%0A=x", "a=%7F"] {
             assert_eq!(pairs(bad, false), None, "{bad}");
         }
-        let form = pairs("text=line+one%0D%0Aline+two&csrf=x", true).unwrap();
-        assert_eq!(first(&form, "text"), Some("line one\r\nline two"));
+        let form = pairs("text=line+one%0D%0Aline+two%09&csrf=x", true).unwrap();
+        assert_eq!(first(&form, "text"), Some("line one\r\nline two\t"));
         assert_eq!(pairs("text=%00", true), None, "only line ends and tabs");
+        assert_eq!(pairs("te%0Axt=a", true), None, "not in a name");
+    }
+
+    #[test]
+    fn paths_are_percent_decoded_strictly() {
+        assert_eq!(
+            decode_path("/spaces/m%61in/a+b").as_deref(),
+            Some("/spaces/main/a+b")
+        );
+        assert_eq!(decode_path("/%zz").as_deref(), Some("/%zz"));
+        for bad in ["/%ff", "/a%0d%0aSet-Cookie:x", "/%00"] {
+            assert_eq!(decode_path(bad), None, "{bad}");
+        }
     }
 
     #[test]
@@ -355,7 +383,26 @@ mod tests {
     }
 
     #[test]
-    fn encode_round_trips() {
-        assert_eq!(decode(&encode("a b/ü&="), false).unwrap(), "a b/ü&=");
+    fn addresses_are_encoded_and_read_back() {
+        let url = space_url(
+            "main",
+            "feed",
+            &[("channel", "a b&c=d/ü"), ("reply", "x+y")],
+        );
+        assert_eq!(
+            url,
+            "/spaces/main/feed?channel=a+b%26c%3Dd%2F%C3%BC&reply=x%2By"
+        );
+        let (path, query) = url.split_once('?').unwrap();
+        assert_eq!(decode_path(path).as_deref(), Some("/spaces/main/feed"));
+        let query = pairs(query, false).unwrap();
+        assert_eq!(first(&query, "channel"), Some("a b&c=d/ü"));
+        assert_eq!(first(&query, "reply"), Some("x+y"));
+        assert_eq!(
+            space_url("my-space_1", "roster", &[]),
+            "/spaces/my-space_1/roster"
+        );
+        assert_eq!(site_url("//elsewhere.example/", &[]), "/elsewhere.example/");
+        assert_eq!(site_url("/a b/?", &[("k", "v")]), "/a%20b/%3F?k=v");
     }
 }

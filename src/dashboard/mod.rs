@@ -18,7 +18,8 @@
 //! and redirects to the same page without it. No token: 401; a wrong one: 403. Every response
 //! sets a strict Content-Security-Policy (only the dashboard's own script and style),
 //! `X-Content-Type-Options: nosniff` and no referrer, and every string from the wire is
-//! escaped (`pages::esc`). It listens on loopback unless the profile says otherwise.
+//! escaped by construction: pages are `maud` markup, in which a spliced string cannot be
+//! anything but text (`pages`). It listens on loopback unless the profile says otherwise.
 //!
 //! # How it is built
 //!
@@ -32,6 +33,8 @@
 
 mod compose;
 mod direct;
+mod events;
+mod health;
 mod http;
 mod observer;
 mod pages;
@@ -46,10 +49,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use hyper::body::Incoming;
+use maud::{Markup, html};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, broadcast, mpsc, watch};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -66,13 +69,8 @@ use pages::Tab;
 const APP_CSS: &str = include_str!("assets/app.css");
 const APP_JS: &str = include_str!("assets/app.js");
 
-/// How often a page's live part is rendered again.
-const LIVE_EVERY: Duration = Duration::from_secs(2);
-
 /// How many connections are served at once (each open feed page holds one).
 const MAX_CONNECTIONS: usize = 64;
-/// How often an idle event stream sends a comment, so that proxies and the browser keep it.
-const KEEPALIVE: Duration = Duration::from_secs(15);
 /// The bound on each question to the broker about itself.
 const MONITOR_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -318,19 +316,13 @@ impl Site {
                 return Some(refuse(403, "wrong token"));
             }
             // The token leaves the address bar at once: the cookie carries it from now on.
-            let rest: Vec<String> = req
+            let rest: Vec<(&str, &str)> = req
                 .query
                 .iter()
                 .filter(|(k, _)| k != "token")
-                .map(|(k, v)| format!("{}={}", http::encode(k), http::encode(v)))
+                .map(|(k, v)| (k.as_str(), v.as_str()))
                 .collect();
-            // Always a path on this site (`//host` would leave it).
-            let mut location = format!("/{}", req.path.trim_start_matches('/'));
-            if !rest.is_empty() {
-                location.push('?');
-                location.push_str(&rest.join("&"));
-            }
-            let mut r = Response::see_other(location);
+            let mut r = Response::see_other(http::site_url(&req.path, &rest));
             r.headers.push((
                 "Set-Cookie",
                 format!(
@@ -406,11 +398,10 @@ impl Site {
                     receipt,
                 });
                 let join = if posted.back.contains('?') { '&' } else { '?' };
-                Response::see_other(format!(
-                    "{}{join}sent={}",
-                    posted.back,
-                    http::encode(&posted.id)
-                ))
+                let sent = form_urlencoded::Serializer::new(String::new())
+                    .append_pair("sent", &posted.id)
+                    .finish();
+                Response::see_other(format!("{}{join}{sent}", posted.back))
             }
             Err(refused) => {
                 let status = match refused {
@@ -429,43 +420,39 @@ impl Site {
     /// A page whose part that changes is kept current by its event stream.
     async fn page(&self, part: Part, req: &Request) -> Response {
         let body = self.part(&part).await;
-        let live_url = format!("{}?live=1", req.path);
         let (title, here, head) = match &part {
-            Part::Index => ("Spaces".to_owned(), None, "<h1>Spaces</h1>".to_owned()),
-            Part::Health => ("health".to_owned(), None, "<h1>Health</h1>".to_owned()),
+            Part::Index => ("Spaces".to_owned(), None, html! { h1 { "Spaces" } }),
+            Part::Health => ("health".to_owned(), None, html! { h1 { "Health" } }),
             Part::Roster(o) => {
                 let peers = roster_peers(o);
+                let forms = pages::roster_forms(&o.space, &self.token.csrf(), &peers);
                 (
                     format!("roster of {}", o.space),
                     Some((o.space.as_str(), Tab::Roster)),
-                    format!(
-                        "<h1>Roster of {}</h1>{}",
-                        pages::esc(&o.space),
-                        pages::roster_forms(&o.space, &self.token.csrf(), &peers)
-                    ),
+                    html! { h1 { "Roster of " (o.space) } (forms) },
                 )
             }
             Part::Direct(o) => (
                 format!("direct messages in {}", o.space),
                 Some((o.space.as_str(), Tab::Direct)),
-                format!("<h1>Direct messages in {}</h1>", pages::esc(&o.space)),
+                html! { h1 { "Direct messages in " (o.space) } },
             ),
             Part::Channels(o) => (
                 format!("channels of {}", o.space),
                 Some((o.space.as_str(), Tab::Channels)),
-                format!("<h1>Channels of {}</h1>", pages::esc(&o.space)),
+                html! { h1 { "Channels of " (o.space) } },
             ),
         };
         let banner = match &part {
             Part::Roster(o) | Part::Direct(o) | Part::Channels(o) => direct::sent_banner(o, req),
-            Part::Index | Part::Health => String::new(),
+            Part::Index | Part::Health => Markup::default(),
         };
-        let body = head + &banner + &pages::live(&live_url, &body);
-        Response::html(200, pages::layout(&title, &self.spaces(), here, &body))
+        let body = html! { (head) (banner) (pages::live(&part.live_url(), body)) };
+        Response::html(200, pages::layout(&title, &self.spaces(), here, body))
     }
 
     /// The part of a page that changes, rendered now.
-    async fn part(&self, part: &Part) -> String {
+    async fn part(&self, part: &Part) -> Markup {
         match part {
             Part::Index => self.index(),
             Part::Health => self.health().await,
@@ -495,15 +482,14 @@ impl Site {
             }
             Part::Channels(o) => match o.client.channels().await {
                 Ok(channels) => pages::channels(&o.space, &channels, &o.kept()),
-                Err(e) => format!(
-                    r#"<p class="warn">The channels cannot be read: {}</p>"#,
-                    pages::esc(&crate::ops::error_text(&e))
-                ),
+                Err(e) => html! {
+                    p class="warn" { "The channels cannot be read: " (crate::ops::error_text(&e)) }
+                },
             },
         }
     }
 
-    fn index(&self) -> String {
+    fn index(&self) -> Markup {
         let rows: Vec<(String, usize, usize)> = self
             .observers()
             .iter()
@@ -540,30 +526,29 @@ impl Site {
             &names,
             reply.map(|r| r.as_ref()),
         );
-        let body = format!(
-            "<h1>Feed of {}</h1>{}{}",
-            pages::esc(&observer.space),
-            direct::sent_banner(observer, req),
-            pages::feed(&observer.space, channel, &names, &kept, last, &form)
-        );
+        let body = html! {
+            h1 { "Feed of " (observer.space) }
+            (direct::sent_banner(observer, req))
+            (pages::feed(&observer.space, channel, &names, &kept, last, form))
+        };
         Response::html(
             200,
             pages::layout(
                 &format!("feed of {}", observer.space),
                 &self.spaces(),
                 Some((&observer.space, Tab::Feed)),
-                &body,
+                body,
             ),
         )
     }
 
-    async fn health(&self) -> String {
+    async fn health(&self) -> Markup {
         let state = (self.state)();
         let (varz, jsz) = tokio::join!(
             self.monitor.varz(MONITOR_TIMEOUT),
             self.monitor.jsz(true, MONITOR_TIMEOUT)
         );
-        pages::health(&state, varz.ok().as_ref(), jsz.ok().as_ref())
+        health::page(&state, varz.ok().as_ref(), jsz.ok().as_ref())
     }
 }
 
@@ -599,6 +584,20 @@ enum Part {
     Direct(Arc<Observer>),
     /// A space's channels.
     Channels(Arc<Observer>),
+}
+
+impl Part {
+    /// The address of the part's event stream.
+    fn live_url(&self) -> String {
+        let live = [("live", "1")];
+        match self {
+            Part::Index => http::site_url("/", &live),
+            Part::Health => http::site_url("/health", &live),
+            Part::Roster(o) => http::space_url(&o.space, Tab::Roster.path(), &live),
+            Part::Direct(o) => http::space_url(&o.space, Tab::Direct.path(), &live),
+            Part::Channels(o) => http::space_url(&o.space, Tab::Channels.path(), &live),
+        }
+    }
 }
 
 /// What a request is answered with.
@@ -688,7 +687,7 @@ async fn handle(
                 .map(str::to_owned);
             let (chunks, stream) = mpsc::channel(64);
             site.tasks.spawn(async move {
-                let _ = events(&observer, after, channel, chunks, cancel).await;
+                let _ = events::events(&observer, after, channel, chunks, cancel).await;
             });
             http::event_stream(stream)
         }
@@ -696,98 +695,9 @@ async fn handle(
             let (chunks, stream) = mpsc::channel(8);
             let tasks = site.tasks.clone();
             tasks.spawn(async move {
-                let _ = live(&site, part, chunks, cancel).await;
+                let _ = events::live(&site, part, chunks, cancel).await;
             });
             http::event_stream(stream)
         }
     }
-}
-
-/// A page's part as server-sent `part` events: rendered every [`LIVE_EVERY`] and sent when it
-/// changed (a comment otherwise, which tells a page gone from one still there), until the
-/// page goes or the dashboard stops.
-async fn live(
-    site: &Site,
-    part: Part,
-    chunks: mpsc::Sender<Bytes>,
-    cancel: CancellationToken,
-) -> Result<(), mpsc::error::SendError<Bytes>> {
-    chunks.send(Bytes::from_static(b"retry: 2000\n\n")).await?;
-    let mut last = String::new();
-    let mut tick = tokio::time::interval(LIVE_EVERY);
-    loop {
-        tokio::select! {
-            () = cancel.cancelled() => return Ok(()),
-            () = chunks.closed() => return Ok(()),
-            _ = tick.tick() => {}
-        }
-        let now = site.part(&part).await;
-        if now == last {
-            chunks.send(Bytes::from_static(b": unchanged\n\n")).await?;
-        } else {
-            chunks.send(sse(Some("part"), None, &now).into()).await?;
-            last = now;
-        }
-    }
-}
-
-/// One server-sent event: its type and id when given, `html` as its data (one `data:` line
-/// per line; the browser joins them with newlines).
-fn sse(kind: Option<&str>, id: Option<u64>, html: &str) -> String {
-    let mut out = String::new();
-    if let Some(kind) = kind {
-        out.push_str(&format!("event: {kind}\n"));
-    }
-    if let Some(id) = id {
-        out.push_str(&format!("id: {id}\n"));
-    }
-    for line in html.trim_end_matches('\n').split('\n') {
-        out.push_str("data: ");
-        out.push_str(line);
-        out.push('\n');
-    }
-    out.push('\n');
-    out
-}
-
-/// The feed as server-sent events: each message after `after` (or the browser's
-/// `Last-Event-ID` when it reconnects), rendered as on the page, then each arrival, until the
-/// page goes (its chunk receiver dropped) or the dashboard stops.
-async fn events(
-    observer: &Observer,
-    after: u64,
-    channel: Option<String>,
-    chunks: mpsc::Sender<Bytes>,
-    cancel: CancellationToken,
-) -> Result<(), mpsc::error::SendError<Bytes>> {
-    let wanted = |item: &observer::FeedItem| channel.as_deref().is_none_or(|c| c == item.channel);
-    let (kept, mut arrivals) = observer.follow(after);
-    chunks
-        .send(Bytes::from_static(b"retry: 2000\n: following\n\n"))
-        .await?;
-    for item in kept.iter().filter(|i| wanted(i)) {
-        chunks.send(event(item).into()).await?;
-    }
-    let mut keepalive = tokio::time::interval(KEEPALIVE);
-    keepalive.tick().await;
-    loop {
-        tokio::select! {
-            () = cancel.cancelled() => return Ok(()),
-            () = chunks.closed() => return Ok(()),
-            arrived = arrivals.recv() => match arrived {
-                Ok(item) if wanted(&item) => chunks.send(event(&item).into()).await?,
-                Ok(_) => {}
-                Err(broadcast::error::RecvError::Lagged(missed)) => {
-                    chunks.send(format!("event: lagged\ndata: {missed}\n\n").into()).await?;
-                }
-                Err(broadcast::error::RecvError::Closed) => return Ok(()),
-            },
-            _ = keepalive.tick() => chunks.send(Bytes::from_static(b": keepalive\n\n")).await?,
-        }
-    }
-}
-
-/// One message as an SSE event: its feed position as the id, its HTML as the data.
-fn event(item: &observer::FeedItem) -> String {
-    sse(None, Some(item.seq), &pages::message(item))
 }

@@ -342,7 +342,7 @@ async fn pages_show_the_roster_the_channels_and_the_live_feed() {
         .page_with("/spaces/main/channels", &["#general", "hello from alice"])
         .await;
     assert!(channels.contains("durable"), "{channels}");
-    assert!(channels.contains("Everyone&#39;s channel"), "{channels}");
+    assert!(channels.contains("Everyone's channel"), "{channels}");
 
     // History on load: a page opened now shows what was sent before.
     let loading = Instant::now();
@@ -415,7 +415,7 @@ async fn a_hostile_message_is_shown_as_text_and_dms_stay_out_of_sight() {
     assert!(
         events
             .seen
-            .contains("&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;"),
+            .contains("&lt;script&gt;alert('pwned')&lt;/script&gt;"),
         "{}",
         events.seen
     );
@@ -430,6 +430,138 @@ async fn a_hostile_message_is_shown_as_text_and_dms_stay_out_of_sight() {
     assert!(feed.contains("&lt;script&gt;alert("), "{feed}");
     assert!(!feed.contains("<script>alert"), "{feed}");
     assert!(!feed.contains("secret for bob"), "{feed}");
+    c.stop().await;
+}
+
+/// Markup in everything an agent or an admin writes that a page shows: a post (its text and
+/// a data part), a DM to the person, a presence activity, a channel's description and
+/// instructions. (Names, ids, spaces and channels are grammar tokens: no markup gets through.)
+const HOSTILE: &str = r#"<script>alert(1)</script> "><img src=x onerror=alert(1)> &amp; &lt;b&gt;"#;
+/// [`HOSTILE`] as it must appear in HTML: escaped once, so that it shows as typed.
+const ESCAPED: &str = "&lt;script&gt;alert(1)&lt;/script&gt; &quot;&gt;&lt;img src=x \
+                       onerror=alert(1)&gt; &amp;amp; &amp;lt;b&amp;gt;";
+
+/// That `html` shows each of `labels` followed by [`HOSTILE`] as text, and carries none of its
+/// tags: no script but the page's own `app.js` (`scripts` of them), no image at all.
+fn shown_as_text(target: &str, html: &str, labels: &[&str], scripts: usize) {
+    for label in labels {
+        assert!(
+            html.contains(&format!("{label}{ESCAPED}")),
+            "{target}: no escaped {label:?}:\n{html}"
+        );
+        assert!(
+            !html.contains(&format!("{label}{HOSTILE}")),
+            "{target}: {label:?} raw:\n{html}"
+        );
+    }
+    assert_eq!(
+        html.matches("<script").count(),
+        scripts,
+        "{target}:\n{html}"
+    );
+    assert!(!html.contains("<script>"), "{target}:\n{html}");
+    assert!(!html.contains("<img"), "{target}:\n{html}");
+}
+
+#[tokio::test]
+async fn hostile_text_is_escaped_on_every_page_that_shows_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let site = Site::of(&c).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let mut a = endpoint(&alice, |_| {}).await;
+    a.client
+        .set_status(
+            cotald::protocol::PresenceStatus::Working,
+            Some(format!("activity {HOSTILE}")),
+        )
+        .await
+        .unwrap();
+    let set = cotald_in(
+        tmp.path(),
+        &[
+            "channels",
+            "set",
+            "general",
+            "--description",
+            &format!("description {HOSTILE}"),
+            "--instructions",
+            &format!("instructions {HOSTILE}"),
+        ],
+    )
+    .await;
+    assert!(
+        set.status.success(),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    let (post, _) = a
+        .client
+        .send(
+            general(),
+            vec![
+                Part::text(format!("post {HOSTILE} @local-operator")),
+                Part::Data {
+                    data: serde_json::json!({ "data": HOSTILE }),
+                    extra: Default::default(),
+                },
+            ],
+            &["local-operator".to_owned()],
+        )
+        .await
+        .unwrap();
+    // The person asks alice from the roster's form; she answers.
+    let page = site.page_with("/spaces/main/roster", &["alice"]).await;
+    let asked = site
+        .post(
+            "/spaces/main/dm",
+            &format!("csrf={}&to={}&text=well%3F", csrf_of(&page), alice.id),
+            "",
+        )
+        .await;
+    assert_eq!(asked.status, 303, "{}", asked.body);
+    let asked = delivery(&mut a.deliveries).await;
+    let operator = InstanceId::from_user_nkey(&asked.message.from.id).unwrap();
+    a.client
+        .send_text(Routing::to(&operator), &format!("dm {HOSTILE}"))
+        .await
+        .unwrap();
+
+    let roster = "/spaces/main/roster";
+    let page = site.page_with(roster, &["activity "]).await;
+    shown_as_text(roster, &page, &["activity "], 1);
+    let channels = "/spaces/main/channels";
+    let page = site
+        .page_with(channels, &["description ", "instructions "])
+        .await;
+    shown_as_text(channels, &page, &["description ", "instructions "], 1);
+    let feed = "/spaces/main/feed";
+    let page = site.page_with(feed, &["post "]).await;
+    // The data part is pretty-printed JSON: its string is JSON-escaped, then HTML-escaped.
+    assert!(
+        page.contains("&quot;data&quot;: &quot;&lt;script&gt;alert(1)"),
+        "{page}"
+    );
+    shown_as_text(feed, &page, &["post "], 1);
+    // A reply's form quotes what it answers.
+    let reply = format!("/spaces/main/feed?channel=general&reply={}", post.id);
+    let page = site.page_with(&reply, &["replying to"]).await;
+    shown_as_text(&reply, &page, &["post "], 1);
+    let mut events = site.events("").await;
+    events.until(&format!("post {ESCAPED}")).await;
+    events.until("</li>").await;
+    shown_as_text("the feed's events", &events.seen, &["post "], 0);
+    // The direct page: the DM in its conversation, the post under "Needs you".
+    let direct = "/spaces/main/direct";
+    let page = site.page_with(direct, &["dm ", "post "]).await;
+    shown_as_text(direct, &page, &["dm ", "post "], 1);
+    let mut live = site
+        .stream("/spaces/main/direct?live=1", "event: part")
+        .await;
+    live.until(&format!("dm {ESCAPED}")).await;
+    live.until("</section>").await;
+    shown_as_text("the direct page's events", &live.seen, &["dm ", "post "], 0);
+    a.client.close().await;
     c.stop().await;
 }
 
