@@ -10,7 +10,9 @@ use std::time::Instant;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream;
-use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+use async_nats::jetstream::consumer::{DeliverPolicy, StreamError, pull};
+use async_nats::jetstream::context::GetStreamError;
+use async_nats::jetstream::stream::ConsumerError;
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
@@ -144,14 +146,28 @@ pub(super) struct Outbox {
     pub(super) demote: Vec<(String, String, u64, u64)>,
 }
 
+/// Why a feed could not start reading its channel.
+#[derive(Debug, thiserror::Error)]
+enum OpenError {
+    /// The space's CHAT stream could not be looked up.
+    #[error("the channel's stream could not be looked up")]
+    Stream(#[source] GetStreamError),
+    /// The feed's ordered consumer could not be created.
+    #[error("the feed's consumer could not be created")]
+    Consumer(#[source] ConsumerError),
+    /// The consumer's messages could not be read.
+    #[error("the feed's consumer could not be read")]
+    Messages(#[source] StreamError),
+}
+
 impl Feeds {
-    async fn open(&self, channel: &str, start: u64) -> Result<pull::Ordered, String> {
+    async fn open(&self, channel: &str, start: u64) -> Result<pull::Ordered, OpenError> {
         let names = self.space.names();
         self.space
             .jetstream()
             .get_stream(names.chat_stream())
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(OpenError::Stream)?
             .create_consumer(pull::OrderedConfig {
                 filter_subject: names.posts_on(channel),
                 headers_only: true,
@@ -161,10 +177,10 @@ impl Feeds {
                 ..Default::default()
             })
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(OpenError::Consumer)?
             .messages()
             .await
-            .map_err(|e| e.to_string())
+            .map_err(OpenError::Messages)
     }
 
     /// The feed's task: reads the channel from `start`, offers every [`LINGER`], and stops when
@@ -172,10 +188,10 @@ impl Feeds {
     pub(super) async fn read(self: Arc<Self>, feed: Arc<Feed>, start: u64) {
         let messages = match self.open(&feed.channel, start).await {
             Ok(m) => Some(m),
-            Err(error) => {
+            Err(e) => {
                 tracing::warn!(
                     channel = feed.channel,
-                    error,
+                    error = crate::ops::error_text(&e),
                     "feed not opened: its followers go back to their consumers"
                 );
                 None
