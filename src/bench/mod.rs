@@ -9,7 +9,7 @@
 //! cotald/baseline as measured (lower is better). It asserts nothing about time: the figures
 //! are for reading (`docs/benchmarks.md` keeps the last ones with the machine described).
 //!
-//! Cases (`cases.rs`): `live_throughput`, `live_serial` (one send at a time),
+//! Cases (`cases/`): `live_throughput`, `live_serial` (one send at a time),
 //! `live_latency_p50`/`_p99`, the same on the shipped profile's durable channel with its member
 //! online (`default_profile_throughput`, `default_profile_serial`,
 //! `default_profile_latency_p50`/`_p99`), `dm_throughput`, `dm_pipelined_100k` (no window: the
@@ -27,20 +27,20 @@
 //! `--cluster` runs instead what a cluster of appliances costs (`cluster.rs`): the live cases on
 //! R1 and on R3, and the failover time.
 
+mod appliance;
 mod cases;
 mod cluster;
 
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
+use self::appliance::Appliance;
 use crate::client::{Client, ConnectOptions, Connection};
 use crate::daemon::admin;
 use crate::ops::{MintReply, Request};
@@ -249,7 +249,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
             continue;
         }
         let dir = tmp.join(format!("data{suffix}"));
-        let appliance = Appliance::up(&exe, &dir, config, &tmp).await?;
+        let appliance = Appliance::start(&exe, &dir, config, &tmp).await?;
         progress(format!(
             "appliance{suffix} ready on {} ({} cores); {} repetitions per case{}",
             appliance.listen,
@@ -409,87 +409,8 @@ fn table(out: &mut dyn Write, results: &[CaseResult]) -> std::io::Result<()> {
     )
 }
 
-// ---------------------------------------------------------------------------------------------
-// The appliance under test.
-
-/// A `cotald up` child on a fresh data dir (killed if dropped).
-struct Appliance {
-    child: tokio::process::Child,
-    dir: crate::datadir::DataDir,
-    listen: SocketAddr,
-}
-
 /// The bound on any single wait of the bench.
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-impl Appliance {
-    async fn up(
-        exe: &Path,
-        dir: &Path,
-        config: Option<&Path>,
-        logs: &Path,
-    ) -> anyhow::Result<Appliance> {
-        let stderr = std::fs::File::create(logs.join("cotald-up.stderr"))?;
-        let mut command = tokio::process::Command::new(exe);
-        command
-            .args([
-                "up",
-                "--listen",
-                "127.0.0.1:0",
-                "--dashboard",
-                "127.0.0.1:0",
-                "--data-dir",
-            ])
-            .arg(dir);
-        if let Some(config) = config {
-            command.arg("--config").arg(config);
-        }
-        let mut child = command
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting `cotald up`")?;
-        let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
-        let ready = tokio::time::timeout(TIMEOUT, async {
-            while let Ok(Some(line)) = lines.next_line().await {
-                if line.contains("cotald is ready") {
-                    return true;
-                }
-            }
-            false
-        })
-        .await;
-        if !matches!(ready, Ok(true)) {
-            let log = std::fs::read_to_string(logs.join("cotald-up.stderr")).unwrap_or_default();
-            bail!("the appliance under test did not become ready:\n{log}");
-        }
-        // Keep reading stdout so that the appliance never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        let dir = crate::datadir::DataDir::new(dir);
-        let state = dir.read_state()?.context("no state.json while running")?;
-        Ok(Appliance {
-            child,
-            dir,
-            listen: state.listen,
-        })
-    }
-
-    async fn stop(mut self) {
-        if let Some(pid) = self.child.id() {
-            // SAFETY: a plain signal to our own child.
-            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-        }
-        if tokio::time::timeout(Duration::from_secs(30), self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
-        }
-    }
-}
 
 /// An identity minted for the bench.
 struct Minted {
