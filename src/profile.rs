@@ -482,7 +482,54 @@ impl Profile {
     }
 
     pub(crate) fn validate(&self) -> Result<(), String> {
-        if let Some(monitor) = self.broker.monitor
+        self.broker.validate()?;
+        if self.spaces.is_empty() {
+            return Err("no [spaces.<name>] table: a profile serves at least one space".into());
+        }
+        if let Some(cluster) = &self.cluster {
+            cluster.validate()?;
+        }
+        if let Some(leaf) = &self.leaf {
+            self.validate_leaf(leaf)?;
+        }
+        for (name, space) in &self.spaces {
+            validate_space_name(name)?;
+            space.validate(name)?;
+        }
+        Ok(())
+    }
+
+    /// A leaf node's settings: not beside a cluster, a remote URL, spaces of this profile.
+    fn validate_leaf(&self, leaf: &LeafConfig) -> Result<(), String> {
+        if self.cluster.is_some() {
+            return Err(
+                "[leaf] and [cluster] together: make one node of the cluster the leaf, \
+                 or connect the cluster to the hub with a leaf remote of its own"
+                    .into(),
+            );
+        }
+        let scheme = leaf.remote.split_once("://").map(|(s, _)| s);
+        if !matches!(scheme, Some("tls" | "nats-leaf" | "nats" | "ws" | "wss")) {
+            return Err(format!(
+                "leaf.remote = {:?}: expected a URL such as tls://hub:7422",
+                leaf.remote
+            ));
+        }
+        for space in leaf.spaces(self) {
+            if !self.spaces.contains_key(&space) {
+                return Err(format!(
+                    "leaf.spaces: {space:?} is not a space of this profile"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl BrokerConfig {
+    /// The monitoring port only on loopback; a sync interval nats-server reads.
+    fn validate(&self) -> Result<(), String> {
+        if let Some(monitor) = self.monitor
             && !monitor.ip().is_loopback()
         {
             return Err(format!(
@@ -490,88 +537,68 @@ impl Profile {
                  bind a loopback address (or be left out: cotald does not need it)"
             ));
         }
-        if !valid_sync_interval(&self.broker.sync_interval) {
+        if !valid_sync_interval(&self.sync_interval) {
             return Err(format!(
                 "broker.sync_interval = {:?}: expected \"always\" or a duration such as \
                  \"500ms\", \"1s\", \"2m\"",
-                self.broker.sync_interval
+                self.sync_interval
             ));
         }
-        if self.spaces.is_empty() {
-            return Err("no [spaces.<name>] table: a profile serves at least one space".into());
+        Ok(())
+    }
+}
+
+impl ClusterConfig {
+    /// A clean name, replicas JetStream allows and the nodes can hold, routes as host:port.
+    fn validate(&self) -> Result<(), String> {
+        validate_token("cluster.name", &self.name)?;
+        if self.replicas.is_some_and(|r| !(1..=5).contains(&r)) {
+            return Err("cluster.replicas: JetStream allows 1 to 5 replicas".into());
         }
-        if let Some(cluster) = &self.cluster {
-            validate_token("cluster.name", &cluster.name)?;
-            if cluster.replicas.is_some_and(|r| !(1..=5).contains(&r)) {
-                return Err("cluster.replicas: JetStream allows 1 to 5 replicas".into());
-            }
-            if cluster.replicas() > cluster.routes.len() + 1 {
-                return Err(format!(
-                    "cluster.replicas = {}: more replicas than nodes (this one and {} routes)",
-                    cluster.replicas(),
-                    cluster.routes.len()
-                ));
-            }
-            for route in &cluster.routes {
-                if route.contains("://") || route.rsplit_once(':').is_none() {
-                    return Err(format!(
-                        "cluster.routes: {route:?}: expected host:port (routes are always TLS)"
-                    ));
-                }
-            }
+        if self.replicas() > self.routes.len() + 1 {
+            return Err(format!(
+                "cluster.replicas = {}: more replicas than nodes (this one and {} routes)",
+                self.replicas(),
+                self.routes.len()
+            ));
         }
-        if let Some(leaf) = &self.leaf {
-            if self.cluster.is_some() {
-                return Err(
-                    "[leaf] and [cluster] together: make one node of the cluster the leaf, \
-                     or connect the cluster to the hub with a leaf remote of its own"
-                        .into(),
-                );
-            }
-            let scheme = leaf.remote.split_once("://").map(|(s, _)| s);
-            if !matches!(scheme, Some("tls" | "nats-leaf" | "nats" | "ws" | "wss")) {
+        for route in &self.routes {
+            if route.contains("://") || route.rsplit_once(':').is_none() {
                 return Err(format!(
-                    "leaf.remote = {:?}: expected a URL such as tls://hub:7422",
-                    leaf.remote
+                    "cluster.routes: {route:?}: expected host:port (routes are always TLS)"
                 ));
-            }
-            for space in leaf.spaces(self) {
-                if !self.spaces.contains_key(&space) {
-                    return Err(format!(
-                        "leaf.spaces: {space:?} is not a space of this profile"
-                    ));
-                }
             }
         }
-        for (name, space) in &self.spaces {
-            validate_space_name(name)?;
-            for channel in space.channels.keys() {
-                let concrete = ChannelPattern::from_policy(channel)
-                    .ok()
-                    .filter(ChannelPattern::is_concrete);
-                if concrete.is_none_or(|c| c.as_str() != channel) {
-                    return Err(format!(
-                        "spaces.{name}.channels.{channel:?}: a channel config needs a concrete \
-                         channel name: dotted segments of [A-Za-z0-9_-], no wildcard"
-                    ));
-                }
-            }
-            let r = &space.retention;
-            if r.chat_max_bytes < 0
-                || r.dm_max_bytes < 0
-                || r.dm_max_msgs < 0
-                || r.task_max_bytes < 0
-            {
+        Ok(())
+    }
+}
+
+impl SpaceConfig {
+    /// Space `name`'s settings: channel configs named by concrete channels, no negative
+    /// retention, positive storage limits.
+    fn validate(&self, name: &str) -> Result<(), String> {
+        for channel in self.channels.keys() {
+            let concrete = ChannelPattern::from_policy(channel)
+                .ok()
+                .filter(ChannelPattern::is_concrete);
+            if concrete.is_none_or(|c| c.as_str() != channel) {
                 return Err(format!(
-                    "spaces.{name}.retention: sizes and counts cannot be negative"
+                    "spaces.{name}.channels.{channel:?}: a channel config needs a concrete \
+                     channel name: dotted segments of [A-Za-z0-9_-], no wildcard"
                 ));
             }
-            let js = &space.jetstream;
-            if js.max_memory_store <= 0 || js.max_file_store <= 0 {
-                return Err(format!(
-                    "spaces.{name}.jetstream: storage limits must be positive sizes"
-                ));
-            }
+        }
+        let r = &self.retention;
+        if r.chat_max_bytes < 0 || r.dm_max_bytes < 0 || r.dm_max_msgs < 0 || r.task_max_bytes < 0 {
+            return Err(format!(
+                "spaces.{name}.retention: sizes and counts cannot be negative"
+            ));
+        }
+        let js = &self.jetstream;
+        if js.max_memory_store <= 0 || js.max_file_store <= 0 {
+            return Err(format!(
+                "spaces.{name}.jetstream: storage limits must be positive sizes"
+            ));
         }
         Ok(())
     }

@@ -10,7 +10,7 @@
 //! restarts the killed node before the next round.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 
@@ -106,7 +106,7 @@ async fn prepare(exe: &Path, tmp: &Path) -> anyhow::Result<Vec<PathBuf>> {
 async fn node(exe: &Path, dir: &Path) -> anyhow::Result<Appliance> {
     let logs = dir.with_extension("logs");
     crate::files::private_dir(&logs)?;
-    Appliance::up(exe, dir, None, &logs).await
+    Appliance::start(exe, dir, None, &logs).await
 }
 
 /// Which node holds the lease of the bench's space, as the nodes record it.
@@ -156,10 +156,8 @@ async fn failover(
                 .manager::<serde_json::Value>(&Request::Memberships),
         )
         .await??;
-        let mut dead = nodes[h].take().context("holder")?;
-        dead.child.start_kill()?;
-        let killed = Instant::now();
-        let _ = dead.child.wait().await;
+        let dead = nodes[h].take().context("holder")?;
+        let killed = dead.kill().await?;
         let answered = super::bounded("the manager after the kill", async {
             loop {
                 let asked = tokio::time::timeout(

@@ -9,7 +9,7 @@
 //! cotald/baseline as measured (lower is better). It asserts nothing about time: the figures
 //! are for reading (`docs/benchmarks.md` keeps the last ones with the machine described).
 //!
-//! Cases (`cases.rs`): `live_throughput`, `live_serial` (one send at a time),
+//! Cases (`cases/`): `live_throughput`, `live_serial` (one send at a time),
 //! `live_latency_p50`/`_p99`, the same on the shipped profile's durable channel with its member
 //! online (`default_profile_throughput`, `default_profile_serial`,
 //! `default_profile_latency_p50`/`_p99`), `dm_throughput`, `dm_pipelined_100k` (no window: the
@@ -27,20 +27,20 @@
 //! `--cluster` runs instead what a cluster of appliances costs (`cluster.rs`): the live cases on
 //! R1 and on R3, and the failover time.
 
+mod appliance;
 mod cases;
 mod cluster;
 
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
+use self::appliance::Appliance;
 use crate::client::{Client, ConnectOptions, Connection};
 use crate::daemon::admin;
 use crate::ops::{MintReply, Request};
@@ -210,7 +210,6 @@ pub struct Report {
 /// Runs the selected cases; progress goes to stdout, or to stderr with `--json`.
 pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
     let sizes = Sizes::new(args.quick, args.runs);
-    let wanted = |name: &str| args.cases.is_empty() || args.cases.iter().any(|c| name.contains(c));
     // With --json, stdout is the document alone: progress goes to stderr.
     let progress = |line: String| {
         if args.json {
@@ -222,73 +221,14 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
     let exe = std::env::current_exe().context("locating the cotald executable")?;
     let bench_dir = BenchDir::create()?;
     let tmp = bench_dir.0.clone();
-    let mut results = Vec::new();
-
-    if args.cluster {
-        results.extend(cluster::run(&exe, &tmp, sizes, &progress).await?);
-    }
-    // The shipped profile, then the same with every write synced (`sync_interval = "always"`):
-    // the throughput cases again, named with a `_sync_always` suffix.
-    let always = tmp.join("sync-always.toml");
-    std::fs::write(
-        &always,
-        crate::profile::EMBEDDED_LOCAL
-            .replace("sync_interval = \"1s\"", "sync_interval = \"always\""),
-    )?;
-    let passes = match args.cluster {
-        true => Vec::new(),
-        false => vec![(None, ""), (Some(always.as_path()), "_sync_always")],
+    let results = match args.cluster {
+        true => cluster::run(&exe, &tmp, sizes, &progress).await?,
+        false => {
+            let mut results = profiles(args, &exe, &tmp, sizes, &progress).await?;
+            results.extend(startup(args, &exe, &tmp, sizes, &progress).await?);
+            results
+        }
     };
-    for (config, suffix) in passes {
-        let selected: Vec<&cases::Case> = cases::ALL
-            .iter()
-            .filter(|case| config.is_none() || case.throughput)
-            .filter(|case| case.names.iter().any(|n| wanted(&format!("{n}{suffix}"))))
-            .collect();
-        if selected.is_empty() {
-            continue;
-        }
-        let dir = tmp.join(format!("data{suffix}"));
-        let appliance = Appliance::up(&exe, &dir, config, &tmp).await?;
-        progress(format!(
-            "appliance{suffix} ready on {} ({} cores); {} repetitions per case{}",
-            appliance.listen,
-            cores(),
-            sizes.runs,
-            if args.quick { ", quick sizes" } else { "" }
-        ));
-        let bench = Bench::new(&appliance).await?;
-        for case in selected {
-            let started = Instant::now();
-            let mut found = (case.run)(&bench, sizes)
-                .await
-                .with_context(|| format!("{}{suffix}", case.names[0]))?;
-            for result in &mut found {
-                result.name.push_str(suffix);
-                progress(format!("{}", Line(result)));
-            }
-            progress(format!(
-                "  ({}{suffix} took {:.1} s)",
-                case.names[0],
-                started.elapsed().as_secs_f64()
-            ));
-            results.extend(found);
-        }
-        bench.close().await;
-        appliance.stop().await;
-    }
-
-    if !args.cluster && (wanted("startup_cold") || wanted("startup_warm")) {
-        let started = Instant::now();
-        for result in cases::startup(&exe, &tmp, sizes).await? {
-            progress(format!("{}", Line(&result)));
-            results.push(result);
-        }
-        progress(format!(
-            "  (startup took {:.1} s)",
-            started.elapsed().as_secs_f64()
-        ));
-    }
     drop(bench_dir);
 
     let report = Report {
@@ -304,6 +244,109 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
         },
     };
     Ok(report)
+}
+
+impl BenchArgs {
+    /// Whether the case `name` is selected (`--case`; every case without one).
+    fn wants(&self, name: &str) -> bool {
+        self.cases.is_empty() || self.cases.iter().any(|c| name.contains(c))
+    }
+}
+
+/// The selected cases on the shipped profile, then the throughput cases again with every write
+/// synced (`sync_interval = "always"`), named with a `_sync_always` suffix: each pass on an
+/// appliance of its own.
+async fn profiles(
+    args: &BenchArgs,
+    exe: &Path,
+    tmp: &Path,
+    sizes: Sizes,
+    progress: &dyn Fn(String),
+) -> anyhow::Result<Vec<CaseResult>> {
+    let always = tmp.join("sync-always.toml");
+    std::fs::write(
+        &always,
+        crate::profile::EMBEDDED_LOCAL
+            .replace("sync_interval = \"1s\"", "sync_interval = \"always\""),
+    )?;
+    let mut results = Vec::new();
+    for (config, suffix) in [(None, ""), (Some(always.as_path()), "_sync_always")] {
+        let selected: Vec<&cases::Case> = cases::ALL
+            .iter()
+            .filter(|case| config.is_none() || case.throughput)
+            .filter(|case| {
+                case.names
+                    .iter()
+                    .any(|n| args.wants(&format!("{n}{suffix}")))
+            })
+            .collect();
+        if selected.is_empty() {
+            continue;
+        }
+        let dir = tmp.join(format!("data{suffix}"));
+        let appliance = Appliance::start(exe, &dir, config, tmp).await?;
+        progress(format!(
+            "appliance{suffix} ready on {} ({} cores); {} repetitions per case{}",
+            appliance.listen,
+            cores(),
+            sizes.runs,
+            if args.quick { ", quick sizes" } else { "" }
+        ));
+        let bench = Bench::new(&appliance).await?;
+        for case in selected {
+            results.extend(run_case(&bench, case, sizes, suffix, progress).await?);
+        }
+        bench.close().await;
+        appliance.stop().await;
+    }
+    Ok(results)
+}
+
+/// One case, its results named with `suffix`: each said as it comes, then the time it took.
+async fn run_case(
+    bench: &Bench,
+    case: &cases::Case,
+    sizes: Sizes,
+    suffix: &str,
+    progress: &dyn Fn(String),
+) -> anyhow::Result<Vec<CaseResult>> {
+    let started = Instant::now();
+    let mut found = (case.run)(bench, sizes)
+        .await
+        .with_context(|| format!("{}{suffix}", case.names[0]))?;
+    for result in &mut found {
+        result.name.push_str(suffix);
+        progress(format!("{}", Line(result)));
+    }
+    progress(format!(
+        "  ({}{suffix} took {:.1} s)",
+        case.names[0],
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(found)
+}
+
+/// `startup_cold` and `startup_warm`, when selected.
+async fn startup(
+    args: &BenchArgs,
+    exe: &Path,
+    tmp: &Path,
+    sizes: Sizes,
+    progress: &dyn Fn(String),
+) -> anyhow::Result<Vec<CaseResult>> {
+    if !(args.wants("startup_cold") || args.wants("startup_warm")) {
+        return Ok(Vec::new());
+    }
+    let started = Instant::now();
+    let results = cases::startup(exe, tmp, sizes).await?;
+    for result in &results {
+        progress(format!("{}", Line(result)));
+    }
+    progress(format!(
+        "  (startup took {:.1} s)",
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(results)
 }
 
 /// Writes `report` as the table people read, or as one JSON document (`--json`).
@@ -409,87 +452,8 @@ fn table(out: &mut dyn Write, results: &[CaseResult]) -> std::io::Result<()> {
     )
 }
 
-// ---------------------------------------------------------------------------------------------
-// The appliance under test.
-
-/// A `cotald up` child on a fresh data dir (killed if dropped).
-struct Appliance {
-    child: tokio::process::Child,
-    dir: crate::datadir::DataDir,
-    listen: SocketAddr,
-}
-
 /// The bound on any single wait of the bench.
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-impl Appliance {
-    async fn up(
-        exe: &Path,
-        dir: &Path,
-        config: Option<&Path>,
-        logs: &Path,
-    ) -> anyhow::Result<Appliance> {
-        let stderr = std::fs::File::create(logs.join("cotald-up.stderr"))?;
-        let mut command = tokio::process::Command::new(exe);
-        command
-            .args([
-                "up",
-                "--listen",
-                "127.0.0.1:0",
-                "--dashboard",
-                "127.0.0.1:0",
-                "--data-dir",
-            ])
-            .arg(dir);
-        if let Some(config) = config {
-            command.arg("--config").arg(config);
-        }
-        let mut child = command
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting `cotald up`")?;
-        let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
-        let ready = tokio::time::timeout(TIMEOUT, async {
-            while let Ok(Some(line)) = lines.next_line().await {
-                if line.contains("cotald is ready") {
-                    return true;
-                }
-            }
-            false
-        })
-        .await;
-        if !matches!(ready, Ok(true)) {
-            let log = std::fs::read_to_string(logs.join("cotald-up.stderr")).unwrap_or_default();
-            bail!("the appliance under test did not become ready:\n{log}");
-        }
-        // Keep reading stdout so that the appliance never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        let dir = crate::datadir::DataDir::new(dir);
-        let state = dir.read_state()?.context("no state.json while running")?;
-        Ok(Appliance {
-            child,
-            dir,
-            listen: state.listen,
-        })
-    }
-
-    async fn stop(mut self) {
-        if let Some(pid) = self.child.id() {
-            // SAFETY: a plain signal to our own child.
-            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-        }
-        if tokio::time::timeout(Duration::from_secs(30), self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
-        }
-    }
-}
 
 /// An identity minted for the bench.
 struct Minted {

@@ -67,19 +67,22 @@ fn acks_of_all(stream: &str) -> [String; 2] {
 
 /// The `agent` profile (Appendix B).
 pub fn agent(n: &SpaceNames, scope: &AgentScope) -> UserPermissions {
-    let p = n.prefix();
-    let id = scope.id.as_str();
-    let (chat, dm, task, bstop) = (
-        n.chat_stream(),
-        n.dm_stream(),
-        n.task_stream(),
-        n.backstop_stream(),
-    );
-    let kv = SpaceNames::kv_stream(&n.presence_bucket());
-    let chkv = SpaceNames::kv_stream(&n.channels_bucket());
-    let hist = chat_history_consumer(id);
-    let dmd = dm_durable(id);
+    UserPermissions {
+        publish: Permission {
+            allow: agent_publish(n, scope),
+            deny: agent_deny(n),
+        },
+        subscribe: Permission {
+            allow: agent_subscribe(n, scope),
+            deny: Vec::new(),
+        },
+    }
+}
 
+/// What an agent subscribes to: its inbox, every presence update, the chat its read ACL
+/// covers.
+fn agent_subscribe(n: &SpaceNames, scope: &AgentScope) -> Vec<String> {
+    let p = n.prefix();
     let mut sub = vec![inbox(&scope.id), presence_updates(n)];
     sub.extend(
         scope
@@ -87,7 +90,15 @@ pub fn agent(n: &SpaceNames, scope: &AgentScope) -> UserPermissions {
             .iter()
             .map(|c| format!("{p}.chat.*.{}", c.as_str())),
     );
+    sub
+}
 
+/// What an agent publishes: its posts (within its post ACL), DMs, tasks and requests to the
+/// manager; the streams' info; the reads of its history consumer, its DM consumer, the
+/// presence and registry buckets, and its role's task consumer.
+fn agent_publish(n: &SpaceNames, scope: &AgentScope) -> Vec<String> {
+    let p = n.prefix();
+    let id = scope.id.as_str();
     let mut publish: Vec<String> = scope
         .allow_publish
         .iter()
@@ -99,23 +110,19 @@ pub fn agent(n: &SpaceNames, scope: &AgentScope) -> UserPermissions {
         format!("{p}.ctl.{MANAGER_SERVICE}.{id}"),
         "$JS.API.INFO".to_owned(),
     ]);
-    for stream in [&chat, &dm, &task, &kv, &chkv] {
+    let kv = SpaceNames::kv_stream(&n.presence_bucket());
+    let chkv = SpaceNames::kv_stream(&n.channels_bucket());
+    for stream in [
+        &n.chat_stream(),
+        &n.dm_stream(),
+        &n.task_stream(),
+        &kv,
+        &chkv,
+    ] {
         publish.push(format!("$JS.API.STREAM.INFO.{stream}"));
     }
-    publish.extend(scope.allow_subscribe.iter().map(|c| {
-        format!(
-            "$JS.API.CONSUMER.CREATE.{chat}.{hist}.{p}.chat.*.{}",
-            c.as_str()
-        )
-    }));
-    publish.extend([
-        format!("$JS.API.CONSUMER.INFO.{chat}.{hist}"),
-        format!("$JS.API.CONSUMER.MSG.NEXT.{chat}.{hist}"),
-        format!("$JS.API.CONSUMER.DELETE.{chat}.{hist}"),
-        format!("$JS.API.CONSUMER.INFO.{dm}.{dmd}"),
-        format!("$JS.API.CONSUMER.MSG.NEXT.{dm}.{dmd}"),
-    ]);
-    publish.extend(acks(&dm, &dmd));
+    publish.extend(history_reads(n, scope));
+    publish.extend(dm_reads(n, id));
     publish.extend([
         format!("$JS.API.CONSUMER.CREATE.{kv}.>"),
         format!("$JS.API.CONSUMER.INFO.{kv}.>"),
@@ -128,32 +135,62 @@ pub fn agent(n: &SpaceNames, scope: &AgentScope) -> UserPermissions {
         format!("$JS.API.STREAM.MSG.GET.{kv}"),
     ]);
     if let Some(role) = &scope.role {
-        let svcd = svc_durable(role);
+        let (task, svcd) = (n.task_stream(), svc_durable(role));
         publish.extend([
             format!("$JS.API.CONSUMER.INFO.{task}.{svcd}"),
             format!("$JS.API.CONSUMER.MSG.NEXT.{task}.{svcd}"),
         ]);
         publish.extend(acks(&task, &svcd));
     }
+    publish
+}
 
+/// The reads of an agent's pinned history consumer on CHAT (`chathist_<id>`), created with a
+/// filter its read ACL covers.
+fn history_reads(n: &SpaceNames, scope: &AgentScope) -> Vec<String> {
+    let (p, chat) = (n.prefix(), n.chat_stream());
+    let hist = chat_history_consumer(scope.id.as_str());
+    let mut reads: Vec<String> = scope
+        .allow_subscribe
+        .iter()
+        .map(|c| {
+            format!(
+                "$JS.API.CONSUMER.CREATE.{chat}.{hist}.{p}.chat.*.{}",
+                c.as_str()
+            )
+        })
+        .collect();
+    reads.extend([
+        format!("$JS.API.CONSUMER.INFO.{chat}.{hist}"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{chat}.{hist}"),
+        format!("$JS.API.CONSUMER.DELETE.{chat}.{hist}"),
+    ]);
+    reads
+}
+
+/// The reads of agent `id`'s DM consumer (`dm_<id>`, made by the appliance) and its acks.
+fn dm_reads(n: &SpaceNames, id: &str) -> Vec<String> {
+    let (dm, dmd) = (n.dm_stream(), dm_durable(id));
+    let mut reads = vec![
+        format!("$JS.API.CONSUMER.INFO.{dm}.{dmd}"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{dm}.{dmd}"),
+    ];
+    reads.extend(acks(&dm, &dmd));
+    reads
+}
+
+/// No agent creates a consumer on DM, TASK or the backstop store: the appliance makes those
+/// it may read.
+fn agent_deny(n: &SpaceNames) -> Vec<String> {
     let mut deny = Vec::new();
-    for stream in [&dm, &task, &bstop] {
+    for stream in [&n.dm_stream(), &n.task_stream(), &n.backstop_stream()] {
         deny.extend([
             format!("$JS.API.CONSUMER.CREATE.{stream}"),
             format!("$JS.API.CONSUMER.CREATE.{stream}.>"),
             format!("$JS.API.CONSUMER.DURABLE.CREATE.{stream}.>"),
         ]);
     }
-    UserPermissions {
-        publish: Permission {
-            allow: publish,
-            deny,
-        },
-        subscribe: Permission {
-            allow: sub,
-            deny: Vec::new(),
-        },
-    }
+    deny
 }
 
 /// The observer's read verbs (Appendix B): CHAT history, presence, channel registry.

@@ -118,7 +118,7 @@ async fn list(client: &Client, json: bool) -> anyhow::Result<()> {
             );
         }
         let text = |v: &serde_json::Value| match v {
-            serde_json::Value::String(s) => super::endpoint::terminal_safe(s, false),
+            serde_json::Value::String(s) => super::terminal::terminal_safe(s, false),
             serde_json::Value::Null => "-".to_owned(),
             other => other.to_string(),
         };

@@ -13,9 +13,12 @@ mod membership;
 mod mint;
 mod revoke;
 mod roster;
+mod send;
 mod shell;
 mod space;
 mod status;
+mod tail;
+mod terminal;
 mod up;
 
 use std::path::PathBuf;
@@ -258,12 +261,12 @@ pub enum Command {
     /// on the others takes it (then `cotald up` on each).
     Cluster(cluster::ClusterArgs),
     /// Send one message as the credential's identity (multicast, unicast or anycast).
-    Send(endpoint::SendArgs),
+    Send(send::SendArgs),
     /// Join channels (and optionally DMs and a role's anycast) and print what arrives.
     ///
     /// History is replayed per the channel's config unless --no-history; a message is acked
     /// only after it was printed. Exiting is not leaving: no durable membership is dropped.
-    Tail(endpoint::TailArgs),
+    Tail(tail::TailArgs),
     /// Join a channel; on a durable channel, become a durable member from now on.
     ///
     /// A durable member's backlog is kept from the moment of the join, and delivered (at least
@@ -382,8 +385,8 @@ pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
             Command::Revoke(args) => revoke::run(args).await,
             Command::Space(args) => space::run(args).await,
             Command::Cluster(args) => cluster::run(args).await,
-            Command::Send(args) => endpoint::send(args).await,
-            Command::Tail(args) => endpoint::tail(args).await,
+            Command::Send(args) => send::send(args).await,
+            Command::Tail(args) => tail::tail(args).await,
             Command::Join(args) => membership::join(args).await,
             Command::Leave(args) => membership::leave(args).await,
             Command::Down(args) => down::run(args).await,

@@ -116,7 +116,7 @@ fn print(client: &Client, json: bool) -> anyhow::Result<()> {
             return writeln!(out, "nobody is in space {}", client.space());
         }
         let text = |v: &serde_json::Value| match v {
-            serde_json::Value::String(s) => super::endpoint::terminal_safe(s, false),
+            serde_json::Value::String(s) => super::terminal::terminal_safe(s, false),
             serde_json::Value::Null => "-".to_owned(),
             other => other.to_string(),
         };

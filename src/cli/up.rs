@@ -137,12 +137,36 @@ fn print_ready(info: &ReadyInfo) {
 }
 
 fn ready_banner(out: &mut dyn std::io::Write, info: &ReadyInfo) -> std::io::Result<()> {
-    let dir = info.data_dir.display();
     writeln!(
         out,
         "cotald is ready: nats-server {} (pid {}) on {}, TLS on",
         info.broker_version, info.broker_pid, info.listen
     )?;
+    served(out, info)?;
+    remote_peers(out, info)?;
+    match &info.dashboard {
+        Availability::Serving(url) => writeln!(out, "  dashboard                 {url}")?,
+        Availability::NotServed(reason) => {
+            writeln!(out, "  dashboard                 NOT SERVED: {reason}")?
+        }
+        Availability::Disabled => {}
+    }
+    writeln!(
+        out,
+        "  CA certificate            {}",
+        info.ca_cert.display()
+    )?;
+    writeln!(
+        out,
+        "  data dir                  {}",
+        info.data_dir.display()
+    )?;
+    writeln!(out)?;
+    next_steps(out, info)
+}
+
+/// Each space: its join link and the operator's credential, or why it is not served.
+fn served(out: &mut dyn std::io::Write, info: &ReadyInfo) -> std::io::Result<()> {
     for space in &info.spaces {
         writeln!(out, "  space {:<12} join link   {}", space.name, space.link)?;
         writeln!(
@@ -159,6 +183,12 @@ fn ready_banner(out: &mut dyn std::io::Write, info: &ReadyInfo) -> std::io::Resu
             space.name, space.reason
         )?;
     }
+    Ok(())
+}
+
+/// On a listener of every address: how remote peers reach it, or that the links cannot serve
+/// them (they name loopback).
+fn remote_peers(out: &mut dyn std::io::Write, info: &ReadyInfo) -> std::io::Result<()> {
     if info.listen.ip().is_unspecified() {
         let host = info.link_host.rsplit_once(':').map_or("", |(h, _)| h);
         if host
@@ -179,20 +209,12 @@ fn ready_banner(out: &mut dyn std::io::Write, info: &ReadyInfo) -> std::io::Resu
             )?;
         }
     }
-    match &info.dashboard {
-        Availability::Serving(url) => writeln!(out, "  dashboard                 {url}")?,
-        Availability::NotServed(reason) => {
-            writeln!(out, "  dashboard                 NOT SERVED: {reason}")?
-        }
-        Availability::Disabled => {}
-    }
-    writeln!(
-        out,
-        "  CA certificate            {}",
-        info.ca_cert.display()
-    )?;
-    writeln!(out, "  data dir                  {dir}")?;
-    writeln!(out)?;
+    Ok(())
+}
+
+/// The commands to try next, with the options that reach this appliance.
+fn next_steps(out: &mut dyn std::io::Write, info: &ReadyInfo) -> std::io::Result<()> {
+    let dir = info.data_dir.display();
     writeln!(out, "Next:")?;
     // The data dir option, only when it is not the one every command finds by itself.
     let data_dir = match crate::datadir::DataDir::default_root() {

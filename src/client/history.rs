@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
+use async_nats::jetstream::stream::Stream;
 use futures_util::StreamExt;
 
 use super::join::DurableState;
@@ -20,6 +21,11 @@ const HISTORY_IDLE: Duration = Duration::from_secs(2);
 /// How far before the drop was noticed a reconnect's gap read starts: messages in flight on
 /// a dying connection are lost too, and the broker's clock is not ours.
 const GAP_MARGIN: Duration = Duration::from_secs(5);
+
+/// The error of a history read of `subject`.
+fn fail<E: Into<super::BoxError>>(subject: &str) -> impl FnOnce(E) -> ClientError {
+    nats_err(format!("history of {subject}"))
+}
 
 /// Closes the live gap of reconnects: when the connection comes back, every joined channel is
 /// read from shortly before it dropped ([`Client::recover_gap`]).
@@ -109,6 +115,38 @@ impl Client {
             .collect())
     }
 
+    /// The pinned single-filter `chathist_<id>` consumer (§8), made afresh to read `subject`
+    /// from where `deliver_policy` says; with the stream it reads and its name. The caller holds
+    /// the history lock (one history read at a time: they share the consumer).
+    async fn history_consumer(
+        &self,
+        subject: &str,
+        deliver_policy: DeliverPolicy,
+    ) -> Result<(Stream, String, PullConsumer), ClientError> {
+        let stream = self
+            .inner
+            .js
+            .get_stream(self.inner.names.chat_stream())
+            .await
+            .map_err(fail(subject))?;
+        let name = chat_history_consumer(self.inner.id.as_str());
+        // A consumer left behind by an interrupted read would refuse the new filter.
+        let _ = stream.delete_consumer(&name).await;
+        let consumer = stream
+            .create_consumer(pull::Config {
+                name: Some(name.clone()),
+                filter_subject: subject.to_owned(),
+                ack_policy: AckPolicy::None,
+                deliver_policy,
+                memory_storage: true,
+                inactive_threshold: Duration::from_secs(30),
+                ..Default::default()
+            })
+            .await
+            .map_err(fail(subject))?;
+        Ok((stream, name, consumer))
+    }
+
     /// Reads up to the last `limit` messages matching `pattern` through the pinned
     /// `chathist_<id>` consumer, starting where `start(frontier)` says.
     async fn read_history(
@@ -118,35 +156,13 @@ impl Client {
         start: impl FnOnce(u64) -> DeliverPolicy,
     ) -> Result<Vec<CotalMessage>, ClientError> {
         let subject = self.inner.subjects.chat_subscription(pattern);
-        fn fail<E: Into<super::BoxError>>(subject: &str) -> impl FnOnce(E) -> ClientError {
-            nats_err(format!("history of {subject}"))
-        }
         let _one_at_a_time = self.inner.history.lock().await;
         let frontier = self.chat_frontier().await?;
         let mut kept = std::collections::VecDeque::with_capacity(limit.min(HISTORY_BATCH));
         if frontier == 0 || limit == 0 {
             return Ok(Vec::new());
         }
-        let stream = self
-            .inner
-            .js
-            .get_stream(self.inner.names.chat_stream())
-            .await
-            .map_err(fail(&subject))?;
-        let name = chat_history_consumer(self.inner.id.as_str());
-        let _ = stream.delete_consumer(&name).await;
-        let consumer = stream
-            .create_consumer(pull::Config {
-                name: Some(name.clone()),
-                filter_subject: subject.clone(),
-                ack_policy: AckPolicy::None,
-                deliver_policy: start(frontier),
-                memory_storage: true,
-                inactive_threshold: Duration::from_secs(30),
-                ..Default::default()
-            })
-            .await
-            .map_err(fail(&subject))?;
+        let (stream, name, consumer) = self.history_consumer(&subject, start(frontier)).await?;
         let max_payload = self.inner.nats.server_info().max_payload;
         let mut pending = consumer.cached_info().num_pending;
         'read: while pending > 0 {
@@ -201,30 +217,7 @@ impl Client {
         read_to: u64,
     ) -> Result<usize, ClientError> {
         let _one_at_a_time = self.inner.history.lock().await;
-        fn fail<E: Into<super::BoxError>>(subject: &str) -> impl FnOnce(E) -> ClientError {
-            nats_err(format!("history of {subject}"))
-        }
-        let stream = self
-            .inner
-            .js
-            .get_stream(self.inner.names.chat_stream())
-            .await
-            .map_err(fail(subject))?;
-        let name = chat_history_consumer(self.inner.id.as_str());
-        // A consumer left behind by an interrupted read would refuse the new filter.
-        let _ = stream.delete_consumer(&name).await;
-        let consumer = stream
-            .create_consumer(pull::Config {
-                name: Some(name.clone()),
-                filter_subject: subject.to_owned(),
-                ack_policy: AckPolicy::None,
-                deliver_policy,
-                memory_storage: true,
-                inactive_threshold: Duration::from_secs(30),
-                ..Default::default()
-            })
-            .await
-            .map_err(fail(subject))?;
+        let (stream, name, consumer) = self.history_consumer(subject, deliver_policy).await?;
         // Read to the watermark, then once more to the frontier as it is then: a message routed
         // just before our SUB became active may be stored just after the watermark was read.
         // Later messages reach the live subscription; dedup by `id` absorbs any overlap. Pulls

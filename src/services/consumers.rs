@@ -39,12 +39,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::stream::FuturesUnordered;
+use futures_util::stream::{FuturesUnordered, Select};
 use futures_util::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 use tokio::time::Instant;
 
 use super::{Context, Health, Service, ServiceError};
+use async_nats::Subscriber;
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::stream::ConsumerErrorKind;
 
@@ -318,25 +319,7 @@ impl Service for ConsumerGuard {
             SpaceNames::kv_stream(&names.presence_bucket()),
             SpaceNames::kv_stream(&names.channels_bucket()),
         ];
-        let client = self.space.nats();
-        let mut audits = client
-            .subscribe(API_AUDIT_ADVISORIES)
-            .await
-            .map_err(ServiceError::at("subscribing to the API audit"))?;
-        let mut deleted = futures_util::stream::select(
-            client
-                .subscribe(consumer_deleted_advisories(&buckets[0]))
-                .await
-                .map_err(ServiceError::at("subscribing to consumer deletions"))?,
-            client
-                .subscribe(consumer_deleted_advisories(&buckets[1]))
-                .await
-                .map_err(ServiceError::at("subscribing to consumer deletions"))?,
-        );
-        client
-            .flush()
-            .await
-            .map_err(ServiceError::at("subscribing to the API audit"))?;
+        let (mut audits, mut deleted) = self.subscribe(&buckets).await?;
         for bucket in &buckets {
             self.delete_durables(bucket).await?;
         }
@@ -357,38 +340,7 @@ impl Service for ConsumerGuard {
                     if !self.identities.is_minted(&created.owner) {
                         continue;
                     }
-                    let now = Instant::now();
-                    let verdict = tally.created(
-                        &created.owner, &created.stream, &created.name,
-                        created.forbidden.is_some(), now,
-                    );
-                    if verdict == Verdict::Keep {
-                        continue;
-                    }
-                    deletions.push(self.delete(created.stream.clone(), created.name.clone()));
-                    let kept = tally.kept(&created.owner, &created.stream);
-                    match verdict {
-                        Verdict::Forbidden => tracing::warn!(
-                            space = self.space.name(), identity = created.owner,
-                            stream = created.stream, consumer = created.name,
-                            forbidden = ?created.forbidden,
-                            "consumer on a bucket deleted"
-                        ),
-                        Verdict::Held { began: true } => tracing::warn!(
-                            space = self.space.name(), identity = created.owner,
-                            stream = created.stream, kept, bound = PER_IDENTITY,
-                            "identity past its consumers on a bucket: held, its creates deleted"
-                        ),
-                        _ => {}
-                    }
-                    let due = told.get(&created.owner).is_none_or(|at| at.elapsed() >= NOTICE_EVERY);
-                    if due {
-                        told.insert(created.owner.clone(), now);
-                        let body = notice(verdict, &created, kept).to_string();
-                        if let Err(e) = client.publish(guard_notice(&created.owner), body.into()).await {
-                            tracing::debug!(identity = created.owner, error = %e, "guard notice not sent");
-                        }
-                    }
+                    self.judge(created, &mut tally, &mut told, &mut deletions).await;
                 }
                 Some(advisory) = deleted.next() => {
                     // `$JS.EVENT.ADVISORY.CONSUMER.DELETED.<stream>.<consumer>`
@@ -414,6 +366,93 @@ impl Service for ConsumerGuard {
 }
 
 impl ConsumerGuard {
+    /// The API audit, and the deletions of consumers on the `buckets`' streams; subscribed
+    /// (and flushed) before the durables already there are deleted, so that none created
+    /// meanwhile goes unseen.
+    async fn subscribe(
+        &self,
+        buckets: &[String; 2],
+    ) -> Result<(Subscriber, Select<Subscriber, Subscriber>), ServiceError> {
+        let client = self.space.nats();
+        let audits = client
+            .subscribe(API_AUDIT_ADVISORIES)
+            .await
+            .map_err(ServiceError::at("subscribing to the API audit"))?;
+        let deleted = futures_util::stream::select(
+            client
+                .subscribe(consumer_deleted_advisories(&buckets[0]))
+                .await
+                .map_err(ServiceError::at("subscribing to consumer deletions"))?,
+            client
+                .subscribe(consumer_deleted_advisories(&buckets[1]))
+                .await
+                .map_err(ServiceError::at("subscribing to consumer deletions"))?,
+        );
+        client
+            .flush()
+            .await
+            .map_err(ServiceError::at("subscribing to the API audit"))?;
+        Ok((audits, deleted))
+    }
+
+    /// A consumer a minted identity created on a bucket: kept and counted, or deleted (and
+    /// logged, once per hold), its owner told why at most every [`NOTICE_EVERY`].
+    async fn judge(
+        &self,
+        created: Created,
+        tally: &mut Tally,
+        told: &mut HashMap<String, Instant>,
+        deletions: &mut FuturesUnordered<Deletion>,
+    ) {
+        let now = Instant::now();
+        let verdict = tally.created(
+            &created.owner,
+            &created.stream,
+            &created.name,
+            created.forbidden.is_some(),
+            now,
+        );
+        if verdict == Verdict::Keep {
+            return;
+        }
+        deletions.push(self.delete(created.stream.clone(), created.name.clone()));
+        let kept = tally.kept(&created.owner, &created.stream);
+        match verdict {
+            Verdict::Forbidden => tracing::warn!(
+                space = self.space.name(),
+                identity = created.owner,
+                stream = created.stream,
+                consumer = created.name,
+                forbidden = ?created.forbidden,
+                "consumer on a bucket deleted"
+            ),
+            Verdict::Held { began: true } => tracing::warn!(
+                space = self.space.name(),
+                identity = created.owner,
+                stream = created.stream,
+                kept,
+                bound = PER_IDENTITY,
+                "identity past its consumers on a bucket: held, its creates deleted"
+            ),
+            _ => {}
+        }
+        let due = told
+            .get(&created.owner)
+            .is_none_or(|at| at.elapsed() >= NOTICE_EVERY);
+        if due {
+            told.insert(created.owner.clone(), now);
+            let body = notice(verdict, &created, kept).to_string();
+            let sent = self
+                .space
+                .nats()
+                .publish(guard_notice(&created.owner), body.into())
+                .await;
+            if let Err(e) = sent {
+                tracing::debug!(identity = created.owner, error = %e, "guard notice not sent");
+            }
+        }
+    }
+
     /// Deletes `stream`'s consumer `name`; a consumer already gone is no failure.
     fn delete(&self, stream: String, name: String) -> Deletion {
         let js = self.space.jetstream().clone();

@@ -216,7 +216,7 @@ impl ServiceSet {
     /// report; it keeps being restarted with backoff all the same.
     pub async fn start<S: Service>(&self, service: Arc<S>) -> Result<(), ServiceError> {
         let name = service.name();
-        let (health, mut watched) = watch::channel(Health::Starting);
+        let (health, watched) = watch::channel(Health::Starting);
         let restarts = Arc::new(AtomicU32::new(0));
         let last_failure = Arc::new(Mutex::new(None));
         if let Ok(mut entries) = self.entries.lock() {
@@ -227,87 +227,19 @@ impl ServiceSet {
                 last_failure: last_failure.clone(),
             });
         }
-        let scope = self.scope.clone();
-        // Health changes are logged as they happen; the log ends with the service.
-        let mut log = watched.clone();
-        let log_scope = scope.clone();
-        self.tracker.spawn(async move {
-            while log.changed().await.is_ok() {
-                match &*log.borrow_and_update() {
-                    Health::Degraded(reason) => {
-                        tracing::warn!(scope = log_scope, service = name, reason, "service degraded")
-                    }
-                    // Running and stopped are the expected states: said at debug, so that
-                    // `up` prints its phases, not one line per service.
-                    other => tracing::debug!(scope = log_scope, service = name, health = ?other, "service"),
-                }
-            }
-        });
+        self.tracker
+            .spawn(log_health(self.scope.clone(), name, watched.clone()));
         let (failed_tx, failed) = tokio::sync::oneshot::channel::<String>();
-        let token = self.token.clone();
-        self.tracker.spawn(async move {
-            let mut backoff = Backoff::default();
-            let mut failed_tx = Some(failed_tx);
-            loop {
-                let ctx = Context {
-                    token: token.child_token(),
-                    health: health.clone(),
-                };
-                let started = tokio::time::Instant::now();
-                // On a task of its own, so that a panic ends this run, not the set's loop.
-                let running = service.clone();
-                let fault = (restarts.load(Ordering::Relaxed) == 0 && fault::asked(name))
-                    .then(|| health.subscribe());
-                let outcome = tokio::spawn(async move {
-                    match fault {
-                        Some(seen) => fault::panic_once_running(running.run(ctx), seen).await,
-                        None => running.run(ctx).await,
-                    }
-                })
-                .await;
-                if token.is_cancelled() {
-                    break;
-                }
-                let reason = match outcome {
-                    Ok(Ok(())) => "stopped on its own".to_owned(),
-                    Ok(Err(e)) => crate::ops::error_text(&e),
-                    Err(e) => panicked(e),
-                };
-                tracing::error!(scope, service = name, reason, "service failed; restarting");
-                if let Some(tx) = failed_tx.take() {
-                    let _ = tx.send(reason.clone());
-                }
-                if let Ok(mut last) = last_failure.lock() {
-                    *last = Some(reason.clone());
-                }
-                health.send_replace(Health::Degraded(reason));
-                backoff.ran_for(started.elapsed());
-                tokio::select! {
-                    () = tokio::time::sleep(backoff.next_delay()) => {}
-                    () = token.cancelled() => break,
-                }
-                restarts.fetch_add(1, Ordering::Relaxed);
-            }
-            health.send_replace(Health::Stopped);
-        });
-        let running = async {
-            tokio::select! {
-                reason = failed => Err(ServiceError::msg(format!(
-                    "{name} failed to start: {}",
-                    reason.unwrap_or_else(|_| "stopped".into())
-                ))),
-                seen = watched.wait_for(|h| *h == Health::Running) => seen
-                    .map(|_| ())
-                    .map_err(|_| ServiceError::msg(format!("{name} stopped before it was running"))),
-            }
-        };
-        tokio::time::timeout(START_TIMEOUT, running)
-            .await
-            .unwrap_or_else(|_| {
-                Err(ServiceError::msg(format!(
-                    "{name} did not start within {START_TIMEOUT:?}"
-                )))
-            })
+        self.tracker.spawn(supervise(
+            service,
+            self.scope.clone(),
+            self.token.clone(),
+            health,
+            restarts,
+            last_failure,
+            failed_tx,
+        ));
+        until_running(name, failed, watched).await
     }
 
     /// Every service's status.
@@ -352,6 +284,105 @@ impl ServiceSet {
             );
         }
     }
+}
+
+/// Logs a service's health as it changes; the log ends with the service.
+async fn log_health(scope: String, name: &'static str, mut log: watch::Receiver<Health>) {
+    while log.changed().await.is_ok() {
+        match &*log.borrow_and_update() {
+            Health::Degraded(reason) => {
+                tracing::warn!(scope, service = name, reason, "service degraded")
+            }
+            // Running and stopped are the expected states: said at debug, so that `up` prints
+            // its phases, not one line per service.
+            other => tracing::debug!(scope, service = name, health = ?other, "service"),
+        }
+    }
+}
+
+/// Runs `service` until the set is cancelled, restarting it with backoff whenever it fails,
+/// panics or stops on its own; the first failure is told to `failed`, every one is recorded
+/// in `last_failure` and `health`, and the service is [`Health::Stopped`] at the end.
+async fn supervise<S: Service>(
+    service: Arc<S>,
+    scope: String,
+    token: CancellationToken,
+    health: watch::Sender<Health>,
+    restarts: Arc<AtomicU32>,
+    last_failure: Arc<Mutex<Option<String>>>,
+    failed: tokio::sync::oneshot::Sender<String>,
+) {
+    let name = service.name();
+    let mut backoff = Backoff::default();
+    let mut failed = Some(failed);
+    loop {
+        let ctx = Context {
+            token: token.child_token(),
+            health: health.clone(),
+        };
+        let started = tokio::time::Instant::now();
+        // On a task of its own, so that a panic ends this run, not the set's loop.
+        let running = service.clone();
+        let fault = (restarts.load(Ordering::Relaxed) == 0 && fault::asked(name))
+            .then(|| health.subscribe());
+        let outcome = tokio::spawn(async move {
+            match fault {
+                Some(seen) => fault::panic_once_running(running.run(ctx), seen).await,
+                None => running.run(ctx).await,
+            }
+        })
+        .await;
+        if token.is_cancelled() {
+            break;
+        }
+        let reason = match outcome {
+            Ok(Ok(())) => "stopped on its own".to_owned(),
+            Ok(Err(e)) => crate::ops::error_text(&e),
+            Err(e) => panicked(e),
+        };
+        tracing::error!(scope, service = name, reason, "service failed; restarting");
+        if let Some(tx) = failed.take() {
+            let _ = tx.send(reason.clone());
+        }
+        if let Ok(mut last) = last_failure.lock() {
+            *last = Some(reason.clone());
+        }
+        health.send_replace(Health::Degraded(reason));
+        backoff.ran_for(started.elapsed());
+        tokio::select! {
+            () = tokio::time::sleep(backoff.next_delay()) => {}
+            () = token.cancelled() => break,
+        }
+        restarts.fetch_add(1, Ordering::Relaxed);
+    }
+    health.send_replace(Health::Stopped);
+}
+
+/// Waits until service `name` reports [`Health::Running`]: an error when it fails first
+/// (`failed`), stops, or does not within [`START_TIMEOUT`].
+async fn until_running(
+    name: &str,
+    failed: tokio::sync::oneshot::Receiver<String>,
+    mut watched: watch::Receiver<Health>,
+) -> Result<(), ServiceError> {
+    let running = async {
+        tokio::select! {
+            reason = failed => Err(ServiceError::msg(format!(
+                "{name} failed to start: {}",
+                reason.unwrap_or_else(|_| "stopped".into())
+            ))),
+            seen = watched.wait_for(|h| *h == Health::Running) => seen
+                .map(|_| ())
+                .map_err(|_| ServiceError::msg(format!("{name} stopped before it was running"))),
+        }
+    };
+    tokio::time::timeout(START_TIMEOUT, running)
+        .await
+        .unwrap_or_else(|_| {
+            Err(ServiceError::msg(format!(
+                "{name} did not start within {START_TIMEOUT:?}"
+            )))
+        })
 }
 
 #[cfg(test)]

@@ -225,6 +225,29 @@ const CH_REPLAY: &str = "bench-replay";
 pub(super) async fn replay(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<CaseResult>> {
     let backlog = sizes.backlog;
     set_class(bench, CH_REPLAY, "live").await?;
+    publish_history(bench, backlog).await?;
+    let joiner = bench
+        .mint("bench-joiner", json!({"subscribe": [CH_REPLAY]}))
+        .await?;
+    let figures = interleaved(
+        sizes.runs,
+        |_warm| join_with_history(bench, &joiner, backlog),
+        |_warm| ordered_read(bench, backlog),
+    )
+    .await?;
+    Ok(vec![CaseResult::new(
+        "replay_10k",
+        "msg/s",
+        Better::Higher,
+        figures,
+        "an ordered consumer of the same range on an open connection",
+        ">= 0.8",
+    )])
+}
+
+/// The history of `replay_10k`: `backlog` messages on its channel, from as many publishers as
+/// the bound per subject asks for.
+async fn publish_history(bench: &Bench, backlog: usize) -> anyhow::Result<()> {
     let mut publishers = Vec::new();
     for i in 0..backlog.div_ceil(PER_SUBJECT) {
         let p = bench
@@ -240,72 +263,63 @@ pub(super) async fn replay(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<Ca
     for p in publishers {
         p.client.close().await;
     }
-    let joiner = bench
-        .mint("bench-joiner", json!({"subscribe": [CH_REPLAY]}))
+    Ok(())
+}
+
+/// The cotald side of `replay_10k`: `joiner` joins the channel and surfaces its `backlog` of
+/// history; the rate from the join to the last message.
+async fn join_with_history(bench: &Bench, joiner: &Minted, backlog: usize) -> anyhow::Result<f64> {
+    // A new connection each run: its dedup window has seen none of the history.
+    let mut conn = bench.sender(joiner).await?;
+    let client = conn.client.clone();
+    let start = Instant::now();
+    let join = client.join(CH_REPLAY, Replay::AsConfigured);
+    let surface = async {
+        let mut n = 0;
+        while n < backlog {
+            if next(&mut conn).await?.historical {
+                n += 1;
+            }
+        }
+        anyhow::Ok(())
+    };
+    let (report, surfaced) = bounded("replay", async { tokio::join!(join, surface) }).await?;
+    surfaced?;
+    if report?.backfilled < backlog {
+        bail!("the join backfilled fewer than {backlog}");
+    }
+    let elapsed = start.elapsed();
+    conn.client.close().await;
+    Ok(rate(backlog, elapsed))
+}
+
+/// The raw side of `replay_10k`: an ordered consumer of the channel read to `backlog` on an
+/// open connection; the rate from the stream's lookup to the last message.
+async fn ordered_read(bench: &Bench, backlog: usize) -> anyhow::Result<f64> {
+    let nats = bench.raw_as(&bench.operator).await?;
+    let js = jetstream::new(nats.clone());
+    let start = Instant::now();
+    let stream = js.get_stream(names().chat_stream()).await?;
+    let mut messages = stream
+        .create_consumer(pull::OrderedConfig {
+            filter_subject: names().posts_on(CH_REPLAY),
+            ..Default::default()
+        })
+        .await?
+        .messages()
         .await?;
-    let figures = interleaved(
-        sizes.runs,
-        |_warm| async {
-            // A new connection each run: its dedup window has seen none of the history.
-            let mut conn = bench.sender(&joiner).await?;
-            let client = conn.client.clone();
-            let start = Instant::now();
-            let join = client.join(CH_REPLAY, Replay::AsConfigured);
-            let surface = async {
-                let mut n = 0;
-                while n < backlog {
-                    if next(&mut conn).await?.historical {
-                        n += 1;
-                    }
-                }
-                anyhow::Ok(())
-            };
-            let (report, surfaced) =
-                bounded("replay", async { tokio::join!(join, surface) }).await?;
-            surfaced?;
-            if report?.backfilled < backlog {
-                bail!("the join backfilled fewer than {backlog}");
-            }
-            let elapsed = start.elapsed();
-            conn.client.close().await;
-            Ok(rate(backlog, elapsed))
-        },
-        |_warm| async {
-            let nats = bench.raw_as(&bench.operator).await?;
-            let js = jetstream::new(nats.clone());
-            let start = Instant::now();
-            let stream = js.get_stream(names().chat_stream()).await?;
-            let mut messages = stream
-                .create_consumer(pull::OrderedConfig {
-                    filter_subject: names().posts_on(CH_REPLAY),
-                    ..Default::default()
-                })
-                .await?
-                .messages()
-                .await?;
-            let mut read = 0;
-            while read < backlog {
-                bounded("an ordered read", messages.next())
-                    .await?
-                    .context("the ordered consumer ended")?
-                    .map_err(|e| anyhow::anyhow!("{e}"))?;
-                read += 1;
-            }
-            let elapsed = start.elapsed();
-            drop(messages);
-            let _ = tokio::time::timeout(Duration::from_secs(5), nats.drain()).await;
-            Ok(rate(backlog, elapsed))
-        },
-    )
-    .await?;
-    Ok(vec![CaseResult::new(
-        "replay_10k",
-        "msg/s",
-        Better::Higher,
-        figures,
-        "an ordered consumer of the same range on an open connection",
-        ">= 0.8",
-    )])
+    let mut read = 0;
+    while read < backlog {
+        bounded("an ordered read", messages.next())
+            .await?
+            .context("the ordered consumer ended")?
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        read += 1;
+    }
+    let elapsed = start.elapsed();
+    drop(messages);
+    let _ = tokio::time::timeout(Duration::from_secs(5), nats.drain()).await;
+    Ok(rate(backlog, elapsed))
 }
 
 const CH_E2E_DURABLE: &str = "bench-e2e-durable";
@@ -528,43 +542,83 @@ pub(super) async fn durable_fanout(bench: &Bench, sizes: Sizes) -> anyhow::Resul
                 stop.clone(),
             )));
         }
-        let cpu_us = std::sync::Mutex::new([Vec::new(), Vec::new()]);
-        let fan = |ch: &'static str, warm: bool| {
-            let (sender, surfaced, cpu_us, clients) = (&sender, &surfaced, &cpu_us, &clients);
-            async move {
-                let n = if warm { n / 4 } else { n };
-                let route = Routing::channel(&channel(ch)?);
-                let target =
-                    surfaced.of(ch).load(std::sync::atomic::Ordering::Acquire) + n * online;
-                let before = proc_usage(appliance).0;
-                let start = Instant::now();
-                for _ in 0..n {
-                    bounded("publish", sender.client.send_text(route.clone(), &text())).await??;
-                }
-                bounded("every member to surface", surfaced.reach(ch, target)).await?;
-                let took = start.elapsed();
-                if ch == CH_FAN_DURABLE {
-                    bounded(
-                        "every durable copy acknowledged",
-                        acknowledged(bench, clients),
-                    )
-                    .await??;
-                }
-                let cpu = (proc_usage(appliance).0 - before) / clock_ticks();
-                if !warm && let Ok(mut cpu_us) = cpu_us.lock() {
-                    let side = usize::from(ch == CH_FAN_LIVE);
-                    cpu_us[side].push(cpu * 1e6 / (n * online) as f64);
-                }
-                Ok(rate(n, took))
-            }
+        let fan = FanOut {
+            bench,
+            sender: &sender.client,
+            surfaced: &surfaced,
+            clients: &clients,
+            appliance,
+            online,
+            n,
+            cpu_us: std::sync::Mutex::new([Vec::new(), Vec::new()]),
         };
         let figures = interleaved(
             sizes.runs,
-            |warm| fan(CH_FAN_DURABLE, warm),
-            |warm| fan(CH_FAN_LIVE, warm),
+            |warm| fan.measure(CH_FAN_DURABLE, warm),
+            |warm| fan.measure(CH_FAN_LIVE, warm),
         )
         .await?;
-        let name = match online {
+        results.push(fan.result(figures));
+    }
+    stop.cancel();
+    for t in tasks {
+        let _ = t.await;
+    }
+    sender.client.close().await;
+    Ok(results)
+}
+
+/// One size of the fan-out case: `online` members, `n` messages a run.
+struct FanOut<'a> {
+    bench: &'a Bench,
+    sender: &'a Client,
+    surfaced: &'a Surfaced,
+    /// The members' clients.
+    clients: &'a [Client],
+    /// The pid of the appliance under test, whose CPU time is counted.
+    appliance: u32,
+    online: usize,
+    n: usize,
+    /// The appliance's CPU µs per message per member of each run: durable, live.
+    cpu_us: std::sync::Mutex<[Vec<f64>; 2]>,
+}
+
+impl FanOut<'_> {
+    /// One run on `ch`: the rate at which every member surfaced every message (on the durable
+    /// channel, every copy or offer acknowledged too); the appliance's CPU recorded.
+    async fn measure(&self, ch: &'static str, warm: bool) -> anyhow::Result<f64> {
+        let (n, online) = (if warm { self.n / 4 } else { self.n }, self.online);
+        let route = Routing::channel(&channel(ch)?);
+        let target = self
+            .surfaced
+            .of(ch)
+            .load(std::sync::atomic::Ordering::Acquire)
+            + n * online;
+        let before = proc_usage(self.appliance).0;
+        let start = Instant::now();
+        for _ in 0..n {
+            bounded("publish", self.sender.send_text(route.clone(), &text())).await??;
+        }
+        bounded("every member to surface", self.surfaced.reach(ch, target)).await?;
+        let took = start.elapsed();
+        if ch == CH_FAN_DURABLE {
+            bounded(
+                "every durable copy acknowledged",
+                acknowledged(self.bench, self.clients),
+            )
+            .await??;
+        }
+        let cpu = (proc_usage(self.appliance).0 - before) / clock_ticks();
+        if !warm && let Ok(mut cpu_us) = self.cpu_us.lock() {
+            let side = usize::from(ch == CH_FAN_LIVE);
+            cpu_us[side].push(cpu * 1e6 / (n * online) as f64);
+        }
+        Ok(rate(n, took))
+    }
+
+    /// The case's result for this size, with the appliance's CPU per message per member.
+    fn result(self, figures: (Vec<f64>, Vec<f64>)) -> CaseResult {
+        let name = match self.online {
             1 => "durable_fanout_online_1",
             10 => "durable_fanout_online_10",
             _ => "durable_fanout_online_50",
@@ -577,20 +631,14 @@ pub(super) async fn durable_fanout(bench: &Bench, sizes: Sizes) -> anyhow::Resul
             "cotald, the same members on a live channel",
             "≥ 0.8 at 50 members; appliance CPU per message per member ≤ 5 µs",
         );
-        let [durable_cpu, live_cpu] = cpu_us.into_inner().unwrap_or_default();
+        let [durable_cpu, live_cpu] = self.cpu_us.into_inner().unwrap_or_default();
         result
             .extra
             .insert("appliance_us_per_msg_per_member", spread(durable_cpu).1);
         result
             .extra
             .insert("appliance_us_per_msg_per_member_live", spread(live_cpu).1);
-        result.extra.insert("messages", n as f64);
-        results.push(result);
+        result.extra.insert("messages", self.n as f64);
+        result
     }
-    stop.cancel();
-    for t in tasks {
-        let _ = t.await;
-    }
-    sender.client.close().await;
-    Ok(results)
 }

@@ -317,8 +317,7 @@ async fn next(conn: &mut Connection) -> anyhow::Result<Delivery> {
 
 /// Clock ticks per second, the unit of [`proc_usage`]'s CPU time.
 fn clock_ticks() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64
+    rustix::param::clock_ticks_per_second().max(1) as f64
 }
 
 /// (utime + stime in clock ticks, VmRSS in MiB) of `pid`; zeros when unreadable.

@@ -1,8 +1,9 @@
 //! Startup: `cotald up` to ready, cold and warm, against the bundled nats-server alone.
 
 use std::path::Path;
+use std::time::Instant;
 
-use crate::bench::{Better, CaseResult, Sizes};
+use crate::bench::{Appliance, Better, CaseResult, Sizes};
 
 /// `cotald up` to ready, cold (a new data dir) and warm (the same one again), against the
 /// bundled nats-server alone started on the config cotald rendered, to `/healthz` 200.
@@ -11,87 +12,61 @@ pub(in crate::bench) async fn startup(
     tmp: &Path,
     sizes: Sizes,
 ) -> anyhow::Result<Vec<CaseResult>> {
-    let exe = exe.to_owned();
-    let tmp = tmp.to_owned();
-    tokio::task::spawn_blocking(move || {
-        let (mut cold, mut warm, mut alone) = (Vec::new(), Vec::new(), Vec::new());
-        for i in 0..sizes.runs {
-            let dir = tmp.join(format!("startup{i}"));
-            cold.push(startup::time_up(&exe, &dir)?);
-            warm.push(startup::time_up(&exe, &dir)?);
-            alone.push(startup::time_broker_alone(&dir)?);
-        }
-        let baseline = "nats-server alone on the config cotald rendered, to /healthz 200";
-        anyhow::Ok(vec![
-            CaseResult::new(
-                "startup_cold",
-                "ms",
-                Better::Lower,
-                (cold, alone.clone()),
-                baseline,
-                "as low as it goes",
-            ),
-            CaseResult::new(
-                "startup_warm",
-                "ms",
-                Better::Lower,
-                (warm, alone),
-                baseline,
-                "as low as it goes",
-            ),
-        ])
-    })
-    .await?
+    let (mut cold, mut warm, mut alone) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..sizes.runs {
+        let dir = tmp.join(format!("startup{i}"));
+        cold.push(time_up(exe, &dir, tmp).await?);
+        warm.push(time_up(exe, &dir, tmp).await?);
+        let broker_dir = dir.clone();
+        alone.push(tokio::task::spawn_blocking(move || broker_alone::time(&broker_dir)).await??);
+    }
+    let baseline = "nats-server alone on the config cotald rendered, to /healthz 200";
+    Ok(vec![
+        CaseResult::new(
+            "startup_cold",
+            "ms",
+            Better::Lower,
+            (cold, alone.clone()),
+            baseline,
+            "as low as it goes",
+        ),
+        CaseResult::new(
+            "startup_warm",
+            "ms",
+            Better::Lower,
+            (warm, alone),
+            baseline,
+            "as low as it goes",
+        ),
+    ])
 }
 
-mod startup {
-    use std::io::{BufRead, BufReader};
+/// Starts `cotald up` on `dir` (its stderr in `logs`), waits until it is ready, stops it; the
+/// time to ready in ms.
+async fn time_up(exe: &Path, dir: &Path, logs: &Path) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    let appliance = Appliance::start(exe, dir, None, logs).await?;
+    let elapsed = start.elapsed();
+    appliance.stop().await;
+    Ok(elapsed.as_secs_f64() * 1e3)
+}
+
+mod broker_alone {
     use std::net::{SocketAddr, TcpStream};
     use std::path::Path;
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
 
     use anyhow::{Context, bail};
+    use rustix::process::{Pid, Signal, kill_process};
 
     const TIMEOUT: Duration = Duration::from_secs(60);
-
-    /// Spawns `cotald up`, waits for its ready line, stops it; the time to ready in ms.
-    pub(super) fn time_up(exe: &Path, dir: &Path) -> anyhow::Result<f64> {
-        let start = Instant::now();
-        let mut child = Command::new(exe)
-            .args([
-                "up",
-                "--listen",
-                "127.0.0.1:0",
-                "--dashboard",
-                "127.0.0.1:0",
-                "--data-dir",
-            ])
-            .arg(dir)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()?;
-        let stdout = child.stdout.take().context("stdout")?;
-        let ready = BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .any(|l| l.contains("cotald is ready"));
-        let elapsed = start.elapsed();
-        // SAFETY: a plain signal to our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        child.wait()?;
-        if !ready {
-            bail!("cotald up on {} did not become ready", dir.display());
-        }
-        Ok(elapsed.as_secs_f64() * 1e3)
-    }
 
     /// Spawns the installed broker of `dir` on the config cotald rendered there, with an HTTP
     /// monitoring port added (cotald asks over the system account instead, which a bare
     /// broker cannot be asked without a client), waits for `/healthz` 200, stops it; the time
     /// in ms.
-    pub(super) fn time_broker_alone(dir: &Path) -> anyhow::Result<f64> {
+    pub(super) fn time(dir: &Path) -> anyhow::Result<f64> {
         let broker = std::fs::read_dir(dir.join("bin"))?
             .flatten()
             .map(|e| e.path())
@@ -136,8 +111,7 @@ mod startup {
             }
             Ok(start.elapsed().as_secs_f64() * 1e3)
         })();
-        // SAFETY: a plain signal to our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let _ = kill_process(Pid::from_child(&child), Signal::TERM);
         child.wait()?;
         result
     }

@@ -1,0 +1,154 @@
+//! The consumers the reader makes for a member, and when they go (§8): an interval's consumer
+//! exists only while its member has a session, from the position saved in the members registry;
+//! when the session ends it is parked (its ack floor saved as the new position, the consumer
+//! deleted), and it is deleted for good once its interval is delivered or the identity revoked.
+//! The mention consumer (`bkm_<member>`) reads the member's mention copies in `INBOX_<space>`.
+
+use async_nats::jetstream;
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
+
+use super::{ACK_WAIT, Backstop, BackstopError, WINDOW};
+use crate::binding::{interval_consumer, mention_consumer};
+use crate::space::members::Interval;
+
+impl Backstop {
+    /// Creates (or finds) the consumer of one membership interval, from the member's saved
+    /// position on: it exists only while the member has a session (see the module doc).
+    pub(super) async fn ensure_interval(
+        &self,
+        channel: &str,
+        member: &str,
+        interval: &Interval,
+    ) -> Result<(), BackstopError> {
+        let name = interval_consumer(member, channel, interval.generation);
+        let config = pull::Config {
+            durable_name: Some(name.clone()),
+            filter_subject: self.space.names().posts_on(channel),
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: interval.join_cursor.max(interval.delivered) + 1,
+            },
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: ACK_WAIT,
+            max_ack_pending: WINDOW,
+            ..Default::default()
+        };
+        self.ensure(self.space.names().chat_stream(), config).await
+    }
+
+    pub(super) async fn ensure_mentions(&self, member: &str) -> Result<(), BackstopError> {
+        let config = pull::Config {
+            durable_name: Some(mention_consumer(member)),
+            filter_subject: self.space.names().mentions_of(member),
+            deliver_policy: DeliverPolicy::All,
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: ACK_WAIT,
+            max_ack_pending: WINDOW,
+            ..Default::default()
+        };
+        self.ensure(self.space.names().backstop_stream(), config)
+            .await
+    }
+
+    async fn ensure(&self, stream: String, config: pull::Config) -> Result<(), BackstopError> {
+        let name = config.durable_name.clone().unwrap_or_default();
+        let fail = |action, e: Box<dyn std::error::Error + Send + Sync>| BackstopError::JetStream {
+            action,
+            consumer: name.clone(),
+            source: e,
+        };
+        let stream = self
+            .space
+            .jetstream()
+            .get_stream(&stream)
+            .await
+            .map_err(|e| fail("opening the stream of", e.into()))?;
+        stream
+            .get_or_create_consumer(&name, config.clone())
+            .await
+            .map_err(|e| fail("creating", e.into()))?;
+        Ok(())
+    }
+
+    /// `CHAT_<space>`, where the intervals' consumers live (`None` when it cannot be reached;
+    /// the callers then leave things as they are, to be done again later).
+    pub(super) async fn chat(&self) -> Option<jetstream::stream::Stream> {
+        self.space
+            .jetstream()
+            .get_stream(self.space.names().chat_stream())
+            .await
+            .ok()
+    }
+
+    /// Deletes one interval's consumer (its backlog was delivered, or the identity is gone).
+    pub async fn delete_interval(&self, member: &str, channel: &str, generation: u64) {
+        let name = interval_consumer(member, channel, generation);
+        self.feeds.unfollow(member, channel);
+        self.stop_pump(member, &name).await;
+        if let Some(stream) = self.chat().await {
+            let _ = stream.delete_consumer(&name).await;
+        }
+    }
+
+    /// Whether a just-closed interval has nothing left to deliver: nothing handed over
+    /// unacknowledged and nothing undelivered (its leave cursor is the frontier of the moment,
+    /// so anything pending is newer, and the interval is kept to be safe).
+    pub async fn drained_at_leave(&self, member: &str, channel: &str, interval: &Interval) -> bool {
+        let name = interval_consumer(member, channel, interval.generation);
+        // A follower's interval goes back to its consumer, which keeps the leave boundary.
+        if let Some(stopped) = self.feeds.unfollow(member, channel) {
+            self.save(member, &stopped).await;
+            self.restart_pump(member, None, channel, stopped.generation)
+                .await;
+        }
+        let Some(stream) = self.chat().await else {
+            return false;
+        };
+        match stream.consumer_info(&name).await {
+            Ok(info) => info.num_ack_pending == 0 && info.num_pending == 0,
+            Err(_) => false,
+        }
+    }
+
+    /// Ends `member`'s session and deletes every consumer it has (a revoked identity): its
+    /// backlog is gone from the store.
+    pub async fn forget(&self, member: &str) {
+        if let Some(session) = self.sessions.lock().await.remove(member) {
+            self.end_session(member, &session).await;
+        }
+        self.feeds.unfollow_all(member);
+        for record in self.members.of(member) {
+            for interval in &record.intervals {
+                self.delete_interval(member, &record.channel, interval.generation)
+                    .await;
+            }
+        }
+        if let Ok(stream) = self
+            .space
+            .jetstream()
+            .get_stream(self.space.names().backstop_stream())
+            .await
+        {
+            let _ = stream.delete_consumer(&mention_consumer(member)).await;
+            let _ = stream
+                .purge()
+                .filter(self.space.names().mentions_of(member))
+                .await;
+        }
+    }
+
+    /// Saves an interval's position (its consumer's ack floor: every entry up to it is
+    /// handled) in the members registry, then deletes the consumer. A failure to save only
+    /// means entries are handed over again (at least once).
+    pub(super) async fn park(&self, member: &str, channel: &str, generation: u64) {
+        let name = interval_consumer(member, channel, generation);
+        let Some(stream) = self.chat().await else {
+            return;
+        };
+        let Ok(info) = stream.consumer_info(&name).await else {
+            return;
+        };
+        let floor = info.ack_floor.stream_sequence;
+        self.feeds.save(member, channel, generation, floor).await;
+        let _ = stream.delete_consumer(&name).await;
+    }
+}

@@ -1,0 +1,289 @@
+//! Members that follow (§8): one read of a durable channel for all of its members that have
+//! caught up, and offers instead of copies.
+//!
+//! A member with a session is online: it surfaces each message of a durable channel from its
+//! live copy, and the durable copy is the net under that. Read through the member's own
+//! consumer, the net cost the broker one delivery per message per online member, and the
+//! appliance a check, a handoff and two acks for each (`docs/benchmarks.md`, *The default
+//! path at team scale*). So once a member's consumer has caught up, the member *follows* the
+//! channel's [`Feed`] instead, and its consumer is deleted:
+//!
+//! - **One read per channel, headers only.** The feed reads the channel once, through an
+//!   ordered consumer that delivers subject and headers without the payload, for every
+//!   follower: what an offer needs is the sender (from the subject, §3) and the message's
+//!   `Nats-Msg-Id` (which publishers set to its `id`, §8). Content is fetched by sequence only
+//!   for what a member asks for, and validated then (§5 receive checks; an anomaly is handed
+//!   to no one and counts as handled, as on a member's own consumer).
+//! - **Re-authorized per member, per entry** (§9 item 5), as on the member's own consumer:
+//!   against its *current* identity record and read ACL, and its membership interval (a
+//!   post-leave entry is not due); and again before any content leaves for it.
+//! - **Offers, not copies.** A follower is offered the entries due to it as subject, token and
+//!   message `id` ([`crate::ops::OfferBatch`]), a batch every [`super::LINGER`]. It
+//!   acknowledges the token of what it surfaced already (as it acks a duplicate copy: once the
+//!   application handled it) and asks for the content of the rest (`backstop-want`), which is
+//!   handed over as a copy with the same token. Nothing is confirmed for it that it did not
+//!   confirm.
+//! - **Positions, not acks.** A follower's position is the highest sequence such that every
+//!   entry up to it was confirmed by the member or was not due. It is saved in the members
+//!   registry (`delivered`) every [`CHECKPOINT_EVERY`] and when the follower stops following;
+//!   its consumer is made again from there: when its session ends and it comes back, when it
+//!   leaves the channel, or when it falls behind (more than [`MAX_OUTSTANDING`] offers
+//!   unconfirmed, or the feed would have to hold more than [`MAX_BUFFER`] entries for it).
+//!   An unconfirmed offer is handed over again as a copy after [`super::HANDOFF_TIMEOUT`]. A
+//!   crash of the appliance forgets at most the confirmations since the last save: those
+//!   entries are delivered again, so at-least-once holds.
+//!
+//! The feed's task, which reads the channel and offers (`feed.rs`), and each follower's
+//! bookkeeping (`follower.rs`) are apart from the registry of feeds here; what is handed over
+//! as content goes through `copies.rs`.
+
+mod copies;
+mod feed;
+mod follower;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use self::feed::Feed;
+use self::follower::{Follower, consider, still_due};
+use super::WINDOW;
+use crate::protocol::Channel;
+use crate::space::members::Members;
+use crate::space::{Identities, Space};
+
+/// A follower with this many offers sent and unconfirmed goes back to its own consumer (the
+/// window its consumer would have had). What arrived since the last offers is not counted: a
+/// burst is offered at the next flush, and a member that keeps up confirms it well before the
+/// one after.
+const MAX_OUTSTANDING: usize = WINDOW as usize;
+/// The most entries a feed holds for its slowest follower before that follower goes back to
+/// its own consumer: a burst of 40,000 msg/s over one [`super::LINGER`] (a few MiB of subjects
+/// and ids); a follower that does not confirm stops at [`MAX_OUTSTANDING`] long before.
+const MAX_BUFFER: usize = 16 * WINDOW as usize;
+/// How often a follower's position is saved while it moves.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
+
+/// A follower that stopped following while its session goes on: its consumer is to be made
+/// again from its saved position.
+#[derive(Debug)]
+pub(super) struct Demoted {
+    pub member: String,
+    pub session: String,
+    pub channel: String,
+    pub generation: u64,
+}
+
+/// Where a member's consumer stood when the member went on to follow its channel.
+pub(super) struct Handoff {
+    /// The interval's generation.
+    pub generation: u64,
+    /// Every entry up to this one is handled (the consumer's ack floor).
+    pub position: u64,
+    /// The highest entry the consumer's pump took: what comes after it is offered.
+    pub taken: u64,
+    /// Entries after `position` the pump handed over as copies, not acknowledged yet.
+    pub held: Vec<u64>,
+}
+
+/// Where a member stood when it stopped following a channel.
+pub(super) struct Stopped {
+    pub channel: String,
+    pub generation: u64,
+    pub position: u64,
+}
+
+/// The feeds of one space, by channel.
+pub(super) struct Feeds {
+    space: Arc<Space>,
+    identities: Arc<Identities>,
+    members: Arc<Members>,
+    feeds: Mutex<HashMap<String, Arc<Feed>>>,
+    demoted: mpsc::UnboundedSender<Demoted>,
+}
+
+impl Feeds {
+    pub(super) fn new(
+        space: Arc<Space>,
+        identities: Arc<Identities>,
+        members: Arc<Members>,
+        demoted: mpsc::UnboundedSender<Demoted>,
+    ) -> Self {
+        Feeds {
+            space,
+            identities,
+            members,
+            feeds: Mutex::default(),
+            demoted,
+        }
+    }
+
+    /// Makes `member` (session `session`) follow `channel` where its consumer stood; false
+    /// when the channel's feed is already past it (the member stays on its own consumer).
+    pub(super) fn follow(
+        self: &Arc<Self>,
+        member: &str,
+        session: &str,
+        channel: &str,
+        handoff: &Handoff,
+        inbox: String,
+        run: (&CancellationToken, &TaskTracker),
+    ) -> bool {
+        let position = handoff.position;
+        let (Ok(name), Ok(mut feeds)) = (Channel::new(channel), self.feeds.lock()) else {
+            return false;
+        };
+        let open = feeds
+            .get(channel)
+            .filter(|f| f.state.lock().is_ok_and(|s| !s.closed))
+            .cloned();
+        let (feed, created) = match open {
+            Some(feed) => (feed, false),
+            None => {
+                let feed = Arc::new(Feed::new(channel, name, run.0.child_token(), position + 1));
+                feeds.insert(channel.to_owned(), feed.clone());
+                (feed, true)
+            }
+        };
+        // The follower is in before the feed's task runs, and a feed that closed meanwhile is
+        // not joined (it is closed under the same lock).
+        let Ok(mut state) = feed.state.lock() else {
+            return false;
+        };
+        if state.closed || position + 1 < state.covered_from {
+            return false;
+        }
+        let now = Instant::now();
+        let mut follower = Follower::new(session, handoff, inbox, now);
+        follower.refresh(&self.identities, &self.members, member, &feed.name);
+        for entry in state.buffer.iter().filter(|e| e.seq > handoff.taken) {
+            consider(&mut follower, member, entry, now);
+        }
+        state.followers.insert(member.to_owned(), follower);
+        drop(state);
+        drop(feeds);
+        if created {
+            let feeds = self.clone();
+            run.1
+                .spawn(async move { feeds.read(feed, position + 1).await });
+        }
+        true
+    }
+
+    /// Stops `member` following `channel`; where it stood, if it did.
+    pub(super) fn unfollow(&self, member: &str, channel: &str) -> Option<Stopped> {
+        let feed = self.feeds.lock().ok()?.get(channel).cloned()?;
+        let follower = feed.state.lock().ok()?.followers.remove(member)?;
+        Some(Stopped {
+            channel: channel.to_owned(),
+            generation: follower.generation,
+            position: follower.position(),
+        })
+    }
+
+    /// Stops `member` following every channel; where it stood in each.
+    pub(super) fn unfollow_all(&self, member: &str) -> Vec<Stopped> {
+        let channels: Vec<String> = self
+            .feeds
+            .lock()
+            .map(|f| f.keys().cloned().collect())
+            .unwrap_or_default();
+        channels
+            .iter()
+            .filter_map(|c| self.unfollow(member, c))
+            .collect()
+    }
+
+    fn each(&self) -> Vec<Arc<Feed>> {
+        self.feeds
+            .lock()
+            .map(|f| f.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The entries offered to `member` and not confirmed yet, over every channel it follows.
+    pub(super) fn unconfirmed(&self, member: &str) -> Vec<u64> {
+        self.each()
+            .iter()
+            .filter_map(|feed| {
+                let state = feed.state.lock().ok()?;
+                let follower = state.followers.get(member)?;
+                Some(
+                    follower
+                        .outstanding
+                        .keys()
+                        .filter(|seq| !follower.fresh.contains(seq))
+                        .copied()
+                        .collect::<Vec<u64>>(),
+                )
+            })
+            .flatten()
+            .collect()
+    }
+
+    /// The member confirmed these offers (`backstop-ack` of their tokens).
+    pub(super) fn confirm(&self, member: &str, seqs: &[u64]) {
+        for feed in self.each() {
+            if let Ok(mut state) = feed.state.lock()
+                && let Some(follower) = state.followers.get_mut(member)
+            {
+                for seq in seqs {
+                    follower.outstanding.remove(seq);
+                }
+            }
+        }
+    }
+
+    /// The member asks for the content of these offers: those still due to it are handed over
+    /// as copies.
+    pub(super) async fn want(&self, member: &str, seqs: &[u64]) {
+        let mut carry = Vec::new();
+        for feed in self.each() {
+            let Ok(mut state) = feed.state.lock() else {
+                continue;
+            };
+            let state = &mut *state;
+            let Some(follower) = state.followers.get_mut(member) else {
+                continue;
+            };
+            follower.refresh(&self.identities, &self.members, member, &feed.name);
+            let asked = seqs
+                .iter()
+                .copied()
+                .filter(|s| follower.outstanding.contains_key(s))
+                .collect();
+            let items = still_due(follower, member, &state.buffer, asked);
+            carry.push((member.to_owned(), follower.inbox.clone(), items));
+        }
+        for c in carry {
+            self.hand_over(c).await;
+        }
+    }
+
+    /// Saves a member's position in one interval as its `delivered` (a follower's, or a parked
+    /// consumer's ack floor); a failure only means entries are handed over again.
+    pub(super) async fn save(&self, member: &str, channel: &str, generation: u64, position: u64) {
+        let saved = self
+            .members
+            .update(member, channel, |stored| {
+                stored.map(|mut r| {
+                    for i in r
+                        .intervals
+                        .iter_mut()
+                        .filter(|i| i.generation == generation)
+                    {
+                        i.delivered = i.delivered.max(position);
+                    }
+                    r
+                })
+            })
+            .await;
+        if let Err(e) = saved {
+            tracing::warn!(member, channel, error = %e, "backstop position not saved; entries will be handed over again");
+        }
+    }
+}
