@@ -16,16 +16,16 @@ use super::TIMEOUT;
 use crate::datadir::DataDir;
 
 /// A `cotald up` child on a data dir (killed if dropped).
-pub(super) struct Appliance {
+pub(crate) struct Appliance {
     child: tokio::process::Child,
-    pub(super) dir: DataDir,
-    pub(super) listen: SocketAddr,
+    pub(crate) dir: DataDir,
+    pub(crate) listen: SocketAddr,
 }
 
 impl Appliance {
     /// Starts `cotald up` on `dir` (on the profile `config`, when given; its stderr in `logs`)
     /// and waits until it says it is ready.
-    pub(super) async fn start(
+    pub(crate) async fn start(
         exe: &Path,
         dir: &Path,
         config: Option<&Path>,
@@ -80,7 +80,7 @@ impl Appliance {
     }
 
     /// Stops it as an operator would (SIGTERM); kills it if it has not exited within 30 s.
-    pub(super) async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         if let Some(pid) = self.child.id().and_then(|id| Pid::from_raw(id as i32)) {
             let _ = kill_process(pid, Signal::TERM);
         }
@@ -94,7 +94,7 @@ impl Appliance {
 
     /// Kills it as a crash would (SIGKILL; its broker follows) and waits until it is gone;
     /// when it was killed.
-    pub(super) async fn kill(mut self) -> anyhow::Result<Instant> {
+    pub(crate) async fn kill(mut self) -> anyhow::Result<Instant> {
         self.child.start_kill()?;
         let killed = Instant::now();
         let _ = self.child.wait().await;

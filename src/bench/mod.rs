@@ -30,6 +30,7 @@
 mod appliance;
 mod cases;
 mod cluster;
+pub mod soak;
 
 use std::io::Write;
 use std::net::SocketAddr;

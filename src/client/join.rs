@@ -331,29 +331,26 @@ impl Client {
         }
     }
 
-    /// Leaves a channel: unsubscribes (no privileged step needed, §7), then on a durable channel
-    /// asks the provisioner to close the membership (a hard read boundary for the backstop). A
-    /// failure of that second step is returned after the live half has been left. Leaving the
-    /// last channel is fine.
+    /// Leaves a channel: on a durable channel first asks the provisioner to close the
+    /// membership (a hard read boundary for the backstop), then unsubscribes (no privileged step
+    /// needed, §7). When the first step fails the channel stays joined and the error is
+    /// returned: the leave can be tried again. Leaving the last channel is fine.
     pub async fn leave(&self, channel: &str) -> Result<(), JoinError> {
         let key = ChannelPattern::new(channel)
             .map(|p| p.as_str().to_owned())
             .unwrap_or_else(|_| channel.to_owned());
-        let entry = {
-            let mut joined = self.inner.joined.lock().await;
-            match joined.get(&key) {
-                Some(j) if j.pump.is_some() => joined.remove(&key),
-                _ => None,
-            }
+        let durable = match self.inner.joined.lock().await.get(&key) {
+            Some(j) if j.pump.is_some() => j.durable.clone(),
+            _ => return Err(JoinError::NotJoined(key)),
         };
-        let Some(entry) = entry else {
-            return Err(JoinError::NotJoined(key));
-        };
-        let durable = entry.durable.clone();
-        drop(entry);
+        // The durable membership ends first: a leave the manager did not record (it was
+        // restarting) leaves the channel joined here too, so that the caller can try again,
+        // rather than a member that believes it left while its copies keep coming (§7).
         if durable == DurableState::Established {
             self.durable_leave(&key).await?;
         }
+        let entry = self.inner.joined.lock().await.remove(&key);
+        drop(entry);
         Ok(())
     }
 

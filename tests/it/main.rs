@@ -23,6 +23,7 @@ mod packaging;
 mod pages;
 mod raw;
 mod receipts;
+mod soak;
 mod space;
 mod upgrade;
 mod wake;

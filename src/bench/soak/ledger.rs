@@ -1,0 +1,451 @@
+//! What the soak sent, to whom it is owed, and what each agent received: the judge of
+//! "nothing lost, nothing across a leave or a revocation, nothing read twice by a resumed
+//! session". Every message carries a token (`soak#<n>`) in its text; a receipt is a token seen
+//! by an agent. Times within [`MARGIN`] of a leave, a join or a revocation are not judged either
+//! way: the soak's clock and the broker's are not one.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// The slack around a membership change or a revocation.
+pub(super) const MARGIN: Duration = Duration::from_secs(2);
+
+/// A message's token.
+pub(super) type Token = u64;
+
+/// The text that carries `token`.
+pub(super) fn tagged(token: Token, what: &str) -> String {
+    format!("soak#{token} {what}")
+}
+
+/// Every token in `text`.
+pub(super) fn tokens(text: &str) -> impl Iterator<Item = Token> + '_ {
+    text.split("soak#").skip(1).filter_map(|rest| {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        rest[..digits].parse().ok()
+    })
+}
+
+/// What a message is, as the soak sends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum Kind {
+    /// A post on the durable channel every library agent belongs to.
+    Durable,
+    /// A post on a live channel: owed to nobody.
+    Live,
+    /// A DM.
+    Dm,
+    /// A post on the live channel that mentions one agent: stored for it (§4).
+    Mention,
+    /// A task for a role.
+    Task,
+    /// A reply in a thread, on the durable channel.
+    Reply,
+}
+
+/// Who a stored message is owed to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Owe {
+    /// Every member of the durable channel at the time, but its sender.
+    Members { sender: usize },
+    /// One agent.
+    Agent(usize),
+    /// One holder of a role, any.
+    Role(String),
+}
+
+#[derive(Debug)]
+struct Sent {
+    at: Instant,
+    kind: Kind,
+    owed: Vec<Owe>,
+}
+
+/// One agent's book.
+#[derive(Debug)]
+struct Book {
+    role: String,
+    /// Its spans of membership of the durable channel: (joined, left).
+    member: Vec<(Instant, Option<Instant>)>,
+    revoked: Option<Instant>,
+    session: u32,
+    /// Token → (receipts, the session that first acknowledged it).
+    received: HashMap<Token, (u32, Option<u32>)>,
+}
+
+impl Book {
+    fn member_at(&self, t: Instant) -> bool {
+        self.member
+            .iter()
+            .any(|(joined, left)| *joined + MARGIN <= t && left.is_none_or(|l| t + MARGIN <= l))
+    }
+
+    /// Whether `t` falls in a span after a leave and before the next join (margins aside).
+    fn out_at(&self, t: Instant) -> bool {
+        self.member.iter().enumerate().any(|(i, (_, left))| {
+            let next = self.member.get(i + 1).map(|(joined, _)| *joined);
+            left.is_some_and(|l| l + MARGIN <= t && next.is_none_or(|j| t + MARGIN <= j))
+        })
+    }
+
+    fn revoked_before(&self, t: Instant) -> bool {
+        self.revoked.is_some_and(|r| r + MARGIN <= t)
+    }
+}
+
+/// The soak's figures of delivery.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub(super) struct Tally {
+    /// Sends the broker acknowledged, by kind.
+    pub(super) sent: HashMap<&'static str, u64>,
+    /// Sends that failed or whose outcome is unknown (none is owed).
+    pub(super) send_failed: u64,
+    /// Deliveries owed (an agent and a token; one per role for a task).
+    pub(super) owed: u64,
+    /// Owed and not received.
+    pub(super) lost: u64,
+    /// Receipts beyond the first of a token by an agent within its session.
+    pub(super) duplicates: u64,
+    /// Tokens a resumed session received again after an earlier session read them.
+    pub(super) reread: u64,
+    /// Durable posts received from a span the agent was not a member.
+    pub(super) across_leave: u64,
+    /// Messages sent after an agent's revocation that it received.
+    pub(super) after_revoke: u64,
+}
+
+/// The whole book of a soak.
+#[derive(Debug, Default)]
+pub(super) struct Ledger {
+    sent: HashMap<Token, Sent>,
+    failed: u64,
+    books: Vec<Book>,
+    duplicates: u64,
+    reread: u64,
+    across_leave: u64,
+    after_revoke: u64,
+    /// The first of what was read again, across a leave or after a revocation, in words.
+    offences: Vec<String>,
+}
+
+/// How many offences are kept in words.
+const OFFENCES_KEPT: usize = 20;
+
+impl Ledger {
+    /// A new agent of `role`, a member of the durable channel from `now` when `member`.
+    pub(super) fn agent(&mut self, role: &str, member: bool, now: Instant) -> usize {
+        self.books.push(Book {
+            role: role.to_owned(),
+            member: if member {
+                vec![(now, None)]
+            } else {
+                Vec::new()
+            },
+            revoked: None,
+            session: 0,
+            received: HashMap::new(),
+        });
+        self.books.len() - 1
+    }
+
+    pub(super) fn left(&mut self, agent: usize, now: Instant) {
+        if let Some((_, left @ None)) = self.books[agent].member.last_mut() {
+            *left = Some(now);
+        }
+    }
+
+    pub(super) fn joined(&mut self, agent: usize, now: Instant) {
+        self.books[agent].member.push((now, None));
+    }
+
+    /// A new session of the agent (its host restarted, its credential re-issued).
+    pub(super) fn resumed(&mut self, agent: usize) {
+        self.books[agent].session += 1;
+    }
+
+    pub(super) fn revoked(&mut self, agent: usize, now: Instant) {
+        self.books[agent].revoked = Some(now);
+    }
+
+    pub(super) fn sent(&mut self, token: Token, kind: Kind, owed: Vec<Owe>, now: Instant) {
+        self.sent.insert(
+            token,
+            Sent {
+                at: now,
+                kind,
+                owed,
+            },
+        );
+    }
+
+    pub(super) fn send_failed(&mut self) {
+        self.failed += 1;
+    }
+
+    /// `agent` received `token`, and acknowledged it when `acked` (a receipt whose ack
+    /// failed may come again, in any session).
+    pub(super) fn received(&mut self, agent: usize, token: Token, acked: bool) {
+        let book = &mut self.books[agent];
+        let session = book.session;
+        let entry = book.received.entry(token).or_insert((0, None));
+        entry.0 += 1;
+        let (count, acked_in) = *entry;
+        if acked && acked_in.is_none() {
+            entry.1 = Some(session);
+        }
+        match acked_in {
+            Some(earlier) if earlier < session => {
+                self.reread += 1;
+                self.offence(format!(
+                    "agent #{agent} read soak#{token} again in session {session} (acknowledged in {earlier})"
+                ));
+            }
+            _ if count > 1 => self.duplicates += 1,
+            _ => {}
+        }
+        let Some(sent) = self.sent.get(&token) else {
+            return;
+        };
+        let book = &self.books[agent];
+        let posted = matches!(sent.kind, Kind::Durable | Kind::Reply);
+        let across_leave = count == 1 && posted && book.out_at(sent.at);
+        let after_revoke = count == 1 && book.revoked_before(sent.at);
+        if across_leave {
+            self.across_leave += 1;
+            self.offence(format!(
+                "agent #{agent} got soak#{token}, posted while it was out"
+            ));
+        }
+        if after_revoke {
+            self.after_revoke += 1;
+            self.offence(format!(
+                "agent #{agent} got soak#{token}, sent after its revocation"
+            ));
+        }
+    }
+
+    /// The figures as they stand; what was sent before `settled` and is still missing counts
+    /// as lost (the end of a run: everything; while running: what had time to arrive).
+    pub(super) fn tally(&self, settled: Instant) -> Tally {
+        let mut tally = Tally {
+            send_failed: self.failed,
+            duplicates: self.duplicates,
+            reread: self.reread,
+            across_leave: self.across_leave,
+            after_revoke: self.after_revoke,
+            ..Tally::default()
+        };
+        for (token, sent) in &self.sent {
+            *tally.sent.entry(kind_name(sent.kind)).or_default() += 1;
+            for owe in &sent.owed {
+                let (owed, missing) = self.judge(*token, sent, owe);
+                tally.owed += owed;
+                if sent.at <= settled {
+                    tally.lost += missing;
+                }
+            }
+        }
+        tally
+    }
+
+    /// (owed, missing) of one obligation of a message.
+    fn judge(&self, token: Token, sent: &Sent, owe: &Owe) -> (u64, u64) {
+        let got = |book: &Book| book.received.contains_key(&token);
+        // A revoked agent's backlog goes with its credential: only what it was sent while it
+        // still had one, and had read, counts.
+        let owed_to = |book: &Book| book.revoked.is_none() || got(book);
+        match owe {
+            Owe::Members { sender } => self
+                .books
+                .iter()
+                .enumerate()
+                .filter(|(i, b)| i != sender && b.member_at(sent.at) && owed_to(b))
+                .fold((0, 0), |(o, m), (_, b)| (o + 1, m + u64::from(!got(b)))),
+            Owe::Agent(i) => {
+                let book = &self.books[*i];
+                match owed_to(book) {
+                    true => (1, u64::from(!got(book))),
+                    false => (0, 0),
+                }
+            }
+            Owe::Role(role) => {
+                let holders: Vec<&Book> = self.books.iter().filter(|b| &b.role == role).collect();
+                let took = holders.iter().any(|b| got(b));
+                match took || holders.iter().any(|b| b.revoked.is_none()) {
+                    true => (1, u64::from(!took)),
+                    false => (0, 0),
+                }
+            }
+        }
+    }
+
+    fn offence(&mut self, what: String) {
+        if self.offences.len() < OFFENCES_KEPT {
+            self.offences.push(what);
+        }
+    }
+
+    /// What was read again, across a leave or after a revocation, in words (the first few).
+    pub(super) fn offences(&self) -> &[String] {
+        &self.offences
+    }
+
+    /// What is still missing, for a report of a loss: who misses which message, of what
+    /// kind, sent how long after `started`.
+    pub(super) fn missing(&self, started: Instant, limit: usize) -> Vec<String> {
+        let mut out = Vec::new();
+        for (token, sent) in &self.sent {
+            for owe in &sent.owed {
+                let agents: Vec<usize> = match owe {
+                    Owe::Members { sender } => (0..self.books.len())
+                        .filter(|i| i != sender && self.books[*i].member_at(sent.at))
+                        .collect(),
+                    Owe::Agent(i) => vec![*i],
+                    Owe::Role(role) => {
+                        let (_, missing) = self.judge(*token, sent, owe);
+                        if missing > 0 {
+                            out.push(format!(
+                                "no holder of role {role} took soak#{token} (task, sent at {:.1}s)",
+                                sent.at.duration_since(started).as_secs_f64()
+                            ));
+                        }
+                        Vec::new()
+                    }
+                };
+                for agent in agents {
+                    let book = &self.books[agent];
+                    if book.revoked.is_none() && !book.received.contains_key(token) {
+                        out.push(format!(
+                            "agent #{agent} (session {}) missed soak#{token} ({}, sent at {:.1}s)",
+                            book.session,
+                            kind_name(sent.kind),
+                            sent.at.duration_since(started).as_secs_f64()
+                        ));
+                    }
+                }
+            }
+            if out.len() >= limit {
+                break;
+            }
+        }
+        out.truncate(limit);
+        out
+    }
+}
+
+fn kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Durable => "durable",
+        Kind::Live => "live",
+        Kind::Dm => "dm",
+        Kind::Mention => "mention",
+        Kind::Task => "task",
+        Kind::Reply => "reply",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_read_back_from_any_text() {
+        let text = format!("{} and {}", tagged(7, "a"), tagged(12, "b"));
+        assert_eq!(tokens(&text).collect::<Vec<_>>(), [7, 12]);
+        assert_eq!(tokens("no token, soak# none").count(), 0);
+    }
+
+    #[test]
+    fn a_member_that_misses_a_post_is_a_loss_and_the_sender_is_owed_nothing() {
+        let t0 = Instant::now();
+        let mut l = Ledger::default();
+        let (a, b, c) = (
+            l.agent("r", true, t0),
+            l.agent("r", true, t0),
+            l.agent("r", true, t0),
+        );
+        let t = t0 + Duration::from_secs(10);
+        l.sent(1, Kind::Durable, vec![Owe::Members { sender: a }], t);
+        l.received(b, 1, true);
+        let tally = l.tally(t);
+        assert_eq!((tally.owed, tally.lost), (2, 1));
+        let missing = l.missing(t0, 10);
+        assert_eq!(missing.len(), 1);
+        assert!(
+            missing[0].starts_with(&format!("agent #{c} (session 0) missed soak#1 (durable")),
+            "{missing:?}"
+        );
+        l.received(c, 1, true);
+        assert_eq!(l.tally(t).lost, 0);
+    }
+
+    #[test]
+    fn a_post_from_outside_a_membership_is_owed_to_no_one_and_forbidden() {
+        let t0 = Instant::now();
+        let mut l = Ledger::default();
+        let (a, b) = (l.agent("r", true, t0), l.agent("r", true, t0));
+        l.left(b, t0 + Duration::from_secs(10));
+        l.sent(
+            1,
+            Kind::Durable,
+            vec![Owe::Members { sender: a }],
+            t0 + Duration::from_secs(15),
+        );
+        l.joined(b, t0 + Duration::from_secs(20));
+        assert_eq!(l.tally(t0 + Duration::from_secs(30)).owed, 0);
+        l.received(b, 1, true);
+        assert_eq!(l.tally(t0 + Duration::from_secs(30)).across_leave, 1);
+        // Within the margin of the leave: neither owed nor forbidden.
+        l.sent(
+            2,
+            Kind::Durable,
+            vec![Owe::Members { sender: a }],
+            t0 + Duration::from_secs(11),
+        );
+        l.received(b, 2, true);
+        assert_eq!(l.tally(t0 + Duration::from_secs(30)).across_leave, 1);
+    }
+
+    #[test]
+    fn a_resumed_session_that_reads_again_is_counted_and_a_task_is_owed_once_per_role() {
+        let t0 = Instant::now();
+        let mut l = Ledger::default();
+        let (a, b) = (l.agent("x", false, t0), l.agent("x", false, t0));
+        l.sent(1, Kind::Dm, vec![Owe::Agent(b)], t0);
+        l.sent(2, Kind::Task, vec![Owe::Role("x".into())], t0);
+        l.received(b, 1, true);
+        l.received(b, 1, true);
+        l.resumed(b);
+        l.received(b, 1, true);
+        l.received(a, 2, false);
+        l.resumed(a);
+        l.received(a, 2, true);
+        let tally = l.tally(t0);
+        assert_eq!(
+            (tally.duplicates, tally.reread),
+            (2, 1),
+            "one not acknowledged may come again"
+        );
+        assert_eq!((tally.owed, tally.lost), (2, 0));
+    }
+
+    #[test]
+    fn a_revoked_agent_is_owed_nothing_it_had_not_read_and_must_not_read_later_sends() {
+        let t0 = Instant::now();
+        let mut l = Ledger::default();
+        let (a, b) = (l.agent("x", false, t0), l.agent("y", false, t0));
+        l.sent(1, Kind::Dm, vec![Owe::Agent(b)], t0);
+        l.revoked(b, t0 + Duration::from_secs(1));
+        l.sent(
+            2,
+            Kind::Dm,
+            vec![Owe::Agent(b)],
+            t0 + Duration::from_secs(10),
+        );
+        assert_eq!(l.tally(t0 + Duration::from_secs(20)).lost, 0);
+        l.received(b, 2, true);
+        assert_eq!(l.tally(t0 + Duration::from_secs(20)).after_revoke, 1);
+        let _ = a;
+    }
+}
