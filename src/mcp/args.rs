@@ -11,8 +11,9 @@ pub(super) struct SendArgs {
     pub(super) channel: String,
     /// The message text.
     pub(super) text: String,
-    /// Names of peers to mention; a mentioned peer gets the message even if it did not join
-    /// the channel or is away.
+    /// Names of peers to mention (each is woken). On a live channel a mentioned peer that may
+    /// read it gets the message even if it did not join the channel or is away; on a durable
+    /// channel its members get every message anyway, and a peer that is not one gets none.
     #[serde(default)]
     pub(super) mentions: Vec<String>,
     /// The id of the message this answers.

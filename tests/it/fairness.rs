@@ -16,7 +16,7 @@ use serde_json::json;
 use crate::helper::{Cotald, Minted, Probe, TIMEOUT, delivery, endpoint, mint};
 
 /// A profile whose DM and TASK budgets are small enough for a test to fill many times over.
-pub const SMALL_BUDGETS: &str = r#"
+pub(crate) const SMALL_BUDGETS: &str = r#"
 [broker]
 listen = "127.0.0.1:0"
 monitor = "127.0.0.1:0"
@@ -55,7 +55,7 @@ async fn up_with(dir: &Path, profile_text: &str) -> Cotald {
     c
 }
 
-pub fn to(id: &str) -> Routing {
+pub(crate) fn to(id: &str) -> Routing {
     Routing::to(&InstanceId::from_user_nkey(id).unwrap())
 }
 
@@ -68,7 +68,7 @@ async fn raw(c: &Cotald, m: &Minted) -> (Probe, jetstream::Context) {
 
 /// Publishes `count` payloads of `size` bytes to the subjects `subject(i)` through JetStream;
 /// returns (stored, refused) and the first refusal's text.
-pub async fn flood(
+pub(crate) async fn flood(
     js: &jetstream::Context,
     count: usize,
     size: usize,

@@ -12,12 +12,12 @@ use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
 /// The bound on every wait in these tests.
-pub const TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Polls `probe` every 20 ms until it yields `Some`, for at most [`TIMEOUT`]; panics naming
 /// `what` if it never does. The one way these tests wait for a state nothing announces (a
 /// consumer's counters, the runtime state file, a roster seen by another process).
-pub async fn eventually<T, F>(what: &str, probe: impl FnMut() -> F) -> T
+pub(crate) async fn eventually<T, F>(what: &str, probe: impl FnMut() -> F) -> T
 where
     F: std::future::Future<Output = Option<T>>,
 {
@@ -25,7 +25,11 @@ where
 }
 
 /// [`eventually`] with another bound (a cluster forming takes longer than [`TIMEOUT`]).
-pub async fn eventually_within<T, F>(bound: Duration, what: &str, mut probe: impl FnMut() -> F) -> T
+pub(crate) async fn eventually_within<T, F>(
+    bound: Duration,
+    what: &str,
+    mut probe: impl FnMut() -> F,
+) -> T
 where
     F: std::future::Future<Output = Option<T>>,
 {
@@ -42,14 +46,14 @@ where
         .unwrap_or_else(|_| panic!("{what}: not seen within {bound:?}"))
 }
 
-pub fn cotald_bin() -> &'static str {
+pub(crate) fn cotald_bin() -> &'static str {
     env!("CARGO_BIN_EXE_cotald")
 }
 
 /// A running `cotald up`.
-pub struct Cotald {
-    pub child: Child,
-    pub data_dir: PathBuf,
+pub(crate) struct Cotald {
+    pub(crate) child: Child,
+    pub(crate) data_dir: PathBuf,
     stdout: mpsc::UnboundedReceiver<String>,
     stderr: mpsc::UnboundedReceiver<String>,
 }
@@ -57,13 +61,13 @@ pub struct Cotald {
 impl Cotald {
     /// Spawns `cotald up --data-dir DIR --listen 127.0.0.1:0 --dashboard 127.0.0.1:0 ARGS…`
     /// without waiting (free ports: appliances of parallel tests must not collide).
-    pub fn spawn(data_dir: &Path, args: &[&str]) -> Cotald {
+    pub(crate) fn spawn(data_dir: &Path, args: &[&str]) -> Cotald {
         Self::spawn_with_env(data_dir, args, &[])
     }
 
     /// [`Cotald::spawn`] with extra environment variables (`COTALD_LISTEN` replaces the
     /// loopback listener).
-    pub fn spawn_with_env(data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Cotald {
+    pub(crate) fn spawn_with_env(data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Cotald {
         let listen: &[&str] =
             if args.contains(&"--listen") || env.iter().any(|(name, _)| *name == "COTALD_LISTEN") {
                 &[]
@@ -101,19 +105,19 @@ impl Cotald {
     }
 
     /// Spawns `cotald up` and waits until it prints that it is ready.
-    pub async fn up(data_dir: &Path) -> Cotald {
+    pub(crate) async fn up(data_dir: &Path) -> Cotald {
         let mut c = Self::spawn(data_dir, &[]);
         c.wait_stdout("cotald is ready").await;
         c
     }
 
     /// Waits for a stdout line containing `needle`; panics with stderr on timeout or exit.
-    pub async fn wait_stdout(&mut self, needle: &str) -> String {
+    pub(crate) async fn wait_stdout(&mut self, needle: &str) -> String {
         self.wait_stdout_within(needle, TIMEOUT).await
     }
 
     /// [`Cotald::wait_stdout`] with another bound (a cluster forming takes longer).
-    pub async fn wait_stdout_within(&mut self, needle: &str, bound: Duration) -> String {
+    pub(crate) async fn wait_stdout_within(&mut self, needle: &str, bound: Duration) -> String {
         let found = tokio::time::timeout(bound, async {
             while let Some(line) = self.stdout.recv().await {
                 if line.contains(needle) {
@@ -133,7 +137,7 @@ impl Cotald {
     }
 
     /// Waits for a stderr line containing `needle`.
-    pub async fn wait_stderr(&mut self, needle: &str) -> String {
+    pub(crate) async fn wait_stderr(&mut self, needle: &str) -> String {
         tokio::time::timeout(TIMEOUT, async {
             while let Some(line) = self.stderr.recv().await {
                 if line.contains(needle) {
@@ -147,7 +151,7 @@ impl Cotald {
     }
 
     /// Whatever stderr holds until it closes (bounded).
-    pub async fn drain_stderr(&mut self) -> String {
+    pub(crate) async fn drain_stderr(&mut self) -> String {
         let mut out = String::new();
         let _ = tokio::time::timeout(Duration::from_secs(5), async {
             while let Some(line) = self.stderr.recv().await {
@@ -160,7 +164,7 @@ impl Cotald {
     }
 
     /// The runtime state the appliance recorded.
-    pub fn state(&self) -> RuntimeState {
+    pub(crate) fn state(&self) -> RuntimeState {
         DataDir::new(&self.data_dir)
             .read_state()
             .unwrap()
@@ -168,14 +172,14 @@ impl Cotald {
     }
 
     /// Sends a signal to cotald.
-    pub fn signal(&self, sig: i32) {
+    pub(crate) fn signal(&self, sig: i32) {
         let pid = self.child.id().expect("cotald still running") as i32;
         // SAFETY: plain syscall on our own child.
         assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
     }
 
     /// Waits for cotald to exit.
-    pub async fn wait_exit(&mut self) -> ExitStatus {
+    pub(crate) async fn wait_exit(&mut self) -> ExitStatus {
         tokio::time::timeout(TIMEOUT, self.child.wait())
             .await
             .expect("cotald exits in time")
@@ -183,14 +187,14 @@ impl Cotald {
     }
 
     /// SIGTERM, then wait; asserts a clean exit.
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         self.signal(libc::SIGTERM);
         let status = self.wait_exit().await;
         assert!(status.success(), "cotald exited with {status}");
     }
 
     /// [`Cotald::stop`], then what it logged.
-    pub async fn stop_for_log(mut self) -> String {
+    pub(crate) async fn stop_for_log(mut self) -> String {
         self.signal(libc::SIGTERM);
         let status = self.wait_exit().await;
         assert!(status.success(), "cotald exited with {status}");
@@ -214,7 +218,7 @@ fn lines(
 }
 
 /// Mints an unrestricted user of `space` from the data dir's key store; writes its `.creds`.
-pub fn mint_user(data_dir: &Path, space: &str, out: &Path) -> PathBuf {
+pub(crate) fn mint_user(data_dir: &Path, space: &str, out: &Path) -> PathBuf {
     let keys = KeyStore::open(&data_dir.join("keys")).unwrap();
     let user = nkeys::KeyPair::new_user();
     let creds = keys
@@ -227,7 +231,7 @@ pub fn mint_user(data_dir: &Path, space: &str, out: &Path) -> PathBuf {
 }
 
 /// Waits for an event matching `pred`.
-pub async fn wait_event(
+pub(crate) async fn wait_event(
     events: &mut mpsc::UnboundedReceiver<async_nats::Event>,
     what: &str,
     pred: impl Fn(&async_nats::Event) -> bool,
@@ -245,14 +249,14 @@ pub async fn wait_event(
 }
 
 /// Whether a process exists.
-pub fn alive(pid: u32) -> bool {
+pub(crate) fn alive(pid: u32) -> bool {
     // SAFETY: signal 0 only probes.
     unsafe { libc::kill(pid as i32, 0) == 0 }
 }
 
 /// Whether a process is gone: no such pid, or only its exit status is left (a zombie, which an
 /// orphan stays until init reaps it).
-pub fn gone(pid: u32) -> bool {
+pub(crate) fn gone(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // `pid (comm) state …`: comm may hold spaces and parentheses, the state follows the last.
         Ok(stat) => stat
@@ -264,15 +268,15 @@ pub fn gone(pid: u32) -> bool {
 
 /// What `cotald mint --json` prints.
 #[derive(Debug, serde::Deserialize)]
-pub struct Minted {
-    pub id: String,
-    pub creds: PathBuf,
-    pub link: String,
-    pub ca: PathBuf,
+pub(crate) struct Minted {
+    pub(crate) id: String,
+    pub(crate) creds: PathBuf,
+    pub(crate) link: String,
+    pub(crate) ca: PathBuf,
 }
 
 /// Runs `cotald mint NAME --space SPACE ARGS… --json` against the appliance's data dir.
-pub async fn mint(data_dir: &Path, name: &str, space: &str, args: &[&str]) -> Minted {
+pub(crate) async fn mint(data_dir: &Path, name: &str, space: &str, args: &[&str]) -> Minted {
     let out = mint_raw(data_dir, name, space, args).await;
     assert!(
         out.status.success(),
@@ -283,7 +287,7 @@ pub async fn mint(data_dir: &Path, name: &str, space: &str, args: &[&str]) -> Mi
 }
 
 /// Runs `cotald mint` and returns its raw output.
-pub async fn mint_raw(
+pub(crate) async fn mint_raw(
     data_dir: &Path,
     name: &str,
     space: &str,
@@ -303,7 +307,7 @@ pub async fn mint_raw(
 }
 
 /// Runs the real `cotald ARGS…` with its stdout a pipe whose reader is already gone.
-pub async fn into_a_closed_pipe(args: &[&str]) -> std::process::Output {
+pub(crate) async fn into_a_closed_pipe(args: &[&str]) -> std::process::Output {
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
     // Not `output()`: it would replace stdout with a pipe of its own.
@@ -321,19 +325,22 @@ pub async fn into_a_closed_pipe(args: &[&str]) -> std::process::Output {
 }
 
 /// A client with its event stream, to read the broker's verdicts.
-pub struct Probe {
-    pub client: async_nats::Client,
-    pub events: mpsc::UnboundedReceiver<async_nats::Event>,
+pub(crate) struct Probe {
+    pub(crate) client: async_nats::Client,
+    pub(crate) events: mpsc::UnboundedReceiver<async_nats::Event>,
 }
 
 impl Probe {
     /// Connects with `creds` and the per-identity inbox prefix `_INBOX_<id>` (§10).
-    pub async fn connect(c: &Cotald, creds: &Path) -> Probe {
+    pub(crate) async fn connect(c: &Cotald, creds: &Path) -> Probe {
         Self::try_connect(c, creds).await.expect("connect")
     }
 
     /// Like [`Probe::connect`], returning the connect error.
-    pub async fn try_connect(c: &Cotald, creds: &Path) -> Result<Probe, async_nats::ConnectError> {
+    pub(crate) async fn try_connect(
+        c: &Cotald,
+        creds: &Path,
+    ) -> Result<Probe, async_nats::ConnectError> {
         let text = std::fs::read_to_string(creds).unwrap();
         let id = cotald::binding::Creds::parse(&text)
             .ok()
@@ -358,7 +365,7 @@ impl Probe {
 
     /// Waits for the broker's permission violation naming `verb` ("Publish" or
     /// "Subscription") and `subject`.
-    pub async fn violation(&mut self, verb: &str, subject: &str) {
+    pub(crate) async fn violation(&mut self, verb: &str, subject: &str) {
         let needle = format!("Permissions Violation for {verb} to \"{subject}\"");
         let seen = tokio::time::timeout(TIMEOUT, async {
             while let Some(event) = self.events.recv().await {
@@ -375,7 +382,7 @@ impl Probe {
     }
 
     /// Publishes and expects the broker to refuse it.
-    pub async fn denied_pub(&mut self, subject: &str) {
+    pub(crate) async fn denied_pub(&mut self, subject: &str) {
         self.client
             .publish(subject.to_owned(), "x".into())
             .await
@@ -384,13 +391,17 @@ impl Probe {
     }
 
     /// Subscribes and expects the broker to refuse it.
-    pub async fn denied_sub(&mut self, subject: &str) {
+    pub(crate) async fn denied_sub(&mut self, subject: &str) {
         let _sub = self.client.subscribe(subject.to_owned()).await.unwrap();
         self.violation("Subscription", subject).await;
     }
 
     /// A request that must be answered (the broker let it through); returns the reply.
-    pub async fn request(&mut self, subject: &str, body: serde_json::Value) -> serde_json::Value {
+    pub(crate) async fn request(
+        &mut self,
+        subject: &str,
+        body: serde_json::Value,
+    ) -> serde_json::Value {
         let reply = tokio::time::timeout(
             TIMEOUT,
             self.client
@@ -403,7 +414,7 @@ impl Probe {
     }
 
     /// A request whose publish the broker must refuse.
-    pub async fn denied_request(&mut self, subject: &str, body: serde_json::Value) {
+    pub(crate) async fn denied_request(&mut self, subject: &str, body: serde_json::Value) {
         let client = self.client.clone();
         let subject_owned = subject.to_owned();
         // The refused request never gets a reply; the violation event is the verdict.
@@ -415,14 +426,14 @@ impl Probe {
     }
 
     /// A round trip that proves the broker has processed everything sent before it.
-    pub async fn barrier(&mut self) {
+    pub(crate) async fn barrier(&mut self) {
         let info = self.request("$JS.API.INFO", serde_json::json!({})).await;
         assert!(info.get("error").is_none(), "$JS.API.INFO: {info}");
     }
 }
 
 /// Waits for one message on `sub`.
-pub async fn next(sub: &mut async_nats::Subscriber) -> async_nats::Message {
+pub(crate) async fn next(sub: &mut async_nats::Subscriber) -> async_nats::Message {
     use futures_util::StreamExt;
     tokio::time::timeout(TIMEOUT, sub.next())
         .await
@@ -431,7 +442,7 @@ pub async fn next(sub: &mut async_nats::Subscriber) -> async_nats::Message {
 }
 
 /// The text of a delivery's first part.
-pub fn next_text_of(d: &cotald::client::Delivery) -> String {
+pub(crate) fn next_text_of(d: &cotald::client::Delivery) -> String {
     match &d.message.parts[0] {
         cotald::protocol::Part::Text { text, .. } => text.clone(),
         other => panic!("not a text part: {other:?}"),
@@ -439,7 +450,7 @@ pub fn next_text_of(d: &cotald::client::Delivery) -> String {
 }
 
 /// The text of the next message surfaced to `conn` (bounded), acknowledged.
-pub async fn next_text(conn: &mut cotald::client::Connection) -> String {
+pub(crate) async fn next_text(conn: &mut cotald::client::Connection) -> String {
     let d = delivery(&mut conn.deliveries).await;
     let text = match &d.message.parts[0] {
         cotald::protocol::Part::Text { text, .. } => text.clone(),
@@ -452,7 +463,7 @@ pub async fn next_text(conn: &mut cotald::client::Connection) -> String {
 }
 
 /// Connects a client endpoint with a minted identity.
-pub async fn endpoint(
+pub(crate) async fn endpoint(
     m: &Minted,
     tweak: impl FnOnce(&mut cotald::client::ConnectOptions),
 ) -> cotald::client::Connection {
@@ -468,7 +479,7 @@ pub async fn endpoint(
 }
 
 /// The next surfaced message (bounded).
-pub async fn delivery(d: &mut cotald::client::Deliveries) -> cotald::client::Delivery {
+pub(crate) async fn delivery(d: &mut cotald::client::Deliveries) -> cotald::client::Delivery {
     tokio::time::timeout(TIMEOUT, d.next())
         .await
         .expect("a delivery within the timeout")
@@ -476,7 +487,7 @@ pub async fn delivery(d: &mut cotald::client::Deliveries) -> cotald::client::Del
 }
 
 /// The next notice (bounded).
-pub async fn notice(d: &mut cotald::client::Deliveries) -> cotald::client::Notice {
+pub(crate) async fn notice(d: &mut cotald::client::Deliveries) -> cotald::client::Notice {
     tokio::time::timeout(TIMEOUT, d.next_notice())
         .await
         .expect("a notice within the timeout")
@@ -485,14 +496,14 @@ pub async fn notice(d: &mut cotald::client::Deliveries) -> cotald::client::Notic
 
 /// A TCP relay to the broker that the test can cut: a client connected through it loses its
 /// connection (and cannot reconnect) while the relay is closed, and nobody else does.
-pub struct Relay {
-    pub addr: std::net::SocketAddr,
+pub(crate) struct Relay {
+    pub(crate) addr: std::net::SocketAddr,
     open: tokio::sync::watch::Sender<bool>,
 }
 
 impl Relay {
     /// A relay on a random loopback port to `target`, open.
-    pub async fn start(target: std::net::SocketAddr) -> Relay {
+    pub(crate) async fn start(target: std::net::SocketAddr) -> Relay {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (open, watch) = tokio::sync::watch::channel(true);
@@ -517,19 +528,19 @@ impl Relay {
     }
 
     /// Cuts every relayed connection and refuses new ones until [`Relay::open`].
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.open.send_replace(false);
     }
 
     /// Relays again.
-    pub fn open(&self) {
+    pub(crate) fn open(&self) {
         self.open.send_replace(true);
     }
 }
 
 /// Joins `ch` durably (live half without history) and disconnects: the membership stays while
 /// the member is away.
-pub async fn join_durable_and_leave_the_room(member: &Minted, ch: &str) {
+pub(crate) async fn join_durable_and_leave_the_room(member: &Minted, ch: &str) {
     let conn = endpoint(member, |o| o.receive_backstop = false).await;
     let report = conn
         .client
@@ -546,7 +557,7 @@ pub async fn join_durable_and_leave_the_room(member: &Minted, ch: &str) {
 
 /// The machine operator's own endpoint in `main` (unrestricted; it reads neither its DMs nor
 /// a backstop here), reached like `like`. `presence` says whether it heartbeats and watches the roster.
-pub async fn operator_endpoint(
+pub(crate) async fn operator_endpoint(
     data_dir: &Path,
     like: &Minted,
     presence: bool,
@@ -566,7 +577,7 @@ pub async fn operator_endpoint(
 }
 
 /// Writes a channel's config through the manager (`channels-set`, as the machine operator).
-pub async fn set_channel(
+pub(crate) async fn set_channel(
     op: &cotald::client::Connection,
     channel: &str,
     config: serde_json::Value,
@@ -584,7 +595,7 @@ pub async fn set_channel(
 }
 
 /// Runs the real `cotald ARGS… --data-dir DIR` to completion (bounded).
-pub async fn cotald_in(data_dir: &Path, args: &[&str]) -> std::process::Output {
+pub(crate) async fn cotald_in(data_dir: &Path, args: &[&str]) -> std::process::Output {
     tokio::time::timeout(
         TIMEOUT,
         Command::new(cotald_bin())
@@ -603,7 +614,7 @@ pub async fn cotald_in(data_dir: &Path, args: &[&str]) -> std::process::Output {
 /// grants it: an ordered push consumer created on the named form
 /// `$JS.API.CONSUMER.CREATE.KV_<bucket>.<name>.$KV.<bucket>.>` (async-nats's own `watch` uses the
 /// bare create subject, which the appendix does not grant). Yields each entry's key.
-pub async fn appendix_watch(
+pub(crate) async fn appendix_watch(
     client: &async_nats::Client,
     bucket: &str,
 ) -> impl futures_util::Stream<Item = String> + Unpin + use<> {

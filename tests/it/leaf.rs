@@ -25,7 +25,7 @@ fn text(d: &cotald::client::Delivery) -> String {
 /// A port nothing listens on now, below the kernel's ephemeral range (32768 and up on Linux),
 /// so that no listener of a parallel test, which binds port 0, can take it before the process
 /// it is meant for binds it.
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU16, Ordering};
     // Spread by process and by call: parallel tests of this binary never pick the same one.
     static NEXT: AtomicU16 = AtomicU16::new(0);
@@ -39,7 +39,7 @@ pub fn free_port() -> u16 {
 }
 
 /// The nats-server `cotald up` installed in `data_dir`.
-pub fn installed_broker(data_dir: &Path) -> std::path::PathBuf {
+pub(crate) fn installed_broker(data_dir: &Path) -> std::path::PathBuf {
     std::fs::read_dir(data_dir.join("bin"))
         .unwrap()
         .next()

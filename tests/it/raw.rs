@@ -16,16 +16,16 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName, pem::PemObject
 use super::helper::TIMEOUT;
 
 /// A connected raw client.
-pub struct RawClient {
+pub(crate) struct RawClient {
     stream: BufReader<TlsStream<TcpStream>>,
     /// The instance id of the credential.
-    pub id: String,
+    pub(crate) id: String,
     next_reply: u64,
 }
 
 /// A frame the raw client read.
 #[derive(Debug)]
-pub enum Frame {
+pub(crate) enum Frame {
     /// `MSG`/`HMSG`: the whole payload (header block included).
     Msg { payload: Vec<u8> },
     /// `-ERR '…'`.
@@ -35,7 +35,7 @@ pub enum Frame {
 impl RawClient {
     /// Connects to `addr` with the `.creds` at `creds`, trusting `ca`, and completes the
     /// handshake (CONNECT, then a PING answered by a PONG).
-    pub async fn connect(addr: &str, creds: &Path, ca: &Path) -> RawClient {
+    pub(crate) async fn connect(addr: &str, creds: &Path, ca: &Path) -> RawClient {
         let text = std::fs::read_to_string(creds).unwrap();
         let creds = cotald::binding::Creds::parse(&text).unwrap();
         let id = creds.public_key().unwrap();
@@ -105,7 +105,7 @@ impl RawClient {
     /// Publishes `header` (the whole header block, as written) and `body` on `subject`, with a
     /// reply subject in the identity's own inbox, and returns what the broker (JetStream)
     /// answered there.
-    pub async fn hpub(&mut self, subject: &str, header: &[u8], body: &[u8]) -> String {
+    pub(crate) async fn hpub(&mut self, subject: &str, header: &[u8], body: &[u8]) -> String {
         self.next_reply += 1;
         let reply = format!("_INBOX_{}.raw.{}", self.id, self.next_reply);
         if self.next_reply == 1 {
@@ -129,7 +129,7 @@ impl RawClient {
     }
 
     /// The next `MSG`, `HMSG` or `-ERR` (PINGs are answered on the way).
-    pub async fn frame(&mut self) -> Frame {
+    pub(crate) async fn frame(&mut self) -> Frame {
         loop {
             let line = self.line().await;
             let mut words = line.split_whitespace();
