@@ -322,14 +322,14 @@ impl Appliance {
     /// service runs (so that a `status` right after `ready` finds them running), then tracked.
     async fn track_state(&self) -> Result<(), DaemonError> {
         let core = &self.core;
-        let tracker = state::StateTracker::new(
-            core.state.clone(),
-            core.spaces.clone(),
-            core.monitor.clone(),
-            core.cluster.as_ref().map(|c| c.name.clone()),
-            Arc::downgrade(&self.services),
-            self.supervisor.status(),
-        );
+        let tracker = state::StateTracker {
+            file: core.state.clone(),
+            spaces: core.spaces.clone(),
+            monitor: core.monitor.clone(),
+            node: core.cluster.as_ref().map(|c| c.name.clone()),
+            own: Arc::downgrade(&self.services),
+            broker: self.supervisor.status(),
+        };
         tracker.write().await.map_err(own)?;
         self.services.start(Arc::new(tracker)).await.map_err(own)
     }

@@ -61,37 +61,19 @@ impl StateFile {
     }
 }
 
-/// Keeps `run/state.json` current.
+/// Keeps `run/state.json` current, from what it is handed.
 pub(super) struct StateTracker {
-    file: Arc<StateFile>,
-    spaces: Arc<ServedSpaces>,
-    monitor: Monitor,
+    pub(super) file: Arc<StateFile>,
+    pub(super) spaces: Arc<ServedSpaces>,
+    pub(super) monitor: Monitor,
     /// This node's server name, in a cluster.
-    node: Option<String>,
+    pub(super) node: Option<String>,
     /// The appliance's own services (this one among them, hence not kept alive by it).
-    own: Weak<ServiceSet>,
-    broker: watch::Receiver<BrokerStatus>,
+    pub(super) own: Weak<ServiceSet>,
+    pub(super) broker: watch::Receiver<BrokerStatus>,
 }
 
 impl StateTracker {
-    pub(super) fn new(
-        file: Arc<StateFile>,
-        spaces: Arc<ServedSpaces>,
-        monitor: Monitor,
-        node: Option<String>,
-        own: Weak<ServiceSet>,
-        broker: watch::Receiver<BrokerStatus>,
-    ) -> Self {
-        StateTracker {
-            file,
-            spaces,
-            monitor,
-            node,
-            own,
-            broker,
-        }
-    }
-
     /// Every service's health: the appliance's own, then each space's.
     async fn services(&self) -> Vec<ServiceStatus> {
         let own = self
