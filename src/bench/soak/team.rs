@@ -22,6 +22,8 @@ use crate::datadir::DataDir;
 use crate::provision::KeyStore;
 use crate::supervisor::monitor::Monitor;
 
+/// One agent in this many runs through a `cotald mcp` session.
+const MCP_SHARE: u32 = 3;
 /// The roles tasks go to.
 pub(super) const ROLES: [&str; 3] = ["review", "build", "triage"];
 /// How long what is owed may take to arrive once traffic stops.
@@ -65,7 +67,6 @@ pub(super) struct Soak {
     team: Team,
     rng: fastrand::Rng,
     minted: u32,
-    mcp_share: u32,
     faults: BTreeMap<&'static str, u32>,
     fault_errors: Vec<String>,
 }
@@ -130,7 +131,6 @@ impl Soak {
             team: Arc::default(),
             rng: fastrand::Rng::with_seed(seed),
             minted: 0,
-            mcp_share: 3,
             faults: BTreeMap::new(),
             fault_errors: Vec::new(),
         };
@@ -284,13 +284,13 @@ impl Soak {
         }
     }
 
-    /// Mints an agent and starts it: one in [`Soak::mcp_share`] on `cotald mcp`.
+    /// Mints an agent and starts it: one in [`MCP_SHARE`] on `cotald mcp`.
     async fn add_agent(&mut self) -> anyhow::Result<()> {
         let number = self.minted;
         self.minted += 1;
         let name = format!("agent-{number}");
         let role = ROLES[number as usize % ROLES.len()];
-        let mcp = number.is_multiple_of(self.mcp_share);
+        let mcp = number.is_multiple_of(MCP_SHARE);
         let minted = self.mint(&name, role, mcp, false).await?;
         let index = {
             let mut team = self.team.write().unwrap_or_else(|e| e.into_inner());
