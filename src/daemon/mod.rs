@@ -319,7 +319,8 @@ impl Appliance {
     }
 
     /// Phase 7's last step: the runtime state for `cotald status`, written once every other
-    /// service runs (so that a `status` right after `ready` finds them running), then tracked.
+    /// service runs (so that a `status` right after `ready` finds them all running, this one
+    /// too), then tracked.
     async fn track_state(&self) -> Result<(), DaemonError> {
         let core = &self.core;
         let tracker = state::StateTracker {
@@ -330,7 +331,6 @@ impl Appliance {
             own: Arc::downgrade(&self.services),
             broker: self.supervisor.status(),
         };
-        tracker.write().await.map_err(own)?;
         self.services.start(Arc::new(tracker)).await.map_err(own)
     }
 

@@ -74,20 +74,25 @@ pub(super) struct StateTracker {
 }
 
 impl StateTracker {
-    /// Every service's health: the appliance's own, then each space's.
+    /// Every service's health: the appliance's own, then each space's. The tracker is running
+    /// whenever it writes, its first write included (which its set would still call starting).
     async fn services(&self) -> Vec<ServiceStatus> {
         let own = self
             .own
             .upgrade()
             .map(|set| set.status())
             .unwrap_or_default();
-        own.into_iter()
-            .chain(self.spaces.services().await)
-            .collect()
+        let own = own.into_iter().map(|mut service| {
+            if service.name == self.name() {
+                service.health = Health::Running;
+            }
+            service
+        });
+        own.chain(self.spaces.services().await).collect()
     }
 
     /// Writes the runtime state as it is now.
-    pub(super) async fn write(&self) -> Result<(), ServiceError> {
+    async fn write(&self) -> Result<(), ServiceError> {
         let services = self.services().await;
         let leases = self.spaces.leases().await;
         let now = self.broker.borrow().clone();
@@ -165,9 +170,9 @@ impl Service for StateTracker {
 
     async fn run(&self, ctx: Context) -> Result<(), ServiceError> {
         let mut broker = self.broker.clone();
-        // Running first, so that what it writes says so of itself too.
-        ctx.report(Health::Running);
+        // Written before it says it runs: the set's start returns once the file is there.
         self.write().await?;
+        ctx.report(Health::Running);
         let mut written = (self.services().await, self.spaces.leases().await);
         let mut poll = tokio::time::interval(HEALTH_POLL);
         let mut cluster_poll = tokio::time::interval(CLUSTER_POLL);
