@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::ledger::{Ledger, tokens};
 use crate::client::{Client, ConnectOptions, Replay};
-use crate::protocol::{JoinLink, Part, Routing};
+use crate::protocol::{CotalMessage, JoinLink, Part, Routing};
 
 /// The durable channel every library agent belongs to.
 pub(super) const TEAM: &str = "team";
@@ -41,20 +41,35 @@ pub(super) enum Agent {
 }
 
 impl Agent {
-    /// Sends `text` as this agent; the broker's acknowledgement (`Ok`), or why not.
+    /// Sends `text` as this agent, answering `reply_to` when given: once the broker
+    /// acknowledged it, the message's id when this agent knows it (a library agent), or why not.
     pub(super) async fn send(
         &self,
         routing: Routing,
         text: String,
         mentions: &[String],
-    ) -> anyhow::Result<()> {
+        reply_to: Option<String>,
+    ) -> anyhow::Result<Option<String>> {
         match self {
             Agent::Library(a) => {
-                let parts = vec![Part::text(text)];
-                a.client.send(routing, parts, mentions).await?;
-                Ok(())
+                let client = &a.client;
+                let mut message = CotalMessage::new(
+                    client.space(),
+                    client.endpoint(),
+                    routing,
+                    vec![Part::text(text)],
+                )
+                .with_mentions(mentions);
+                if let Some(id) = reply_to {
+                    message = message.with_reply_to(id);
+                }
+                client.publish(&message).await?;
+                Ok(Some(message.id))
             }
-            Agent::Mcp(a) => a.send(routing, text, mentions).await,
+            Agent::Mcp(a) => a
+                .send(routing, text, mentions, reply_to)
+                .await
+                .map(|()| None),
         }
     }
 
@@ -227,13 +242,17 @@ impl McpAgent {
         routing: Routing,
         text: String,
         mentions: &[String],
+        reply_to: Option<String>,
     ) -> anyhow::Result<()> {
         let (tool, args) = match routing {
             Routing::Channel(channel) => (
                 "cotal_send",
-                json!({ "channel": channel, "text": text, "mentions": mentions }),
+                json!({ "channel": channel, "text": text, "mentions": mentions, "reply_to": reply_to }),
             ),
-            Routing::To(to) => ("cotal_dm", json!({ "to": to, "text": text })),
+            Routing::To(to) => (
+                "cotal_dm",
+                json!({ "to": to, "text": text, "reply_to": reply_to }),
+            ),
             Routing::ToService(role) => ("cotal_anycast", json!({ "role": role, "text": text })),
         };
         let (answer, answered) = oneshot::channel();

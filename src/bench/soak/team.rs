@@ -55,6 +55,15 @@ pub(super) struct Member {
 
 pub(super) type Team = Arc<RwLock<Vec<Option<Arc<Member>>>>>;
 
+/// The members whose session runs, with their index.
+pub(super) fn live_members(team: &Team) -> Vec<(usize, Arc<Member>)> {
+    let team = team.read().unwrap_or_else(|e| e.into_inner());
+    team.iter()
+        .enumerate()
+        .filter_map(|(i, m)| Some((i, m.clone()?)))
+        .collect()
+}
+
 /// A soak in progress.
 pub(super) struct Soak {
     exe: PathBuf,
@@ -393,14 +402,10 @@ impl Soak {
 
     /// A random member that is running, of the kind asked (`Some(true)`: library).
     fn pick(&mut self, library: Option<bool>) -> Option<(usize, Arc<Member>)> {
-        let team = self.team.read().unwrap_or_else(|e| e.into_inner());
-        let live: Vec<(usize, Arc<Member>)> = team
-            .iter()
-            .enumerate()
-            .filter_map(|(i, m)| Some((i, m.clone()?)))
+        let live: Vec<(usize, Arc<Member>)> = live_members(&self.team)
+            .into_iter()
             .filter(|(_, m)| library.is_none_or(|l| l == matches!(m.agent, Agent::Library(_))))
             .collect();
-        drop(team);
         (!live.is_empty()).then(|| live[self.rng.usize(..live.len())].clone())
     }
 

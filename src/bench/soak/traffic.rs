@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::agents::{Agent, CHATTER, Minted, TEAM};
+use super::agents::{CHATTER, Minted, TEAM};
 use super::ledger::{Kind, Ledger, Owe, Token, tagged};
-use super::team::{Member, ROLES, Soak, Team};
+use super::team::{Member, ROLES, Soak, Team, live_members};
 use crate::client::{Client, ConnectOptions};
-use crate::protocol::{CotalMessage, JoinLink, Part, Routing};
+use crate::protocol::{JoinLink, Routing};
 
 /// How many sends may be in flight at once.
 const IN_FLIGHT: usize = 128;
@@ -95,13 +95,7 @@ pub(super) async fn traffic(
             () = stop.cancelled() => break,
             _ = tick.tick() => {}
         }
-        let live: Vec<(usize, Arc<Member>)> = team
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .enumerate()
-            .filter_map(|(i, m)| Some((i, m.clone()?)))
-            .collect();
+        let live = live_members(&team);
         if live.len() < 2 {
             continue;
         }
@@ -115,7 +109,7 @@ pub(super) async fn traffic(
 }
 
 /// Sends one message and records the outcome: owed once the broker acknowledged it. A reply
-/// answers the last durable post a library agent made.
+/// answers the last durable post whose id its sender knew.
 async fn send(p: Planned, ledger: Arc<Mutex<Ledger>>, last_post: Arc<Mutex<Option<String>>>) {
     let text = tagged(p.token, "from the soak");
     let reply_to = match p.kind {
@@ -123,29 +117,17 @@ async fn send(p: Planned, ledger: Arc<Mutex<Ledger>>, last_post: Arc<Mutex<Optio
         _ => None,
     };
     let at = Instant::now();
-    let sent = match &p.sender.agent {
-        Agent::Library(a) => {
-            let mut message = CotalMessage::new(
-                a.client.space(),
-                a.client.endpoint(),
-                p.routing,
-                vec![Part::text(text)],
-            )
-            .with_mentions(&p.mentions);
-            if let Some(id) = reply_to {
-                message = message.with_reply_to(id);
-            }
-            let sent = a.client.publish(&message).await.map(|_| ());
-            if sent.is_ok() && p.kind == Kind::Durable {
-                *last_post.lock().unwrap_or_else(|e| e.into_inner()) = Some(message.id.clone());
-            }
-            sent.map_err(anyhow::Error::from)
-        }
-        agent => agent.send(p.routing, text, &p.mentions).await,
-    };
+    let sent = p
+        .sender
+        .agent
+        .send(p.routing, text, &p.mentions, reply_to)
+        .await;
+    if let (Ok(Some(id)), Kind::Durable) = (&sent, p.kind) {
+        *last_post.lock().unwrap_or_else(|e| e.into_inner()) = Some(id.clone());
+    }
     let mut ledger = ledger.lock().unwrap_or_else(|e| e.into_inner());
     match sent {
-        Ok(()) => ledger.sent(p.token, p.kind, p.owed, at),
+        Ok(_) => ledger.sent(p.token, p.kind, p.owed, at),
         Err(_) => ledger.send_failed(),
     }
 }
