@@ -117,22 +117,27 @@ async fn receive(
 }
 
 /// Sends the handled copies' tokens in batches (`backstop-ack`); when `stop` says so, the last
-/// ones as a request, answered once the reader has them.
+/// ones as a request, answered once the reader has them. Returns whether every token sent was
+/// confirmed that way: batches are published without a reply, so when any went out since the
+/// last confirmation, the last request is made even with no token left (it confirms the
+/// batches before it, which the reader received first).
 async fn send_acks(
     client: Client,
     mut batch: mpsc::UnboundedReceiver<String>,
     stop: CancellationToken,
-) {
+) -> bool {
     let mut tokens = Vec::with_capacity(ACK_BATCH);
+    let mut unconfirmed = false;
     loop {
         tokio::select! {
-            n = batch.recv_many(&mut tokens, ACK_BATCH) => if n == 0 { return },
+            n = batch.recv_many(&mut tokens, ACK_BATCH) => if n == 0 { return !unconfirmed },
             () = stop.cancelled() => break,
         }
         let request = Request::BackstopAck(BackstopAck {
             tokens: std::mem::take(&mut tokens),
         })
         .to_control(client.endpoint());
+        unconfirmed = true;
         if let Err(e) = client.notify(MANAGER_SERVICE, &request).await {
             // Unacknowledged copies are handed over again: at-least-once holds.
             tracing::debug!(error = %e, "backstop acks not sent");
@@ -141,10 +146,15 @@ async fn send_acks(
     while let Ok(token) = batch.try_recv() {
         tokens.push(token);
     }
-    if !tokens.is_empty() {
-        let request = Request::BackstopAck(BackstopAck { tokens });
-        if let Err(e) = client.manager::<serde_json::Value>(&request).await {
+    if tokens.is_empty() && !unconfirmed {
+        return true;
+    }
+    let request = Request::BackstopAck(BackstopAck { tokens });
+    match client.manager::<serde_json::Value>(&request).await {
+        Ok(_) => true,
+        Err(e) => {
             tracing::debug!(error = %e, "the last backstop acks not confirmed");
+            false
         }
     }
 }

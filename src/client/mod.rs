@@ -69,6 +69,25 @@ pub enum ConnectionState {
     Disconnected,
 }
 
+/// What stopping left unsettled of what this session handled: what the next session of this
+/// identity may be handed again (at-least-once, §4). A report, not a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    /// Messages handled from their live copy whose durable copy did not come in time to be
+    /// acknowledged.
+    pub unsettled: usize,
+    /// Whether the appliance confirmed the last acknowledgements of durable copies (true when
+    /// there were none to confirm).
+    pub acks_confirmed: bool,
+}
+
+impl Settled {
+    /// Whether everything handled is acknowledged: the next session gets none of it again.
+    pub fn complete(&self) -> bool {
+        self.unsettled == 0 && self.acks_confirmed
+    }
+}
+
 /// How long a publish is sent again for while it gets no answer (well within the streams'
 /// duplicate window of two minutes, so that it is stored at most once).
 const PUBLISH_WAIT: Duration = Duration::from_secs(30);
@@ -109,7 +128,7 @@ pub(crate) struct Inner {
     pub(crate) announced: bool,
     /// The durable acks' batcher and what tells it to send its last ones, confirmed, before
     /// the connection closes (`client::backstop`).
-    pub(crate) ack_batcher: Mutex<Option<(CancellationToken, tokio::task::JoinHandle<()>)>>,
+    pub(crate) ack_batcher: Mutex<Option<(CancellationToken, tokio::task::JoinHandle<bool>)>>,
     /// The backlog found at connect, source by source, until it is surfaced.
     pub(crate) catch_up: catch_up::CatchUp,
     /// What the connection went through.
@@ -410,22 +429,26 @@ impl Client {
     }
 
     /// Publishes the final `offline` presence (§6), leaves nothing durable behind (a
-    /// disconnect is not a leave), and drains the connection.
-    pub async fn close(self) {
+    /// disconnect is not a leave), and drains the connection. Returns what receiving left
+    /// unsettled, as [`Client::stop_receiving`].
+    pub async fn close(self) -> Settled {
         // Stop the heartbeat first, so that no beat lands after the final `offline`.
-        self.stop_receiving().await;
+        let settled = self.stop_receiving().await;
         self.inner.joined.lock().await.clear();
         if self.inner.announced {
             presence::publish_offline(&self).await;
         }
         let _ = tokio::time::timeout(Duration::from_secs(2), self.inner.nats.drain()).await;
+        settled
     }
 
     /// Stops every background task (heartbeat, roster watch, DM and anycast pulls, backstop,
     /// gap recovery) while the connection stays open: nothing more is pulled, so a copy handed
     /// back now ([`Delivery::nak`]) goes to the next connection, not to a pull of this one.
-    /// Only [`Client::close`] should follow.
-    pub async fn stop_receiving(&self) {
+    /// Only [`Client::close`] should follow. Returns whether what was handled is settled: when
+    /// it is not (the connection was cut, the appliance did not answer), the next session of
+    /// this identity may be handed some of it again, as at-least-once allows (§4).
+    pub async fn stop_receiving(&self) -> Settled {
         // What was surfaced live on a durable channel has a durable copy on its way: acked as a
         // duplicate here, it is not handed to the next session of this identity.
         let unsettled = self.inner.out.settle(deliver::SETTLE).await;
@@ -443,16 +466,22 @@ impl Client {
             .lock()
             .ok()
             .and_then(|mut b| b.take());
+        let mut acks_confirmed = true;
         if let Some((stop, task)) = batcher {
             stop.cancel();
-            if tokio::time::timeout(self.inner.request_timeout, task)
-                .await
-                .is_err()
-            {
+            acks_confirmed = matches!(
+                tokio::time::timeout(self.inner.request_timeout, task).await,
+                Ok(Ok(true))
+            );
+            if !acks_confirmed {
                 tracing::debug!("the last durable acks were not confirmed before stopping");
             }
         }
         self.inner.background.stop().await;
+        Settled {
+            unsettled,
+            acks_confirmed,
+        }
     }
 }
 

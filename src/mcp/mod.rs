@@ -238,7 +238,14 @@ pub async fn serve_stdio(
     }
     .await;
     // Nothing is pulled any more, then what the agent did not read goes back.
-    conn.client.stop_receiving().await;
+    let settled = conn.client.stop_receiving().await;
+    if !settled.complete() {
+        tracing::info!(
+            unsettled = settled.unsettled,
+            acks_confirmed = settled.acks_confirmed,
+            "some of what this session read may be handed again to the next one"
+        );
+    }
     server.inbox.release().await;
     conn.client.close().await;
     result

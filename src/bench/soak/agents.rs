@@ -73,11 +73,16 @@ impl Agent {
         }
     }
 
-    /// Ends its session (a host that stops, a program that exits).
-    pub(super) async fn close(&self) {
+    /// Ends its session (a host that stops, a program that exits): whether its client said
+    /// that what it handled is settled (nothing of it comes to the next session), or `None`
+    /// when the agent cannot tell (an MCP session logs it, to its host).
+    pub(super) async fn close(&self) -> Option<bool> {
         match self {
-            Agent::Library(a) => a.close().await,
-            Agent::Mcp(a) => a.close().await,
+            Agent::Library(a) => Some(a.close().await),
+            Agent::Mcp(a) => {
+                a.close().await;
+                None
+            }
         }
     }
 }
@@ -126,9 +131,10 @@ impl LibraryAgent {
                     .flatten()
                     .collect();
                 let acked = delivery.ack().await.is_ok();
+                let now = std::time::Instant::now();
                 let mut ledger = ledger.lock().unwrap_or_else(|e| e.into_inner());
                 for token in read {
-                    ledger.received(index, token, acked);
+                    ledger.received(index, token, acked, now);
                 }
             }
         });
@@ -144,9 +150,10 @@ impl LibraryAgent {
         Ok(())
     }
 
-    async fn close(&self) {
-        self.client.clone().close().await;
+    async fn close(&self) -> bool {
+        let settled = self.client.clone().close().await;
         self.reader.abort();
+        settled.complete()
     }
 }
 
@@ -218,11 +225,11 @@ impl McpAgent {
                     None => {
                         let args = json!({ "limit": 200 });
                         if let Ok(read) = session.call("cotal_inbox", args).await {
-                            let text = read.to_string();
+                            let now = std::time::Instant::now();
                             let mut ledger = ledger.lock().unwrap_or_else(|e| e.into_inner());
                             // What the inbox returns it acknowledges.
-                            for token in tokens(&text) {
-                                ledger.received(index, token, true);
+                            for token in inbox_tokens(&read) {
+                                ledger.received(index, token, true, now);
                             }
                         }
                     }
@@ -276,6 +283,18 @@ impl McpAgent {
             let _ = child.kill().await;
         }
     }
+}
+
+/// The tokens of the messages a `cotal_inbox` answer returns: its structured content (the
+/// text content repeats it, and the notices are not messages).
+fn inbox_tokens(answer: &Value) -> Vec<u64> {
+    let messages = answer["structuredContent"]["messages"].as_array();
+    messages
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["text"].as_str())
+        .flat_map(|text| tokens(text).collect::<Vec<_>>())
+        .collect()
 }
 
 /// One MCP session over a child's stdio: JSON-RPC, a line each way.
@@ -342,5 +361,23 @@ impl Session {
         self.stdin.write_all(line.as_bytes()).await?;
         self.stdin.flush().await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_inbox_answer_is_read_once_from_its_messages_not_from_its_text_copy_or_notices() {
+        let structured = json!({
+            "messages": [{ "text": "soak#4 from the soak" }, { "text": "soak#9 x" }],
+            "notices": ["soak#5 is not a message"],
+        });
+        let answer = json!({
+            "content": [{ "type": "text", "text": structured.to_string() }],
+            "structuredContent": structured,
+        });
+        assert_eq!(inbox_tokens(&answer), [4, 9]);
     }
 }

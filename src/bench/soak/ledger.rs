@@ -70,8 +70,18 @@ struct Book {
     member: Vec<(Instant, Option<Instant>)>,
     revoked: Option<Instant>,
     session: u32,
-    /// Token → (receipts, the session that first acknowledged it).
-    received: HashMap<Token, (u32, Option<u32>)>,
+    received: HashMap<Token, Receipt>,
+}
+
+/// What an agent received of one token.
+#[derive(Debug, Default)]
+struct Receipt {
+    count: u32,
+    /// The session that first acknowledged it, and when.
+    acked: Option<(u32, Instant)>,
+    /// Acknowledged by a session that ended without its client confirming its last
+    /// acknowledgements: it may come again, as at-least-once allows.
+    unconfirmed: bool,
 }
 
 impl Book {
@@ -109,6 +119,10 @@ pub(super) struct Tally {
     pub(super) duplicates: u64,
     /// Tokens a resumed session received again after an earlier session read them.
     pub(super) reread: u64,
+    /// Tokens received again after the session that acknowledged them ended unconfirmed (its
+    /// connection cut by a re-issue, or its client said its last acks were not confirmed):
+    /// allowed, counted.
+    pub(super) reread_unconfirmed: u64,
     /// Durable posts received from a span the agent was not a member.
     pub(super) across_leave: u64,
     /// Messages sent after an agent's revocation that it received.
@@ -123,6 +137,7 @@ pub(super) struct Ledger {
     books: Vec<Book>,
     duplicates: u64,
     reread: u64,
+    reread_unconfirmed: u64,
     across_leave: u64,
     after_revoke: u64,
     /// The first of what was read again, across a leave or after a revocation, in words.
@@ -159,9 +174,24 @@ impl Ledger {
         self.books[agent].member.push((now, None));
     }
 
-    /// A new session of the agent (its host restarted, its credential re-issued).
-    pub(super) fn resumed(&mut self, agent: usize) {
-        self.books[agent].session += 1;
+    /// A new session of the agent (its host restarted, its credential re-issued). When the
+    /// ending session's last acknowledgements were not confirmed from `unconfirmed_since` on,
+    /// what it acknowledged from then (less the margin) may come again.
+    pub(super) fn resumed(&mut self, agent: usize, unconfirmed_since: Option<Instant>) {
+        let book = &mut self.books[agent];
+        if let Some(since) = unconfirmed_since {
+            let ending = book.session;
+            for receipt in book.received.values_mut() {
+                if let Some((session, at)) = receipt.acked
+                    && session == ending
+                    && since <= at + MARGIN
+                {
+                    receipt.acked = None;
+                    receipt.unconfirmed = true;
+                }
+            }
+        }
+        book.session += 1;
     }
 
     pub(super) fn revoked(&mut self, agent: usize, now: Instant) {
@@ -185,16 +215,18 @@ impl Ledger {
 
     /// `agent` received `token`, and acknowledged it when `acked` (a receipt whose ack
     /// failed may come again, in any session).
-    pub(super) fn received(&mut self, agent: usize, token: Token, acked: bool) {
+    pub(super) fn received(&mut self, agent: usize, token: Token, acked: bool, now: Instant) {
         let book = &mut self.books[agent];
         let session = book.session;
-        let entry = book.received.entry(token).or_insert((0, None));
-        entry.0 += 1;
-        let (count, acked_in) = *entry;
+        let receipt = book.received.entry(token).or_default();
+        receipt.count += 1;
+        let (count, acked_in) = (receipt.count, receipt.acked.map(|(s, _)| s));
         if acked && acked_in.is_none() {
-            entry.1 = Some(session);
+            receipt.acked = Some((session, now));
         }
+        let unconfirmed = std::mem::take(&mut receipt.unconfirmed);
         match acked_in {
+            _ if unconfirmed => self.reread_unconfirmed += 1,
             Some(earlier) if earlier < session => {
                 self.reread += 1;
                 self.offence(format!(
@@ -232,6 +264,7 @@ impl Ledger {
             send_failed: self.failed,
             duplicates: self.duplicates,
             reread: self.reread,
+            reread_unconfirmed: self.reread_unconfirmed,
             across_leave: self.across_leave,
             after_revoke: self.after_revoke,
             ..Tally::default()
@@ -367,7 +400,7 @@ mod tests {
         );
         let t = t0 + Duration::from_secs(10);
         l.sent(1, Kind::Durable, vec![Owe::Members { sender: a }], t);
-        l.received(b, 1, true);
+        l.received(b, 1, true, t0);
         let tally = l.tally(t);
         assert_eq!((tally.owed, tally.lost), (2, 1));
         let missing = l.missing(t0, 10);
@@ -376,7 +409,7 @@ mod tests {
             missing[0].starts_with(&format!("agent #{c} (session 0) missed soak#1 (durable")),
             "{missing:?}"
         );
-        l.received(c, 1, true);
+        l.received(c, 1, true, t0);
         assert_eq!(l.tally(t).lost, 0);
     }
 
@@ -394,7 +427,7 @@ mod tests {
         );
         l.joined(b, t0 + Duration::from_secs(20));
         assert_eq!(l.tally(t0 + Duration::from_secs(30)).owed, 0);
-        l.received(b, 1, true);
+        l.received(b, 1, true, t0);
         assert_eq!(l.tally(t0 + Duration::from_secs(30)).across_leave, 1);
         // Within the margin of the leave: neither owed nor forbidden.
         l.sent(
@@ -403,7 +436,7 @@ mod tests {
             vec![Owe::Members { sender: a }],
             t0 + Duration::from_secs(11),
         );
-        l.received(b, 2, true);
+        l.received(b, 2, true, t0);
         assert_eq!(l.tally(t0 + Duration::from_secs(30)).across_leave, 1);
     }
 
@@ -414,13 +447,13 @@ mod tests {
         let (a, b) = (l.agent("x", false, t0), l.agent("x", false, t0));
         l.sent(1, Kind::Dm, vec![Owe::Agent(b)], t0);
         l.sent(2, Kind::Task, vec![Owe::Role("x".into())], t0);
-        l.received(b, 1, true);
-        l.received(b, 1, true);
-        l.resumed(b);
-        l.received(b, 1, true);
-        l.received(a, 2, false);
-        l.resumed(a);
-        l.received(a, 2, true);
+        l.received(b, 1, true, t0);
+        l.received(b, 1, true, t0);
+        l.resumed(b, None);
+        l.received(b, 1, true, t0);
+        l.received(a, 2, false, t0);
+        l.resumed(a, None);
+        l.received(a, 2, true, t0);
         let tally = l.tally(t0);
         assert_eq!(
             (tally.duplicates, tally.reread),
@@ -428,6 +461,28 @@ mod tests {
             "one not acknowledged may come again"
         );
         assert_eq!((tally.owed, tally.lost), (2, 0));
+    }
+
+    #[test]
+    fn what_a_cut_session_acknowledged_may_come_again_and_what_it_acknowledged_before_may_not() {
+        let t0 = Instant::now();
+        let mut l = Ledger::default();
+        let (a, b) = (l.agent("x", false, t0), l.agent("y", false, t0));
+        l.sent(1, Kind::Dm, vec![Owe::Agent(b)], t0);
+        l.sent(2, Kind::Dm, vec![Owe::Agent(b)], t0);
+        l.received(b, 1, true, t0);
+        l.received(b, 2, true, t0 + Duration::from_secs(30));
+        // Its credential re-issued at 31 s: the ack of 2 (at 30 s, within the margin) may not
+        // have arrived; the ack of 1 had half a minute.
+        l.resumed(b, Some(t0 + Duration::from_secs(31)));
+        l.received(b, 2, true, t0 + Duration::from_secs(40));
+        l.received(b, 1, true, t0 + Duration::from_secs(40));
+        let tally = l.tally(t0);
+        assert_eq!((tally.reread_unconfirmed, tally.reread), (1, 1));
+        // Read a third time in the same session: a duplicate, no longer excused.
+        l.received(b, 2, true, t0 + Duration::from_secs(41));
+        assert_eq!(l.tally(t0).duplicates, 1);
+        let _ = a;
     }
 
     #[test]
@@ -444,7 +499,7 @@ mod tests {
             t0 + Duration::from_secs(10),
         );
         assert_eq!(l.tally(t0 + Duration::from_secs(20)).lost, 0);
-        l.received(b, 2, true);
+        l.received(b, 2, true, t0);
         assert_eq!(l.tally(t0 + Duration::from_secs(20)).after_revoke, 1);
         let _ = a;
     }

@@ -188,9 +188,9 @@ impl Report {
         );
         let _ = writeln!(
             t,
-            "             duplicates {}, read again after a resume {}, across a leave {}, after a \
-             revocation {}",
-            d.duplicates, d.reread, d.across_leave, d.after_revoke
+            "             duplicates {}, read again after a resume {} (and {} its client could \
+             not confirm: allowed), across a leave {}, after a revocation {}",
+            d.duplicates, d.reread, d.reread_unconfirmed, d.across_leave, d.after_revoke
         );
     }
 

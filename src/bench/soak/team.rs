@@ -418,14 +418,18 @@ impl Soak {
                     .pick(Some(false))
                     .or_else(|| self.pick(None))
                     .context("no agent")?;
-                self.restart(index, &member, member.minted.clone()).await
+                self.restart(index, &member, member.minted.clone(), None)
+                    .await
             }
             Fault::Mint => self.add_agent().await,
             Fault::Reissue => {
                 let (index, member) = self.pick(None).context("no agent")?;
                 let mcp = matches!(member.agent, Agent::Mcp(_));
+                // The re-issue revokes the running session's credential: the broker cuts it,
+                // and what it acknowledged from then on may not have reached the appliance.
+                let cut = Instant::now();
                 let minted = self.mint(&member.name, member.role, mcp, true).await?;
-                self.restart(index, &member, minted).await
+                self.restart(index, &member, minted, Some(cut)).await
             }
             Fault::Revoke => {
                 let (index, member) = self.pick(None).context("no agent")?;
@@ -490,19 +494,25 @@ impl Soak {
         Ok(())
     }
 
-    /// Ends a member's session and starts a new one of the same identity with `minted`.
+    /// Ends a member's session and starts a new one of the same identity with `minted`. `cut`
+    /// is when the session's credential was revoked under it, if it was: its acknowledgements
+    /// from then on are not known to have arrived, nor are those its client says it could not
+    /// confirm as it closed.
     async fn restart(
         &mut self,
         index: usize,
         member: &Arc<Member>,
         minted: Minted,
+        cut: Option<Instant>,
     ) -> anyhow::Result<()> {
         self.team.write().unwrap_or_else(|e| e.into_inner())[index] = None;
-        member.agent.close().await;
+        let closing = Instant::now();
+        let settled = member.agent.close().await;
+        let unconfirmed_since = cut.or((settled == Some(false)).then_some(closing));
         self.ledger
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .resumed(index);
+            .resumed(index, unconfirmed_since);
         let mcp = matches!(member.agent, Agent::Mcp(_));
         let agent = self.start_agent(index, &minted, member.role, mcp).await?;
         self.team.write().unwrap_or_else(|e| e.into_inner())[index] = Some(Arc::new(Member {
