@@ -433,6 +433,43 @@ async fn the_manager_answers_only_its_caller_and_checks_the_sender() {
 }
 
 #[tokio::test]
+async fn closing_says_whether_what_was_handled_is_settled() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+    join_durable_and_leave_the_room(&bob, "general").await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    let js = operator(&c, tmp.path()).await;
+    let consumer = interval_consumer(&bob.id, "general", 1);
+
+    // An orderly close: everything handled is acknowledged, and the broker agrees.
+    publish(&a, "general", "m", 0..20).await;
+    let mut b = endpoint(&bob, |_| {}).await;
+    receive(&mut b, 20).await;
+    let settled = b.client.close().await;
+    assert!(settled.complete(), "{settled:?}");
+    drained(&js, &consumer).await;
+
+    // A session whose credential is revoked under it cannot confirm its last acks: it says so
+    // rather than claim they arrived.
+    publish(&a, "general", "n", 0..5).await;
+    let mut b = endpoint(&bob, |_| {}).await;
+    receive(&mut b, 5).await;
+    let out = crate::helper::cotald_in(tmp.path(), &["revoke", "bob", "--space", "main"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let settled = b.client.close().await;
+    assert!(!settled.acks_confirmed, "{settled:?}");
+    assert!(!settled.complete());
+    a.client.close().await;
+    c.stop().await;
+}
+
+#[tokio::test]
 async fn a_revoked_identity_cannot_connect_and_its_backlog_is_gone() {
     let tmp = tempfile::tempdir().unwrap();
     let c = Cotald::up(tmp.path()).await;
