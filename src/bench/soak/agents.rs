@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::ledger::{Ledger, tokens};
-use crate::client::{Client, ConnectOptions, Replay};
+use crate::client::{Client, ConnectOptions, Replay, Settled};
 use crate::protocol::{CotalMessage, JoinLink, Part, Routing};
 
 /// The durable channel every library agent belongs to.
@@ -73,10 +73,10 @@ impl Agent {
         }
     }
 
-    /// Ends its session (a host that stops, a program that exits): whether its client said
-    /// that what it handled is settled (nothing of it comes to the next session), or `None`
-    /// when the agent cannot tell (an MCP session logs it, to its host).
-    pub(super) async fn close(&self) -> Option<bool> {
+    /// Ends its session (a host that stops, a program that exits): what its client said is
+    /// not settled of what it handled (it may come to the next session), or `None` when the
+    /// agent cannot tell (an MCP session logs it, to its host).
+    pub(super) async fn close(&self) -> Option<Settled> {
         match self {
             Agent::Library(a) => Some(a.close().await),
             Agent::Mcp(a) => {
@@ -150,10 +150,10 @@ impl LibraryAgent {
         Ok(())
     }
 
-    async fn close(&self) -> bool {
+    async fn close(&self) -> Settled {
         let settled = self.client.clone().close().await;
         self.reader.abort();
-        settled.complete()
+        settled
     }
 }
 

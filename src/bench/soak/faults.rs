@@ -52,6 +52,15 @@ impl Fault {
         Fault::ApplianceRestart,
     ];
 
+    /// The kinds a soak carries out: every one on an appliance it started; on a linked one,
+    /// all but the appliance's restart (the soak does not know how it was started).
+    pub(super) fn kinds(linked: bool) -> Vec<Fault> {
+        Fault::ALL
+            .into_iter()
+            .filter(|f| !linked || *f != Fault::ApplianceRestart)
+            .collect()
+    }
+
     pub(super) fn name(self) -> &'static str {
         match self {
             Fault::LeaveAndReturn => "leave and return",
@@ -75,6 +84,7 @@ pub(super) fn schedule(
     rng: &mut fastrand::Rng,
     run: Duration,
     every: Duration,
+    kinds: &[Fault],
 ) -> Vec<(Duration, Fault)> {
     let (first, last) = (run / 5, run - run / 10);
     let mut out = Vec::new();
@@ -82,7 +92,7 @@ pub(super) fn schedule(
     let mut round = Vec::new();
     while at < last {
         if round.is_empty() {
-            round = Fault::ALL.to_vec();
+            round = kinds.to_vec();
             rng.shuffle(&mut round);
         }
         let jitter = Duration::from_millis(rng.u64(0..=every.as_millis() as u64 / 4));
@@ -94,9 +104,9 @@ pub(super) fn schedule(
 
 /// How often faults come so that every kind happens `rounds` times in the faulted part of
 /// the run (at least one per 5 s).
-pub(super) fn pace(run: Duration, rounds: u32) -> Duration {
+pub(super) fn pace(run: Duration, rounds: u32, kinds: usize) -> Duration {
     let faulted = run - run / 5 - run / 10;
-    (faulted / (Fault::ALL.len() as u32 * rounds.max(1))).max(Duration::from_secs(5))
+    (faulted / (kinds.max(1) as u32 * rounds.max(1))).max(Duration::from_secs(5))
 }
 
 /// The broker's pid, as the appliance's runtime state says it.
@@ -159,10 +169,11 @@ mod tests {
     #[test]
     fn every_kind_comes_in_the_faulted_part_and_the_seed_decides_the_order() {
         let run = Duration::from_secs(120);
-        let every = pace(run, 1);
-        let a = schedule(&mut fastrand::Rng::with_seed(7), run, every);
-        let b = schedule(&mut fastrand::Rng::with_seed(7), run, every);
-        let c = schedule(&mut fastrand::Rng::with_seed(8), run, every);
+        let kinds = Fault::kinds(false);
+        let every = pace(run, 1, kinds.len());
+        let a = schedule(&mut fastrand::Rng::with_seed(7), run, every, &kinds);
+        let b = schedule(&mut fastrand::Rng::with_seed(7), run, every, &kinds);
+        let c = schedule(&mut fastrand::Rng::with_seed(8), run, every, &kinds);
         assert_eq!(a, b);
         assert_ne!(a, c);
         let mut kinds: Vec<Fault> = a.iter().map(|(_, f)| *f).collect();
@@ -170,5 +181,13 @@ mod tests {
         kinds.dedup();
         assert_eq!(kinds.len(), Fault::ALL.len(), "{a:?}");
         assert!(a.iter().all(|(at, _)| *at >= run / 5 && *at < run));
+        let linked = Fault::kinds(true);
+        assert!(!linked.contains(&Fault::ApplianceRestart));
+        let every = pace(run, 1, linked.len());
+        let d = schedule(&mut fastrand::Rng::with_seed(7), run, every, &linked);
+        assert!(
+            d.iter().all(|(_, f)| *f != Fault::ApplianceRestart),
+            "{d:?}"
+        );
     }
 }

@@ -71,6 +71,20 @@ struct Book {
     revoked: Option<Instant>,
     session: u32,
     received: HashMap<Token, Receipt>,
+    /// How many durable-channel posts its last session handled but could not settle: that
+    /// many may be read again.
+    unsettled: u32,
+}
+
+/// What a session that ended could not confirm, as its client and the soak know it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Unconfirmed {
+    /// From when its acknowledgements are not known to have arrived (a credential revoked
+    /// under it, a close whose last acknowledgements went unanswered).
+    pub(super) since: Option<Instant>,
+    /// Posts of durable channels it handled from their live copy whose durable copy had not
+    /// come by its end (any time in the session).
+    pub(super) posts: usize,
 }
 
 /// What an agent received of one token.
@@ -160,6 +174,7 @@ impl Ledger {
             revoked: None,
             session: 0,
             received: HashMap::new(),
+            unsettled: 0,
         });
         self.books.len() - 1
     }
@@ -174,12 +189,13 @@ impl Ledger {
         self.books[agent].member.push((now, None));
     }
 
-    /// A new session of the agent (its host restarted, its credential re-issued). When the
-    /// ending session's last acknowledgements were not confirmed from `unconfirmed_since` on,
-    /// what it acknowledged from then (less the margin) may come again.
-    pub(super) fn resumed(&mut self, agent: usize, unconfirmed_since: Option<Instant>) {
+    /// A new session of the agent (its host restarted, its credential re-issued). What the
+    /// ending session acknowledged from `unconfirmed.since` on (less the margin) may come
+    /// again, and so may as many durable posts as it could not settle.
+    pub(super) fn resumed(&mut self, agent: usize, unconfirmed: Unconfirmed) {
         let book = &mut self.books[agent];
-        if let Some(since) = unconfirmed_since {
+        book.unsettled = u32::try_from(unconfirmed.posts).unwrap_or(u32::MAX);
+        if let Some(since) = unconfirmed.since {
             let ending = book.session;
             for receipt in book.received.values_mut() {
                 if let Some((session, at)) = receipt.acked
@@ -225,8 +241,16 @@ impl Ledger {
             receipt.acked = Some((session, now));
         }
         let unconfirmed = std::mem::take(&mut receipt.unconfirmed);
+        let post = self
+            .sent
+            .get(&token)
+            .is_some_and(|s| matches!(s.kind, Kind::Durable | Kind::Reply));
         match acked_in {
             _ if unconfirmed => self.reread_unconfirmed += 1,
+            Some(earlier) if earlier < session && post && book.unsettled > 0 => {
+                book.unsettled -= 1;
+                self.reread_unconfirmed += 1;
+            }
             Some(earlier) if earlier < session => {
                 self.reread += 1;
                 self.offence(format!(
@@ -449,10 +473,10 @@ mod tests {
         l.sent(2, Kind::Task, vec![Owe::Role("x".into())], t0);
         l.received(b, 1, true, t0);
         l.received(b, 1, true, t0);
-        l.resumed(b, None);
+        l.resumed(b, Unconfirmed::default());
         l.received(b, 1, true, t0);
         l.received(a, 2, false, t0);
-        l.resumed(a, None);
+        l.resumed(a, Unconfirmed::default());
         l.received(a, 2, true, t0);
         let tally = l.tally(t0);
         assert_eq!(
@@ -474,7 +498,13 @@ mod tests {
         l.received(b, 2, true, t0 + Duration::from_secs(30));
         // Its credential re-issued at 31 s: the ack of 2 (at 30 s, within the margin) may not
         // have arrived; the ack of 1 had half a minute.
-        l.resumed(b, Some(t0 + Duration::from_secs(31)));
+        l.resumed(
+            b,
+            Unconfirmed {
+                since: Some(t0 + Duration::from_secs(31)),
+                posts: 0,
+            },
+        );
         l.received(b, 2, true, t0 + Duration::from_secs(40));
         l.received(b, 1, true, t0 + Duration::from_secs(40));
         let tally = l.tally(t0);
@@ -483,6 +513,35 @@ mod tests {
         l.received(b, 2, true, t0 + Duration::from_secs(41));
         assert_eq!(l.tally(t0).duplicates, 1);
         let _ = a;
+    }
+
+    #[test]
+    fn as_many_durable_posts_as_a_session_could_not_settle_may_come_again_and_no_more() {
+        let t0 = Instant::now();
+        let mut l = Ledger::default();
+        let (a, b) = (l.agent("x", true, t0), l.agent("y", true, t0));
+        for token in 1..=3 {
+            l.sent(token, Kind::Durable, vec![Owe::Members { sender: a }], t0);
+            l.received(b, token, true, t0);
+        }
+        l.sent(4, Kind::Dm, vec![Owe::Agent(b)], t0);
+        l.received(b, 4, true, t0);
+        l.resumed(
+            b,
+            Unconfirmed {
+                since: None,
+                posts: 2,
+            },
+        );
+        for token in 1..=4 {
+            l.received(b, token, true, t0 + Duration::from_secs(60));
+        }
+        let tally = l.tally(t0);
+        assert_eq!(
+            (tally.reread_unconfirmed, tally.reread),
+            (2, 2),
+            "two posts allowed; the third post and the DM are read again"
+        );
     }
 
     #[test]

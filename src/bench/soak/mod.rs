@@ -42,8 +42,15 @@ pub struct SoakArgs {
     #[arg(long)]
     json: bool,
     /// Keep the appliance's data dir here (it must not exist yet) instead of a temporary one.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "link")]
     keep: Option<PathBuf>,
+    /// Soak the appliance already running from this data dir instead of starting one: the
+    /// soak adds a space of its own there (`soak-<seed>`, left behind, its identities revoked
+    /// at the end), and its faults hit that appliance's broker (kill -9, a stall) as they
+    /// would a fresh one's; it does not restart the appliance nor shorten its certificate, so
+    /// neither is judged.
+    #[arg(long, value_name = "DATA_DIR")]
+    link: Option<PathBuf>,
 }
 
 /// Runs the soak and prints its report; exit 0 only when nothing failed.

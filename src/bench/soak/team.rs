@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::SoakArgs;
 use super::agents::{Agent, CHATTER, LibraryAgent, McpAgent, Minted, TEAM};
 use super::faults::{self, Fault};
-use super::ledger::Ledger;
+use super::ledger::{Ledger, Unconfirmed};
 use super::report::Report;
 use super::traffic::{Canary, traffic};
 use super::watch::{HealthJudge, Resources, progress, watch_health, watch_resources};
@@ -71,6 +71,9 @@ pub(super) struct Soak {
     data: DataDir,
     profile: PathBuf,
     appliance: Option<Appliance>,
+    /// The space the team works in: `main` of a fresh appliance, one of the soak's own on a
+    /// linked one.
+    pub(super) space: String,
     monitor: Monitor,
     ledger: Arc<Mutex<Ledger>>,
     team: Team,
@@ -96,7 +99,7 @@ impl Soak {
         outcome
     }
 
-    /// The appliance up, the team minted and connected.
+    /// The appliance up (or the linked one found), the team minted and connected.
     async fn start(args: &SoakArgs, seed: u64) -> anyhow::Result<Soak> {
         let exe = std::env::current_exe().context("the cotald executable")?;
         let root = match &args.keep {
@@ -110,31 +113,40 @@ impl Soak {
             );
         }
         std::fs::create_dir_all(&root)?;
-        let data = DataDir::new(root.join("data"));
         let profile = root.join("profile.toml");
-        // A certificate that lives a fifth of the run (at least 30 s): renewed while it runs.
-        let lifetime = (args.duration / 5).max(Duration::from_secs(30)).as_secs();
-        let text = crate::profile::EMBEDDED_LOCAL.replacen(
-            "[broker]\n",
-            &format!("[broker]\ncertificate_lifetime = \"{lifetime}s\"\n"),
-            1,
-        );
-        std::fs::write(&profile, text)?;
-        let appliance = Appliance::start(&exe, data.root(), Some(&profile), &root).await?;
+        let (data, appliance, listen) = match &args.link {
+            Some(dir) => {
+                let data = DataDir::new(dir.clone());
+                let state = data.read_state()?.with_context(|| {
+                    format!(
+                        "no appliance runs from {} (start it with `cotald up`)",
+                        dir.display()
+                    )
+                })?;
+                (data, None, state.listen)
+            }
+            None => {
+                let data = DataDir::new(root.join("data"));
+                let appliance = fresh(&exe, &data, &profile, &root, args.duration).await?;
+                let listen = appliance.listen;
+                (data, Some(appliance), listen)
+            }
+        };
         let keys = KeyStore::open(&data.keys())?;
-        let monitor = Monitor::connect(
-            &keys.system_user_creds()?,
-            &data.ca_cert(),
-            appliance.listen,
-        )
-        .await
-        .context("the soak's system connection")?;
+        let monitor = Monitor::connect(&keys.system_user_creds()?, &data.ca_cert(), listen)
+            .await
+            .context("the soak's system connection")?;
+        let linked = appliance.is_none();
         let mut soak = Soak {
             exe,
             root,
             data,
             profile,
-            appliance: Some(appliance),
+            appliance,
+            space: match linked {
+                true => format!("soak-{seed}"),
+                false => "main".to_owned(),
+            },
             monitor,
             ledger: Arc::default(),
             team: Arc::default(),
@@ -143,8 +155,19 @@ impl Soak {
             faults: BTreeMap::new(),
             fault_errors: Vec::new(),
         };
+        if linked {
+            soak.cli(&["space", "add", &soak.space])
+                .await
+                .context("the soak works in a space of its own, named by its seed")?;
+        }
         soak.cli(&[
-            "channels", "set", CHATTER, "--class", "live", "--space", "main",
+            "channels",
+            "set",
+            CHATTER,
+            "--class",
+            "live",
+            "--space",
+            &soak.space,
         ])
         .await?;
         for _ in 0..args.agents {
@@ -239,8 +262,9 @@ impl Soak {
 
     /// Each fault of the schedule at its time; one that cannot be carried out is recorded.
     async fn run_faults(&mut self, args: &SoakArgs, started: Instant) {
-        let every = faults::pace(args.duration, 1);
-        for (at, fault) in faults::schedule(&mut self.rng, args.duration, every) {
+        let kinds = Fault::kinds(args.link.is_some());
+        let every = faults::pace(args.duration, 1, kinds.len());
+        for (at, fault) in faults::schedule(&mut self.rng, args.duration, every, &kinds) {
             tokio::time::sleep_until((started + at).into()).await;
             let at = started.elapsed().as_secs_f64();
             eprintln!("soak: {at:>5.0}s  {}", fault.name());
@@ -285,12 +309,29 @@ impl Soak {
         for member in members {
             member.agent.close().await;
         }
-        if let Some(appliance) = self.appliance.take() {
-            appliance.stop().await;
+        match self.appliance.take() {
+            Some(appliance) => appliance.stop().await,
+            None => self.revoke_all().await,
         }
         if args.keep.is_none() {
             let _ = std::fs::remove_dir_all(&self.root);
         }
+    }
+
+    /// On a linked appliance, every identity the soak minted is revoked: its space stays (the
+    /// appliance has no op to remove one), with no credential left that reaches it.
+    async fn revoke_all(&self) {
+        let names = (0..self.minted)
+            .map(|n| format!("agent-{n}"))
+            .chain(["canary-a".to_owned(), "canary-b".to_owned()]);
+        for name in names {
+            // One revoked by a fault already says so; that is not a failure of the cleanup.
+            let _ = self.cli(&["revoke", &name, "--space", &self.space]).await;
+        }
+        eprintln!(
+            "soak: space {} left on the appliance, its identities revoked",
+            self.space
+        );
     }
 
     /// Mints an agent and starts it: one in [`MCP_SHARE`] on `cotald mcp`.
@@ -360,7 +401,7 @@ impl Soak {
             "mint",
             name,
             "--space",
-            "main",
+            &self.space,
             "--json",
             "--role",
             role,
@@ -437,7 +478,7 @@ impl Soak {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .revoked(index, Instant::now());
-                self.cli(&["revoke", &member.name, "--space", "main"])
+                self.cli(&["revoke", &member.name, "--space", &self.space])
                     .await?;
                 self.team.write().unwrap_or_else(|e| e.into_inner())[index] = None;
                 member.agent.close().await;
@@ -452,12 +493,12 @@ impl Soak {
                     "--description",
                     &description,
                     "--space",
-                    "main",
+                    &self.space,
                 ])
                 .await
                 .map(|_| ())
             }
-            Fault::ServicesCut => faults::cut_services(&self.monitor, "main").await,
+            Fault::ServicesCut => faults::cut_services(&self.monitor, &self.space).await,
             Fault::BrokerKill => faults::kill_broker(&self.data),
             Fault::BrokerStall => faults::stall_broker(&self.data, STALL).await,
             Fault::ApplianceRestart => {
@@ -508,11 +549,14 @@ impl Soak {
         self.team.write().unwrap_or_else(|e| e.into_inner())[index] = None;
         let closing = Instant::now();
         let settled = member.agent.close().await;
-        let unconfirmed_since = cut.or((settled == Some(false)).then_some(closing));
+        let unconfirmed = Unconfirmed {
+            since: cut.or(settled.filter(|s| !s.acks_confirmed).map(|_| closing)),
+            posts: settled.map_or(0, |s| s.unsettled),
+        };
         self.ledger
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .resumed(index, unconfirmed_since);
+            .resumed(index, unconfirmed);
         let mcp = matches!(member.agent, Agent::Mcp(_));
         let agent = self.start_agent(index, &minted, member.role, mcp).await?;
         self.team.write().unwrap_or_else(|e| e.into_inner())[index] = Some(Arc::new(Member {
@@ -524,6 +568,25 @@ impl Soak {
         }));
         Ok(())
     }
+}
+
+/// A fresh appliance in `data`, on the embedded local profile written to `profile` with a
+/// certificate that lives a fifth of the run (at least 30 s): renewed while it runs.
+async fn fresh(
+    exe: &std::path::Path,
+    data: &DataDir,
+    profile: &std::path::Path,
+    logs: &std::path::Path,
+    run: Duration,
+) -> anyhow::Result<Appliance> {
+    let lifetime = (run / 5).max(Duration::from_secs(30)).as_secs();
+    let text = crate::profile::EMBEDDED_LOCAL.replacen(
+        "[broker]\n",
+        &format!("[broker]\ncertificate_lifetime = \"{lifetime}s\"\n"),
+        1,
+    );
+    std::fs::write(profile, text)?;
+    Appliance::start(exe, data.root(), Some(profile), logs).await
 }
 
 /// Runs `op` again for up to [`RETRY_FOR`] while it fails: a leave or a join asks the space's

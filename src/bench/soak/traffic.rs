@@ -149,7 +149,7 @@ impl Canary {
                     "mint",
                     name,
                     "--space",
-                    "main",
+                    &soak.space,
                     "--json",
                     "--subscribe",
                     CHATTER,
