@@ -52,6 +52,10 @@ pub(super) struct Report {
     pub(super) failures: Vec<String>,
 }
 
+/// At-least-once allows duplicates; a soak fails when they pass one in this many of the owed
+/// deliveries (each copy is deduplicated by its id, §4: what remains comes from faults).
+const DUPLICATES_PER_OWED: u64 = 100;
+
 impl Report {
     #[allow(clippy::too_many_arguments)] // the parts of a report, each named where it is made
     pub(super) fn new(
@@ -102,6 +106,13 @@ impl Report {
         fail(
             d.reread > 0,
             format!("{} messages read again by a resumed session", d.reread),
+        );
+        fail(
+            d.duplicates > d.owed / DUPLICATES_PER_OWED,
+            format!(
+                "{} duplicates, over one in {DUPLICATES_PER_OWED} of the {} owed deliveries",
+                d.duplicates, d.owed
+            ),
         );
         fail(
             d.across_leave > 0,
