@@ -140,6 +140,16 @@ impl Delivery {
         }
     }
 
+    /// As [`Delivery::ack`], waiting for the broker to confirm a DM's or anycast copy's ack (a
+    /// round trip): an error then means the copy may come again. A durable copy's ack is
+    /// batched, and confirmed only as the session closes (see [`super::Settled`]).
+    pub async fn ack_confirmed(self) -> Result<(), ClientError> {
+        match self.ack {
+            Ack::Stream(m) => m.double_ack().await.map_err(nats_err("ack")),
+            _ => self.ack().await,
+        }
+    }
+
     /// Tells the broker this copy is still being held (JetStream's in-progress ack): its
     /// `ack_wait` starts again, so an application that holds a copy longer than `ack_wait`
     /// before handling it is not handed a second copy. A no-op for live, backfill and durable

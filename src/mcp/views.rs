@@ -115,7 +115,8 @@ pub(super) struct InboxView {
     /// What else happened (joins, refusals, connection gaps).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(super) notices: Vec<String>,
-    /// Acknowledgements that failed (those messages may come again).
+    /// Acknowledgements the broker did not confirm, as "id: why" (those messages may come
+    /// again).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(super) ack_errors: Vec<String>,
     /// Present while the session is still starting: what is under way (the answer may miss

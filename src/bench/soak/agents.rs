@@ -228,8 +228,8 @@ impl McpAgent {
                             let now = std::time::Instant::now();
                             let mut ledger = ledger.lock().unwrap_or_else(|e| e.into_inner());
                             // What the inbox returns it acknowledges.
-                            for token in inbox_tokens(&read) {
-                                ledger.received(index, token, true, now);
+                            for (token, acked) in inbox_tokens(&read) {
+                                ledger.received(index, token, acked, now);
                             }
                         }
                     }
@@ -285,15 +285,27 @@ impl McpAgent {
     }
 }
 
-/// The tokens of the messages a `cotal_inbox` answer returns: its structured content (the
-/// text content repeats it, and the notices are not messages).
-fn inbox_tokens(answer: &Value) -> Vec<u64> {
-    let messages = answer["structuredContent"]["messages"].as_array();
+/// The tokens of the messages a `cotal_inbox` answer returns, each with whether it was
+/// acknowledged: its structured content (the text content repeats it, and the notices are not
+/// messages); an id named in `ack_errors` was not confirmed.
+fn inbox_tokens(answer: &Value) -> Vec<(u64, bool)> {
+    let view = &answer["structuredContent"];
+    let unconfirmed: Vec<&str> = view["ack_errors"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.as_str()?.split_once(": ").map(|(id, _)| id))
+        .collect();
+    let messages = view["messages"].as_array();
     messages
         .into_iter()
         .flatten()
-        .filter_map(|m| m["text"].as_str())
-        .flat_map(|text| tokens(text).collect::<Vec<_>>())
+        .flat_map(|m| {
+            let id = m["id"].as_str().unwrap_or_default();
+            let acked = !unconfirmed.iter().any(|u| id.starts_with(u));
+            let text = m["text"].as_str().unwrap_or_default();
+            tokens(text).map(move |t| (t, acked)).collect::<Vec<_>>()
+        })
         .collect()
 }
 
@@ -369,15 +381,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_inbox_answer_is_read_once_from_its_messages_not_from_its_text_copy_or_notices() {
+    fn an_inbox_answer_is_read_once_from_its_messages_and_an_unconfirmed_ack_is_not_an_ack() {
         let structured = json!({
-            "messages": [{ "text": "soak#4 from the soak" }, { "text": "soak#9 x" }],
+            "messages": [
+                { "id": "aaaa1111", "text": "soak#4 from the soak" },
+                { "id": "bbbb2222", "text": "soak#9 x" },
+            ],
             "notices": ["soak#5 is not a message"],
+            "ack_errors": ["bbbb: timed out"],
         });
         let answer = json!({
             "content": [{ "type": "text", "text": structured.to_string() }],
             "structuredContent": structured,
         });
-        assert_eq!(inbox_tokens(&answer), [4, 9]);
+        assert_eq!(inbox_tokens(&answer), [(4, true), (9, false)]);
     }
 }

@@ -10,6 +10,7 @@
 
 mod agents;
 mod faults;
+mod heap;
 mod ledger;
 mod report;
 mod team;

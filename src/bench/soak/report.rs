@@ -24,7 +24,8 @@ pub(super) struct Growth {
     pub(super) per_hour: Option<f64>,
     /// Whether it grows without a bound in sight: judged on runs of 10 minutes or more, for
     /// what must stay flat (memory, descriptors, consumers); stored and log bytes are bounded
-    /// by retention and rotation, and reported only.
+    /// by retention and rotation, the broker's block cache by the blocks in use, and reported
+    /// only (so is the broker's RSS, which follows that cache, once its heap could be read).
     pub(super) unbounded: Option<bool>,
 }
 
@@ -257,10 +258,25 @@ fn growth(samples: &[Resources], run: Duration) -> Vec<Growth> {
     let after: Vec<Resources> = samples.iter().filter(|s| s.at >= warm).copied().collect();
     let judged = run >= JUDGE_GROWTH_FROM;
     type Read = fn(&Resources) -> u64;
+    // The broker's RSS follows its block cache, bounded by the blocks in use (`heap.rs`): when
+    // its heap profile was read, what must stay flat is the rest of its heap; else its RSS.
+    let heap_known = after.iter().any(|r| r.broker_heap > 0);
     // (name, value, a floor of growth per hour below which it is noise, judged)
-    let resources: [(&str, Read, f64, bool); 7] = [
+    let resources: [(&str, Read, f64, bool); 9] = [
         ("cotald RSS", |r| r.cotald_rss, 16.0 * 1048576.0, true),
-        ("broker RSS", |r| r.broker_rss, 32.0 * 1048576.0, true),
+        (
+            "broker RSS",
+            |r| r.broker_rss,
+            32.0 * 1048576.0,
+            !heap_known,
+        ),
+        (
+            "broker heap",
+            |r| r.broker_heap,
+            16.0 * 1048576.0,
+            heap_known,
+        ),
+        ("broker blocks", |r| r.broker_blocks, 0.0, false),
         ("cotald fds", |r| r.cotald_fds, 20.0, true),
         ("broker fds", |r| r.broker_fds, 20.0, true),
         ("consumers", |r| r.consumers, 10.0, true),

@@ -108,6 +108,9 @@ pub(super) struct Resources {
     pub(super) broker_rss: u64,
     pub(super) cotald_fds: u64,
     pub(super) broker_fds: u64,
+    /// The broker's live heap outside its block cache, and in it (0: unknown; `heap.rs`).
+    pub(super) broker_heap: u64,
+    pub(super) broker_blocks: u64,
     pub(super) consumers: u64,
     pub(super) stream_bytes: u64,
     pub(super) log_bytes: u64,
@@ -122,12 +125,18 @@ impl Resources {
             Some(m) => stored(m).await,
             None => (0, 0),
         };
+        let heap = match monitor {
+            Some(m) => super::heap::broker_heap(m).await.unwrap_or_default(),
+            None => super::heap::BrokerHeap::default(),
+        };
         Resources {
             at,
             cotald_rss: rss(cotald),
             broker_rss: rss(broker),
             cotald_fds: fds(cotald),
             broker_fds: fds(broker),
+            broker_heap: heap.rest,
+            broker_blocks: heap.blocks,
             consumers,
             stream_bytes,
             log_bytes: bytes_under(&dir.log()),

@@ -385,15 +385,21 @@ impl CotalServer {
             )));
         }
         let taken = self.inbox.take(limit, budget, fit).await;
-        let mut ack_errors = Vec::new();
         let read_all = !taken.deliveries.is_empty() && taken.remaining == 0;
-        for delivery in taken.deliveries {
+        // Acknowledged once it is in the answer (§8), and only then; confirmed by the broker, so
+        // that the answer can say truly which may come again.
+        let acks = taken.deliveries.into_iter().map(|delivery| async move {
             let id: String = delivery.message.id.chars().take(SHORT_ID * 3).collect();
-            // Acknowledged once it is in the answer (§8), and only then.
-            if let Err(e) = delivery.ack().await {
-                ack_errors.push(format!("{id}: {}", crate::ops::error_text(&e)));
-            }
-        }
+            delivery
+                .ack_confirmed()
+                .await
+                .map_err(|e| format!("{id}: {}", crate::ops::error_text(&e)))
+        });
+        let mut ack_errors: Vec<String> = futures_util::future::join_all(acks)
+            .await
+            .into_iter()
+            .filter_map(Result::err)
+            .collect();
         if ack_errors.len() > ACK_ERRORS_SHOWN {
             let more = ack_errors.len() - ACK_ERRORS_SHOWN;
             ack_errors.truncate(ACK_ERRORS_SHOWN);
