@@ -287,7 +287,9 @@ impl McpAgent {
 
 /// The tokens of the messages a `cotal_inbox` answer returns, each with whether it was
 /// acknowledged: its structured content (the text content repeats it, and the notices are not
-/// messages); an id named in `ack_errors` was not confirmed.
+/// messages); an id named in `ack_errors` was not confirmed. History replayed on joining (a
+/// live channel's, since the last session's read mark) is a read of the channel, not a
+/// delivery, as for a library agent.
 fn inbox_tokens(answer: &Value) -> Vec<(u64, bool)> {
     let view = &answer["structuredContent"];
     let unconfirmed: Vec<&str> = view["ack_errors"]
@@ -300,6 +302,7 @@ fn inbox_tokens(answer: &Value) -> Vec<(u64, bool)> {
     messages
         .into_iter()
         .flatten()
+        .filter(|m| m["historical"] != true)
         .flat_map(|m| {
             let id = m["id"].as_str().unwrap_or_default();
             let acked = !unconfirmed.iter().any(|u| id.starts_with(u));
@@ -386,6 +389,7 @@ mod tests {
             "messages": [
                 { "id": "aaaa1111", "text": "soak#4 from the soak" },
                 { "id": "bbbb2222", "text": "soak#9 x" },
+                { "id": "cccc3333", "text": "soak#3 y", "historical": true },
             ],
             "notices": ["soak#5 is not a message"],
             "ack_errors": ["bbbb: timed out"],
