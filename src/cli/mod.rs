@@ -305,17 +305,19 @@ pub enum Command {
     /// about two).
     #[cfg(feature = "bench")]
     Bench(crate::bench::BenchArgs),
-    /// Run a team's week on an appliance of its own, with churn and faults, and judge what it
-    /// reports: nothing lost, nothing flat-lined, no false green.
+    /// Run a team's week on an appliance, with churn and faults, and judge what it reports:
+    /// nothing lost, nothing flat-lined, no false green.
     ///
-    /// Starts `cotald up` on a fresh data dir and a team of agents on it (a third through
-    /// `cotald mcp` sessions) sending durable and live posts, DMs, mentions, tasks and
-    /// replies; on a schedule drawn from --seed, agents leave and return, hosts restart,
-    /// identities are minted, re-issued and revoked, a channel's config changes, the services'
-    /// connection is cut, the broker is killed and stalled, the appliance restarts, and the
-    /// server certificate is renewed. Prints progress on stderr, a table (or --json) at the
-    /// end; exits 1 on any loss, read-again, delivery across a leave or a revocation, false
-    /// green, fault not carried out, or growth without bound (judged from 10 minutes).
+    /// Starts `cotald up` on a fresh data dir (or, with --link, uses the one running from a
+    /// data dir, in a space of its own) and a team of agents on it (a third through `cotald
+    /// mcp` sessions) sending durable and live posts, DMs, mentions, tasks and replies; on a
+    /// schedule drawn from --seed, agents leave and return, hosts restart, identities are
+    /// minted, re-issued and revoked, a channel's config changes, the services' connection is
+    /// cut, the broker is killed and stalled, the appliance restarts (not a linked one), and
+    /// the server certificate is renewed. Prints progress on stderr, a table (or --json) at the
+    /// end; exits 1 on any loss, read-again, duplicates past 1 %, delivery across a leave or a
+    /// revocation, false green, fault not carried out, or growth without bound (judged from 10
+    /// minutes).
     #[cfg(feature = "bench")]
     Soak(crate::bench::soak::SoakArgs),
     /// Print a shell completion script: `cotald completions bash > ~/.local/share/bash-completion/completions/cotald`.

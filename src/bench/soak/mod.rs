@@ -1,12 +1,14 @@
-//! `cotald soak`: a team's week in an hour. A fresh appliance, a team of agents on it (most on
-//! the client library, a third through `cotald mcp` sessions) sending what a team sends
-//! (durable and live posts, DMs, mentions, tasks to roles, replies in threads), and churn and
+//! `cotald soak`: a team's week in an hour. A fresh appliance (or a running one, `--link`, in a
+//! space of its own), a team of agents on it (most on the client library, a third through
+//! `cotald mcp` sessions) sending what a team sends (durable and live posts, DMs, mentions,
+//! tasks to roles, replies in threads), and churn and
 //! faults on a schedule drawn from the seed (`faults.rs`). Throughout, it judges what the
 //! product reports against what it knows: every message owed delivered, nothing across a leave
 //! or to a revoked identity, nothing read again by a resumed session (`ledger.rs`); `status`
 //! degraded within 10 s of a stall of delivery and healthy while delivery progresses, the
 //! growth of what the appliance and its broker hold (`watch.rs`). It exits non-zero on any loss,
-//! false green, read-again or unbounded growth.
+//! false green, read-again, duplicates past one in a hundred, or unbounded growth; the broker's
+//! memory is judged from its own heap profile (`heap.rs`).
 
 mod agents;
 mod faults;
