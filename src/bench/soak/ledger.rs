@@ -57,17 +57,34 @@ pub(super) enum Owe {
 
 #[derive(Debug)]
 struct Sent {
+    /// When the send began and when the broker acknowledged it: it was stored in between.
     at: Instant,
+    stored: Instant,
     kind: Kind,
     owed: Vec<Owe>,
+}
+
+/// A membership change: when it was asked for and when it was done (it took effect in
+/// between, at a moment the soak cannot see).
+#[derive(Debug, Clone, Copy)]
+struct Change {
+    asked: Instant,
+    done: Instant,
+}
+
+/// One span of membership of the durable channel.
+#[derive(Debug)]
+struct Span {
+    joined: Change,
+    left: Option<Change>,
 }
 
 /// One agent's book.
 #[derive(Debug)]
 struct Book {
     role: String,
-    /// Its spans of membership of the durable channel: (joined, left).
-    member: Vec<(Instant, Option<Instant>)>,
+    /// Its spans of membership of the durable channel.
+    member: Vec<Span>,
     revoked: Option<Instant>,
     session: u32,
     received: HashMap<Token, Receipt>,
@@ -99,17 +116,23 @@ struct Receipt {
 }
 
 impl Book {
-    fn member_at(&self, t: Instant) -> bool {
-        self.member
-            .iter()
-            .any(|(joined, left)| *joined + MARGIN <= t && left.is_none_or(|l| t + MARGIN <= l))
+    /// Whether a message sent as `sent` was stored while the agent was surely a member: after
+    /// its join was done, before its leave was asked for (margins aside).
+    fn member_at(&self, sent: &Sent) -> bool {
+        self.member.iter().any(|span| {
+            span.joined.done + MARGIN <= sent.at
+                && span.left.is_none_or(|l| sent.stored + MARGIN <= l.asked)
+        })
     }
 
-    /// Whether `t` falls in a span after a leave and before the next join (margins aside).
-    fn out_at(&self, t: Instant) -> bool {
-        self.member.iter().enumerate().any(|(i, (_, left))| {
-            let next = self.member.get(i + 1).map(|(joined, _)| *joined);
-            left.is_some_and(|l| l + MARGIN <= t && next.is_none_or(|j| t + MARGIN <= j))
+    /// Whether a message sent as `sent` was stored while the agent was surely out: after a
+    /// leave was done, before the next join was asked for (margins aside).
+    fn out_at(&self, sent: &Sent) -> bool {
+        self.member.iter().enumerate().any(|(i, span)| {
+            let next = self.member.get(i + 1).map(|s| s.joined.asked);
+            span.left.is_some_and(|l| {
+                l.done + MARGIN <= sent.at && next.is_none_or(|j| sent.stored + MARGIN <= j)
+            })
         })
     }
 
@@ -167,7 +190,11 @@ impl Ledger {
         self.books.push(Book {
             role: role.to_owned(),
             member: if member {
-                vec![(now, None)]
+                let joined = Change {
+                    asked: now,
+                    done: now,
+                };
+                vec![Span { joined, left: None }]
             } else {
                 Vec::new()
             },
@@ -179,14 +206,17 @@ impl Ledger {
         self.books.len() - 1
     }
 
-    pub(super) fn left(&mut self, agent: usize, now: Instant) {
-        if let Some((_, left @ None)) = self.books[agent].member.last_mut() {
-            *left = Some(now);
+    /// `agent` left the durable channel: asked at `asked`, done at `done`.
+    pub(super) fn left(&mut self, agent: usize, asked: Instant, done: Instant) {
+        if let Some(span @ Span { left: None, .. }) = self.books[agent].member.last_mut() {
+            span.left = Some(Change { asked, done });
         }
     }
 
-    pub(super) fn joined(&mut self, agent: usize, now: Instant) {
-        self.books[agent].member.push((now, None));
+    /// `agent` joined the durable channel again: asked at `asked`, done at `done`.
+    pub(super) fn joined(&mut self, agent: usize, asked: Instant, done: Instant) {
+        let joined = Change { asked, done };
+        self.books[agent].member.push(Span { joined, left: None });
     }
 
     /// A new session of the agent (its host restarted, its credential re-issued). What the
@@ -214,15 +244,22 @@ impl Ledger {
         self.books[agent].revoked = Some(now);
     }
 
-    pub(super) fn sent(&mut self, token: Token, kind: Kind, owed: Vec<Owe>, now: Instant) {
-        self.sent.insert(
-            token,
-            Sent {
-                at: now,
-                kind,
-                owed,
-            },
-        );
+    /// `token` was sent from `at` and acknowledged by the broker at `stored`.
+    pub(super) fn sent(
+        &mut self,
+        token: Token,
+        kind: Kind,
+        owed: Vec<Owe>,
+        at: Instant,
+        stored: Instant,
+    ) {
+        let sent = Sent {
+            at,
+            stored,
+            kind,
+            owed,
+        };
+        self.sent.insert(token, sent);
     }
 
     pub(super) fn send_failed(&mut self) {
@@ -265,7 +302,7 @@ impl Ledger {
         };
         let book = &self.books[agent];
         let posted = matches!(sent.kind, Kind::Durable | Kind::Reply);
-        let across_leave = count == 1 && posted && book.out_at(sent.at);
+        let across_leave = count == 1 && posted && book.out_at(sent);
         let after_revoke = count == 1 && book.revoked_before(sent.at);
         if across_leave {
             self.across_leave += 1;
@@ -317,7 +354,7 @@ impl Ledger {
                 .books
                 .iter()
                 .enumerate()
-                .filter(|(i, b)| i != sender && b.member_at(sent.at) && owed_to(b))
+                .filter(|(i, b)| i != sender && b.member_at(sent) && owed_to(b))
                 .fold((0, 0), |(o, m), (_, b)| (o + 1, m + u64::from(!got(b)))),
             Owe::Agent(i) => {
                 let book = &self.books[*i];
@@ -356,7 +393,7 @@ impl Ledger {
             for owe in &sent.owed {
                 let agents: Vec<usize> = match owe {
                     Owe::Members { sender } => (0..self.books.len())
-                        .filter(|i| i != sender && self.books[*i].member_at(sent.at))
+                        .filter(|i| i != sender && self.books[*i].member_at(sent))
                         .collect(),
                     Owe::Agent(i) => vec![*i],
                     Owe::Role(role) => {
@@ -423,7 +460,7 @@ mod tests {
             l.agent("r", true, t0),
         );
         let t = t0 + Duration::from_secs(10);
-        l.sent(1, Kind::Durable, vec![Owe::Members { sender: a }], t);
+        l.sent(1, Kind::Durable, vec![Owe::Members { sender: a }], t, t);
         l.received(b, 1, true, t0);
         let tally = l.tally(t);
         assert_eq!((tally.owed, tally.lost), (2, 1));
@@ -442,14 +479,23 @@ mod tests {
         let t0 = Instant::now();
         let mut l = Ledger::default();
         let (a, b) = (l.agent("r", true, t0), l.agent("r", true, t0));
-        l.left(b, t0 + Duration::from_secs(10));
+        l.left(
+            b,
+            t0 + Duration::from_secs(10),
+            t0 + Duration::from_secs(10),
+        );
         l.sent(
             1,
             Kind::Durable,
             vec![Owe::Members { sender: a }],
             t0 + Duration::from_secs(15),
+            t0 + Duration::from_secs(15),
         );
-        l.joined(b, t0 + Duration::from_secs(20));
+        l.joined(
+            b,
+            t0 + Duration::from_secs(20),
+            t0 + Duration::from_secs(20),
+        );
         assert_eq!(l.tally(t0 + Duration::from_secs(30)).owed, 0);
         l.received(b, 1, true, t0);
         assert_eq!(l.tally(t0 + Duration::from_secs(30)).across_leave, 1);
@@ -459,9 +505,35 @@ mod tests {
             Kind::Durable,
             vec![Owe::Members { sender: a }],
             t0 + Duration::from_secs(11),
+            t0 + Duration::from_secs(11),
         );
         l.received(b, 2, true, t0);
         assert_eq!(l.tally(t0 + Duration::from_secs(30)).across_leave, 1);
+    }
+
+    #[test]
+    fn a_post_stored_while_a_leave_or_a_join_was_under_way_is_judged_neither_way() {
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let mut l = Ledger::default();
+        let (a, b) = (l.agent("r", true, t0), l.agent("r", true, t0));
+        // The leave is asked at 10 s and done at 20 s; the join asked at 40 s, done at 50 s.
+        l.left(b, s(10), s(20));
+        l.joined(b, s(40), s(50));
+        let owed = || vec![Owe::Members { sender: a }];
+        l.sent(1, Kind::Durable, owed(), s(15), s(15)); // while leaving
+        l.sent(2, Kind::Durable, owed(), s(21), s(30)); // its ack after 2 s past the leave
+        l.sent(3, Kind::Durable, owed(), s(25), s(26)); // surely out
+        l.sent(4, Kind::Durable, owed(), s(45), s(45)); // while joining
+        l.sent(5, Kind::Durable, owed(), s(60), s(60)); // surely in
+        let tally = l.tally(s(100));
+        assert_eq!((tally.owed, tally.lost), (1, 1), "only 5 is owed to b");
+        for token in [1, 2, 4, 5] {
+            l.received(b, token, true, s(70));
+        }
+        assert_eq!(l.tally(s(100)).across_leave, 0);
+        l.received(b, 3, true, s(70));
+        assert_eq!(l.tally(s(100)).across_leave, 1);
     }
 
     #[test]
@@ -469,8 +541,8 @@ mod tests {
         let t0 = Instant::now();
         let mut l = Ledger::default();
         let (a, b) = (l.agent("x", false, t0), l.agent("x", false, t0));
-        l.sent(1, Kind::Dm, vec![Owe::Agent(b)], t0);
-        l.sent(2, Kind::Task, vec![Owe::Role("x".into())], t0);
+        l.sent(1, Kind::Dm, vec![Owe::Agent(b)], t0, t0);
+        l.sent(2, Kind::Task, vec![Owe::Role("x".into())], t0, t0);
         l.received(b, 1, true, t0);
         l.received(b, 1, true, t0);
         l.resumed(b, Unconfirmed::default());
@@ -492,8 +564,8 @@ mod tests {
         let t0 = Instant::now();
         let mut l = Ledger::default();
         let (a, b) = (l.agent("x", false, t0), l.agent("y", false, t0));
-        l.sent(1, Kind::Dm, vec![Owe::Agent(b)], t0);
-        l.sent(2, Kind::Dm, vec![Owe::Agent(b)], t0);
+        l.sent(1, Kind::Dm, vec![Owe::Agent(b)], t0, t0);
+        l.sent(2, Kind::Dm, vec![Owe::Agent(b)], t0, t0);
         l.received(b, 1, true, t0);
         l.received(b, 2, true, t0 + Duration::from_secs(30));
         // Its credential re-issued at 31 s: the ack of 2 (at 30 s, within the margin) may not
@@ -521,10 +593,16 @@ mod tests {
         let mut l = Ledger::default();
         let (a, b) = (l.agent("x", true, t0), l.agent("y", true, t0));
         for token in 1..=3 {
-            l.sent(token, Kind::Durable, vec![Owe::Members { sender: a }], t0);
+            l.sent(
+                token,
+                Kind::Durable,
+                vec![Owe::Members { sender: a }],
+                t0,
+                t0,
+            );
             l.received(b, token, true, t0);
         }
-        l.sent(4, Kind::Dm, vec![Owe::Agent(b)], t0);
+        l.sent(4, Kind::Dm, vec![Owe::Agent(b)], t0, t0);
         l.received(b, 4, true, t0);
         l.resumed(
             b,
@@ -549,12 +627,13 @@ mod tests {
         let t0 = Instant::now();
         let mut l = Ledger::default();
         let (a, b) = (l.agent("x", false, t0), l.agent("y", false, t0));
-        l.sent(1, Kind::Dm, vec![Owe::Agent(b)], t0);
+        l.sent(1, Kind::Dm, vec![Owe::Agent(b)], t0, t0);
         l.revoked(b, t0 + Duration::from_secs(1));
         l.sent(
             2,
             Kind::Dm,
             vec![Owe::Agent(b)],
+            t0 + Duration::from_secs(10),
             t0 + Duration::from_secs(10),
         );
         assert_eq!(l.tally(t0 + Duration::from_secs(20)).lost, 0);

@@ -520,18 +520,19 @@ impl Soak {
         let Agent::Library(agent) = &member.agent else {
             bail!("not a library agent");
         };
-        let left = Instant::now();
+        let asked = Instant::now();
         retrying(|| agent.leave()).await?;
         self.ledger
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .left(index, left);
+            .left(index, asked, Instant::now());
         tokio::time::sleep(AWAY).await;
+        let asked = Instant::now();
         retrying(|| agent.rejoin()).await?;
         self.ledger
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .joined(index, Instant::now());
+            .joined(index, asked, Instant::now());
         Ok(())
     }
 

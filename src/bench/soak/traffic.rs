@@ -127,7 +127,7 @@ async fn send(p: Planned, ledger: Arc<Mutex<Ledger>>, last_post: Arc<Mutex<Optio
     }
     let mut ledger = ledger.lock().unwrap_or_else(|e| e.into_inner());
     match sent {
-        Ok(_) => ledger.sent(p.token, p.kind, p.owed, at),
+        Ok(_) => ledger.sent(p.token, p.kind, p.owed, at, Instant::now()),
         Err(_) => ledger.send_failed(),
     }
 }
