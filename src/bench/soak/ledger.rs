@@ -79,6 +79,15 @@ struct Span {
     left: Option<Change>,
 }
 
+/// A delivery owed and not received.
+#[derive(Debug)]
+enum Missed<'a> {
+    /// By this agent.
+    Agent(usize),
+    /// By any holder of this role.
+    Role(&'a str),
+}
+
 /// One agent's book.
 #[derive(Debug)]
 struct Book {
@@ -336,40 +345,44 @@ impl Ledger {
                 let (owed, missing) = self.judge(*token, sent, owe);
                 tally.owed += owed;
                 if sent.at <= settled {
-                    tally.lost += missing;
+                    tally.lost += missing.len() as u64;
                 }
             }
         }
         tally
     }
 
-    /// (owed, missing) of one obligation of a message.
-    fn judge(&self, token: Token, sent: &Sent, owe: &Owe) -> (u64, u64) {
+    /// How many deliveries one obligation of a message owes, and which of them are missing.
+    fn judge<'a>(&self, token: Token, sent: &Sent, owe: &'a Owe) -> (u64, Vec<Missed<'a>>) {
         let got = |book: &Book| book.received.contains_key(&token);
         // A revoked agent's backlog goes with its credential: only what it was sent while it
         // still had one, and had read, counts.
         let owed_to = |book: &Book| book.revoked.is_none() || got(book);
+        let one = |owed: bool, missed: Option<Missed<'a>>| match owed {
+            true => (1, missed.into_iter().collect()),
+            false => (0, Vec::new()),
+        };
         match owe {
-            Owe::Members { sender } => self
-                .books
-                .iter()
-                .enumerate()
-                .filter(|(i, b)| i != sender && b.member_at(sent) && owed_to(b))
-                .fold((0, 0), |(o, m), (_, b)| (o + 1, m + u64::from(!got(b)))),
+            Owe::Members { sender } => {
+                let owed: Vec<(usize, &Book)> = self
+                    .books
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, b)| i != sender && b.member_at(sent) && owed_to(b))
+                    .collect();
+                let missed = owed.iter().filter(|(_, b)| !got(b));
+                let missed = missed.map(|(i, _)| Missed::Agent(*i)).collect();
+                (owed.len() as u64, missed)
+            }
             Owe::Agent(i) => {
                 let book = &self.books[*i];
-                match owed_to(book) {
-                    true => (1, u64::from(!got(book))),
-                    false => (0, 0),
-                }
+                one(owed_to(book), (!got(book)).then_some(Missed::Agent(*i)))
             }
             Owe::Role(role) => {
                 let holders: Vec<&Book> = self.books.iter().filter(|b| &b.role == role).collect();
                 let took = holders.iter().any(|b| got(b));
-                match took || holders.iter().any(|b| b.revoked.is_none()) {
-                    true => (1, u64::from(!took)),
-                    false => (0, 0),
-                }
+                let owed = took || holders.iter().any(|b| b.revoked.is_none());
+                one(owed, (!took).then_some(Missed::Role(role)))
             }
         }
     }
@@ -390,33 +403,19 @@ impl Ledger {
     pub(super) fn missing(&self, started: Instant, limit: usize) -> Vec<String> {
         let mut out = Vec::new();
         for (token, sent) in &self.sent {
+            let at = sent.at.duration_since(started).as_secs_f64();
             for owe in &sent.owed {
-                let agents: Vec<usize> = match owe {
-                    Owe::Members { sender } => (0..self.books.len())
-                        .filter(|i| i != sender && self.books[*i].member_at(sent))
-                        .collect(),
-                    Owe::Agent(i) => vec![*i],
-                    Owe::Role(role) => {
-                        let (_, missing) = self.judge(*token, sent, owe);
-                        if missing > 0 {
-                            out.push(format!(
-                                "no holder of role {role} took soak#{token} (task, sent at {:.1}s)",
-                                sent.at.duration_since(started).as_secs_f64()
-                            ));
-                        }
-                        Vec::new()
-                    }
-                };
-                for agent in agents {
-                    let book = &self.books[agent];
-                    if book.revoked.is_none() && !book.received.contains_key(token) {
-                        out.push(format!(
-                            "agent #{agent} (session {}) missed soak#{token} ({}, sent at {:.1}s)",
-                            book.session,
+                for missed in self.judge(*token, sent, owe).1 {
+                    out.push(match missed {
+                        Missed::Agent(agent) => format!(
+                            "agent #{agent} (session {}) missed soak#{token} ({}, sent at {at:.1}s)",
+                            self.books[agent].session,
                             kind_name(sent.kind),
-                            sent.at.duration_since(started).as_secs_f64()
-                        ));
-                    }
+                        ),
+                        Missed::Role(role) => format!(
+                            "no holder of role {role} took soak#{token} (task, sent at {at:.1}s)"
+                        ),
+                    });
                 }
             }
             if out.len() >= limit {
