@@ -1215,3 +1215,42 @@ async fn the_sender_of_a_received_message_is_addressed_by_name_while_away() {
     b.client.close().await;
     c.stop().await;
 }
+
+#[tokio::test]
+async fn a_client_closed_after_its_credential_was_revoked_stops_dialing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
+    let b = endpoint(&bob, |_| {}).await;
+    let out = cotald_in(tmp.path(), &["revoke", "bob", "--space", "main"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The broker logs each connection it refuses.
+    let log = tmp.path().join("log").join("nats-server.log");
+    let refused = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("authentication error")
+            .count()
+    };
+    // While the client is open it dials again (a restarted broker may let it back in)...
+    crate::helper::eventually("the revoked client dialing again", || async {
+        (refused() >= 2).then_some(())
+    })
+    .await;
+    // ...and once it is closed, never again: nothing is left to use the connection.
+    b.client.close().await;
+    let closed = refused();
+    // A window, not a wait for an event: at the loopback pace (every 250 ms) a client still
+    // dialing would be refused about eight times in it.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert!(
+        refused() <= closed + 1,
+        "refused {} more times after the close",
+        refused() - closed
+    );
+    c.stop().await;
+}

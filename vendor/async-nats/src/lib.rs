@@ -472,6 +472,10 @@ pub(crate) struct ConnectionHandler {
     drain_pings: VecDeque<u64>,
 }
 
+/// (cotald patch) How often a reconnecting connection checks that some handle of its client is
+/// left.
+const UNWANTED_CHECK: Duration = Duration::from_millis(100);
+
 impl ConnectionHandler {
     pub(crate) fn new(
         connection: Connection,
@@ -683,7 +687,7 @@ impl ConnectionHandler {
             match process.await {
                 ExitReason::Disconnected(err) => {
                     debug!(error = ?err, "disconnected");
-                    if self.handle_disconnect().await.is_err() {
+                    if !self.reconnect_while_wanted(receiver).await {
                         break;
                     };
                     debug!("reconnected");
@@ -697,12 +701,37 @@ impl ConnectionHandler {
                     debug!("reconnect requested");
                     // Should be ok to ingore error, as that means we are not in connected state.
                     self.connection.stream.shutdown().await.ok();
-                    if self.handle_disconnect().await.is_err() {
+                    if !self.reconnect_while_wanted(receiver).await {
                         break;
                     };
                 }
             }
         }
+    }
+
+    /// (cotald patch) Reconnects as `handle_disconnect` does, until it succeeds or fails, or
+    /// until no handle of the client is left (every `Client` and `Subscriber` dropped): then
+    /// nothing can use the connection any more, and a credential that was revoked would be
+    /// tried again for ever. Returns whether the connection is back.
+    async fn reconnect_while_wanted(&mut self, receiver: &mpsc::Receiver<Command>) -> bool {
+        {
+            let reconnect = self.handle_disconnect();
+            tokio::pin!(reconnect);
+            let mut check = tokio::time::interval(UNWANTED_CHECK);
+            loop {
+                tokio::select! {
+                    done = &mut reconnect => return done.is_ok(),
+                    _ = check.tick() => {
+                        if receiver.sender_strong_count() == 0 {
+                            debug!("no handle left: not reconnecting");
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        self.connector.events_tx.try_send(Event::Closed).ok();
+        false
     }
 
     fn handle_server_op(&mut self, server_op: ServerOp) {
