@@ -44,6 +44,13 @@ pub(super) enum Kind {
     Reply,
 }
 
+impl Kind {
+    /// A post on the durable channel (a reply is one too).
+    fn is_post(self) -> bool {
+        matches!(self, Kind::Durable | Kind::Reply)
+    }
+}
+
 /// Who a stored message is owed to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Owe {
@@ -287,10 +294,7 @@ impl Ledger {
             receipt.acked = Some((session, now));
         }
         let unconfirmed = std::mem::take(&mut receipt.unconfirmed);
-        let post = self
-            .sent
-            .get(&token)
-            .is_some_and(|s| matches!(s.kind, Kind::Durable | Kind::Reply));
+        let post = self.sent.get(&token).is_some_and(|s| s.kind.is_post());
         match acked_in {
             _ if unconfirmed => self.reread_unconfirmed += 1,
             Some(earlier) if earlier < session && post && book.unsettled > 0 => {
@@ -310,8 +314,7 @@ impl Ledger {
             return;
         };
         let book = &self.books[agent];
-        let posted = matches!(sent.kind, Kind::Durable | Kind::Reply);
-        let across_leave = count == 1 && posted && book.out_at(sent);
+        let across_leave = count == 1 && post && book.out_at(sent);
         let after_revoke = count == 1 && book.revoked_before(sent.at);
         if across_leave {
             self.across_leave += 1;
