@@ -320,6 +320,20 @@ fn clock_ticks() -> f64 {
     rustix::param::clock_ticks_per_second().max(1) as f64
 }
 
+/// CPU seconds used so far by the threads of `pid` that are alive (the scheduler's nanosecond
+/// count, finer than [`proc_usage`]'s clock ticks); 0 when unreadable.
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    let ns: u64 = tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    ns as f64 / 1e9
+}
+
 /// (utime + stime in clock ticks, VmRSS in MiB) of `pid`; zeros when unreadable.
 fn proc_usage(pid: u32) -> (f64, f64) {
     let cpu = std::fs::read_to_string(format!("/proc/{pid}/stat"))
