@@ -24,7 +24,7 @@ use futures_util::StreamExt;
 use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use super::deliver::BackstopToken;
+use super::deliver::{Acked, BackstopToken};
 use super::{Client, ClientError, ConnectionState, nats_err};
 use crate::binding::MANAGER_SERVICE;
 use crate::ops::{self, BackstopAck, BackstopWant, Request, Resume, Resumed};
@@ -57,7 +57,7 @@ pub(crate) async fn start(client: &Client) -> Result<(), ClientError> {
     inner.out.receiving_durable_copies();
     inner.catch_up.register(FIRST_SESSION, BACKLOG);
     let first = Arc::new(Mutex::new(FirstSession::default()));
-    let (acks, batch) = mpsc::unbounded_channel::<String>();
+    let (acks, batch) = mpsc::unbounded_channel::<Acked>();
     inner
         .background
         .spawn(receive(client.clone(), copies, acks, first.clone()));
@@ -76,7 +76,7 @@ pub(crate) async fn start(client: &Client) -> Result<(), ClientError> {
 async fn receive(
     client: Client,
     mut copies: async_nats::Subscriber,
-    acks: mpsc::UnboundedSender<String>,
+    acks: mpsc::UnboundedSender<Acked>,
     first: Arc<Mutex<FirstSession>>,
 ) {
     while let Some(msg) = copies.next().await {
@@ -84,6 +84,14 @@ async fn receive(
         match kind.map(|k| k.as_str()) {
             Some(ops::OFFERS) => {
                 take_offers(&client, &msg.payload, &acks).await;
+                continue;
+            }
+            Some(ops::RANGE) => {
+                match ops::Range::parse(&msg.payload) {
+                    Some(range) => super::range::start(&client, range, &acks),
+                    // Its entries are handed over as copies once the grant times out.
+                    None => tracing::warn!("a durable range that does not parse: dropped"),
+                }
                 continue;
             }
             Some(ops::CAUGHT_UP) => {
@@ -103,10 +111,7 @@ async fn receive(
             }
         };
         for copy in batch {
-            let token = BackstopToken {
-                token: copy.token.to_owned(),
-                acks: acks.clone(),
-            };
+            let token = BackstopToken::copy(copy.token, &acks);
             client
                 .inner
                 .out
@@ -123,20 +128,21 @@ async fn receive(
 /// batches before it, which the reader received first).
 async fn send_acks(
     client: Client,
-    mut batch: mpsc::UnboundedReceiver<String>,
+    mut batch: mpsc::UnboundedReceiver<Acked>,
     stop: CancellationToken,
 ) -> bool {
-    let mut tokens = Vec::with_capacity(ACK_BATCH);
+    let mut acked = Vec::with_capacity(ACK_BATCH);
     let mut unconfirmed = false;
     loop {
         tokio::select! {
-            n = batch.recv_many(&mut tokens, ACK_BATCH) => if n == 0 { return !unconfirmed },
+            n = batch.recv_many(&mut acked, ACK_BATCH) => if n == 0 { return !unconfirmed },
             () = stop.cancelled() => break,
         }
-        let request = Request::BackstopAck(BackstopAck {
-            tokens: std::mem::take(&mut tokens),
-        })
-        .to_control(client.endpoint());
+        let tokens = tokens_of(acked.drain(..));
+        if tokens.is_empty() {
+            continue;
+        }
+        let request = Request::BackstopAck(BackstopAck { tokens }).to_control(client.endpoint());
         unconfirmed = true;
         if let Err(e) = client.notify(MANAGER_SERVICE, &request).await {
             // Unacknowledged copies are handed over again: at-least-once holds.
@@ -144,8 +150,9 @@ async fn send_acks(
         }
     }
     while let Ok(token) = batch.try_recv() {
-        tokens.push(token);
+        acked.push(token);
     }
+    let tokens = tokens_of(acked.drain(..));
     if tokens.is_empty() && !unconfirmed {
         return true;
     }
@@ -157,6 +164,16 @@ async fn send_acks(
             false
         }
     }
+}
+
+/// The tokens to send for what was handed to the batcher: each range's progress as it is now.
+fn tokens_of(acked: impl Iterator<Item = Acked>) -> Vec<String> {
+    acked
+        .filter_map(|a| match a {
+            Acked::Token(token) => Some(token),
+            Acked::Range(read) => read.take(),
+        })
+        .collect()
 }
 
 /// Asks for a delivery session now and again after every reconnect.
@@ -179,7 +196,7 @@ async fn keep_sessions(client: Client, first: Arc<Mutex<FirstSession>>) {
 
 /// Offers: each one surfaced already is acknowledged as a duplicate copy would be; the content
 /// of the others is asked for.
-async fn take_offers(client: &Client, body: &[u8], acks: &mpsc::UnboundedSender<String>) {
+async fn take_offers(client: &Client, body: &[u8], acks: &mpsc::UnboundedSender<Acked>) {
     let offers = match ops::offers(body) {
         Ok(offers) => offers,
         Err(e) => {
@@ -190,12 +207,9 @@ async fn take_offers(client: &Client, body: &[u8], acks: &mpsc::UnboundedSender<
     };
     let mut wanted = Vec::new();
     for offer in offers {
-        let token = BackstopToken {
-            token: offer.token.to_owned(),
-            acks: acks.clone(),
-        };
+        let token = BackstopToken::copy(offer.token, acks);
         if let Some(token) = client.inner.out.offered(offer.subject, offer.id, token) {
-            wanted.push(token.token);
+            wanted.extend(token.into_offer());
         }
     }
     if wanted.is_empty() {
@@ -271,6 +285,7 @@ async fn resume(
         let request = Request::Resume(Resume {
             session: session.clone(),
             offers: true,
+            ranges: true,
         });
         match client.manager::<Resumed>(&request).await {
             Ok(resumed) => {

@@ -78,17 +78,69 @@ struct Handover {
     awaiting: HashSet<String>,
 }
 
-/// A durable copy's token and where acknowledgements are batched.
+/// What a durable copy's acknowledgement settles, and where acknowledgements are batched.
 pub(crate) struct BackstopToken {
-    pub(crate) token: String,
-    pub(crate) acks: mpsc::UnboundedSender<String>,
+    settles: Settles,
+    acks: mpsc::UnboundedSender<Acked>,
+}
+
+/// What the ack batcher is handed: a token, or a range with news of its progress, whose token
+/// the batcher takes when it sends (so a range's progress goes once per batch, however many of
+/// its entries were handled meanwhile).
+pub(crate) enum Acked {
+    /// A copy's or an offer's token, or a range declined.
+    Token(String),
+    /// A range whose progress moved since its last token.
+    Range(std::sync::Arc<super::range::RangeRead>),
+}
+
+/// What acknowledging a durable copy tells the trusted reader.
+enum Settles {
+    /// A copy the reader handed over, or an offer: its token.
+    Copy(String),
+    /// An entry of a range this member reads itself: its stream sequence.
+    Range(std::sync::Arc<super::range::RangeRead>, u64),
 }
 
 impl BackstopToken {
+    /// The token of a copy or an offer.
+    pub(crate) fn copy(token: &str, acks: &mpsc::UnboundedSender<Acked>) -> Self {
+        BackstopToken {
+            settles: Settles::Copy(token.to_owned()),
+            acks: acks.clone(),
+        }
+    }
+
+    /// An entry of a range this member reads ([`super::range`]).
+    pub(crate) fn range(
+        read: std::sync::Arc<super::range::RangeRead>,
+        seq: u64,
+        acks: &mpsc::UnboundedSender<Acked>,
+    ) -> Self {
+        BackstopToken {
+            settles: Settles::Range(read, seq),
+            acks: acks.clone(),
+        }
+    }
+
+    /// The token to ask the content of an offer with.
+    pub(crate) fn into_offer(self) -> Option<String> {
+        match self.settles {
+            Settles::Copy(token) => Some(token),
+            Settles::Range(..) => None,
+        }
+    }
+
     fn ack(self) {
+        let acked = match self.settles {
+            Settles::Copy(token) => Some(Acked::Token(token)),
+            Settles::Range(read, seq) => read.handled(seq).then_some(Acked::Range(read)),
+        };
         // The batcher is gone only once the client is closed: the copy is then delivered again
         // to the next connection, which at-least-once allows.
-        let _ = self.acks.send(self.token);
+        if let Some(acked) = acked {
+            let _ = self.acks.send(acked);
+        }
     }
 }
 
@@ -437,6 +489,19 @@ impl Sink {
         // The trusted reader judged the frame it read; the copy carries the body alone.
         let frame = Frame::default();
         self.channel_delivery(subject, frame, payload, false, Ack::Backstop(token))
+            .await
+    }
+
+    /// An entry of a range this member reads itself ([`super::range`]): checked like any
+    /// channel copy (its header block too), surfaced as durable with its ack handle, settled at
+    /// once when it is not surfaced.
+    pub(crate) async fn range_copy(&self, msg: &async_nats::Message, token: BackstopToken) -> bool {
+        let frame = Frame {
+            headers: msg.headers.as_ref(),
+            status: msg.status,
+        };
+        let ack = Ack::Backstop(token);
+        self.channel_delivery(msg.subject.as_str(), frame, &msg.payload, false, ack)
             .await
     }
 

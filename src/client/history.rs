@@ -14,9 +14,9 @@ use crate::binding::chat_history_consumer;
 use crate::protocol::{Channel, ChannelPattern, CotalMessage, resolve};
 
 /// History fetch batch size.
-const HISTORY_BATCH: usize = 256;
+pub(super) const HISTORY_BATCH: usize = 256;
 /// A history read ends when a pull brings nothing for this long.
-const HISTORY_IDLE: Duration = Duration::from_secs(2);
+pub(super) const HISTORY_IDLE: Duration = Duration::from_secs(2);
 
 /// How far before the drop was noticed a reconnect's gap read starts: messages in flight on
 /// a dying connection are lost too, and the broker's clock is not ours.
@@ -118,7 +118,7 @@ impl Client {
     /// The pinned single-filter `chathist_<id>` consumer (§8), made afresh to read `subject`
     /// from where `deliver_policy` says; with the stream it reads and its name. The caller holds
     /// the history lock (one history read at a time: they share the consumer).
-    async fn history_consumer(
+    pub(super) async fn history_consumer(
         &self,
         subject: &str,
         deliver_policy: DeliverPolicy,

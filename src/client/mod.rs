@@ -29,6 +29,7 @@ mod health;
 mod history;
 pub mod join;
 pub mod presence;
+mod range;
 mod transient;
 
 use std::collections::BTreeMap;

@@ -135,6 +135,100 @@ pub fn caught_up(body: &[u8]) -> Option<(&str, &str)> {
         .then_some((session, consumer))
 }
 
+/// [`BATCH_KIND`]'s value for a [`Range`]: entries of a durable channel the member reads
+/// itself.
+pub const RANGE: &str = "range";
+
+/// A member's backlog on one durable channel that it reads itself, through its own history
+/// consumer (§8 `chathist_<id>`, which the broker bounds to its read ACL), instead of having the
+/// trusted reader carry each entry's content to it: the reader re-authorized the whole range
+/// (the member's current read ACL covers the channel; every entry is of its open membership
+/// interval) before granting it. It names the entries of `subject` after stream sequence
+/// `after` up to `last`, how many there were when it was granted (`count`: fewer if the stream
+/// dropped some since, by its limits), and a `grant` the member's progress tokens
+/// ([`range_token`]) name. Body: `<subject> <after> <last> <count> <grant>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Range<'a> {
+    /// The channel's post subject (`cotal.<space>.chat.*.<channel>`).
+    pub subject: &'a str,
+    /// The stream sequence the range starts after.
+    pub after: u64,
+    /// The stream sequence it ends at.
+    pub last: u64,
+    /// How many entries of the channel it holds.
+    pub count: u64,
+    /// What the member's progress tokens name.
+    pub grant: u64,
+}
+
+impl Range<'_> {
+    /// The message body.
+    pub fn to_body(&self) -> String {
+        let Range {
+            subject,
+            after,
+            last,
+            count,
+            grant,
+        } = self;
+        format!("{subject} {after} {last} {count} {grant}")
+    }
+
+    /// Reads a range body; `None` when it is not one.
+    pub fn parse(body: &[u8]) -> Option<Range<'_>> {
+        let text = std::str::from_utf8(body).ok()?;
+        let mut fields = text.split(' ');
+        let range = Range {
+            subject: fields.next().filter(|s| !s.is_empty())?,
+            after: fields.next()?.parse().ok()?,
+            last: fields.next()?.parse().ok()?,
+            count: fields.next()?.parse().ok()?,
+            grant: fields.next()?.parse().ok()?,
+        };
+        fields.next().is_none().then_some(range)
+    }
+}
+
+/// What a member says of a [`Range`] it was granted, in a `backstop-ack` token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RangeProgress {
+    /// Every entry of the range up to stream sequence `position` is handled, and `handled`
+    /// of its entries in all (those the stream no longer holds included).
+    Handled {
+        /// The stream sequence up to which every entry is handled.
+        position: u64,
+        /// How many of the range's entries are handled.
+        handled: u64,
+    },
+    /// The member could not read the range: the reader hands its entries over as copies.
+    Declined,
+}
+
+/// The `backstop-ack` token of `progress` on `grant`: `r<grant>.<position>.<handled>`, or
+/// `r<grant>.x` when declined.
+pub fn range_token(grant: u64, progress: RangeProgress) -> String {
+    match progress {
+        RangeProgress::Handled { position, handled } => format!("r{grant}.{position}.{handled}"),
+        RangeProgress::Declined => format!("r{grant}.x"),
+    }
+}
+
+/// Reads a [`range_token`]: the grant and what it says.
+pub fn range_progress(token: &str) -> Option<(u64, RangeProgress)> {
+    let rest = token.strip_prefix('r')?;
+    let (grant, rest) = rest.split_once('.')?;
+    let grant = grant.parse().ok()?;
+    if rest == "x" {
+        return Some((grant, RangeProgress::Declined));
+    }
+    let (position, handled) = rest.split_once('.')?;
+    let progress = RangeProgress::Handled {
+        position: position.parse().ok()?,
+        handled: handled.parse().ok()?,
+    };
+    Some((grant, progress))
+}
+
 /// Entries offered to a member that follows its channel, without their content: each framed
 /// as `<subject> <token> <id>\n`, the chat subject (which names the sender, §3), the token the
 /// member acknowledges (`backstop-ack`, as for a copy) or asks the content of
@@ -206,6 +300,43 @@ pub fn offers(body: &[u8]) -> Result<Vec<Offer<'_>>, CopyBatchError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_range_and_its_progress_read_back_and_nothing_else_reads_as_them() {
+        let range = Range {
+            subject: "cotal.main.chat.*.general",
+            after: 41,
+            last: 20_000,
+            count: 10_000,
+            grant: 3,
+        };
+        assert_eq!(Range::parse(range.to_body().as_bytes()), Some(range));
+        for bad in [
+            "",
+            "s 1 2 3",
+            "s 1 2 3 4 5",
+            " 1 2 3 4",
+            "s x 2 3 4",
+            "s 1 2 3 -4",
+        ] {
+            assert_eq!(Range::parse(bad.as_bytes()), None, "{bad:?}");
+        }
+        for progress in [
+            RangeProgress::Handled {
+                position: 90,
+                handled: 12,
+            },
+            RangeProgress::Declined,
+        ] {
+            assert_eq!(
+                range_progress(&range_token(7, progress)),
+                Some((7, progress))
+            );
+        }
+        for bad in ["c12", "r1", "r1.2", "r1.2.", "rx.1.2", "r1.y", "r1.2.3.4"] {
+            assert_eq!(range_progress(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn a_batch_of_copies_round_trips_whatever_the_payload_holds() {

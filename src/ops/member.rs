@@ -64,6 +64,11 @@ pub struct Resume {
     /// every durable copy carries its content.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub offers: bool,
+    /// Whether the caller reads a backlog itself when granted a [`Range`](super::Range) of
+    /// it (through its history consumer), confirming its progress with range tokens. Without
+    /// it, every entry of a backlog comes as a copy.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ranges: bool,
 }
 
 /// `resume`'s reply.

@@ -40,7 +40,9 @@
 //! the token to acknowledge and the original payload unchanged; the member acks each token
 //! with `backstop-ack` once it has handled the message. A member that follows its channel is
 //! offered entries without their content ([`OfferBatch`]): it acks the token of what it
-//! surfaced already and asks for the rest with `backstop-want`.
+//! surfaced already and asks for the rest with `backstop-want`. A member that said so in its
+//! `resume` (`ranges`) is granted a backlog as a [`Range`] it reads itself through its history
+//! consumer, and acks its progress ([`range_token`]): the reader carries no content for it.
 
 mod admin;
 mod batch;
@@ -55,7 +57,8 @@ pub use admin::{
 };
 pub use batch::{
     BATCH_KIND, CAUGHT_UP, COPY_SUBJECT, Copy, CopyBatch, CopyBatchError, OFFERS, Offer,
-    OfferBatch, caught_up, caught_up_body, copies, offers,
+    OfferBatch, RANGE, Range, RangeProgress, caught_up, caught_up_body, copies, offers,
+    range_progress, range_token,
 };
 pub use member::{
     BackstopAck, BackstopWant, DurableJoin, DurableLeave, Membership, ReplayMark, Resume, Resumed,

@@ -189,7 +189,7 @@ impl Manager {
             Request::Resume(req) => {
                 let consumers = self
                     .backstop
-                    .resume(&caller.id, &req.session, req.offers)
+                    .resume(&caller.id, &req.session, req.offers, req.ranges)
                     .await?;
                 json(&Resumed {
                     session: req.session,

@@ -33,7 +33,8 @@ pub struct Interval {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leave_cursor: Option<u64>,
     /// The member's saved position: every entry of the interval up to this stream sequence is
-    /// handled (delivered and acknowledged, or not due). Saved when its session ends.
+    /// handled (delivered and acknowledged, or not due). Saved when its session ends, and as
+    /// the member confirms progress on a range of its backlog that it reads itself.
     #[serde(default)]
     pub delivered: u64,
 }

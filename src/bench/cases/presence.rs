@@ -312,6 +312,7 @@ async fn raw_member(
         crate::ops::Request::Resume(crate::ops::Resume {
             session: crate::protocol::new_message_id(),
             offers: false,
+            ranges: false,
         }),
     ] {
         let body = serde_json::to_vec(&request.to_control(endpoint.clone()))?;

@@ -9,7 +9,29 @@ use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 
 use super::{ACK_WAIT, Backstop, BackstopError, WINDOW};
 use crate::binding::{interval_consumer, mention_consumer};
+use crate::space::Space;
 use crate::space::members::Interval;
+
+/// The consumer of one membership interval of `member` on `channel`, from its saved position
+/// on.
+pub(super) fn interval_config(
+    space: &Space,
+    member: &str,
+    channel: &str,
+    interval: &Interval,
+) -> pull::Config {
+    pull::Config {
+        durable_name: Some(interval_consumer(member, channel, interval.generation)),
+        filter_subject: space.names().posts_on(channel),
+        deliver_policy: DeliverPolicy::ByStartSequence {
+            start_sequence: interval.join_cursor.max(interval.delivered) + 1,
+        },
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: ACK_WAIT,
+        max_ack_pending: WINDOW,
+        ..Default::default()
+    }
+}
 
 impl Backstop {
     /// Creates (or finds) the consumer of one membership interval, from the member's saved
@@ -20,18 +42,7 @@ impl Backstop {
         member: &str,
         interval: &Interval,
     ) -> Result<(), BackstopError> {
-        let name = interval_consumer(member, channel, interval.generation);
-        let config = pull::Config {
-            durable_name: Some(name.clone()),
-            filter_subject: self.space.names().posts_on(channel),
-            deliver_policy: DeliverPolicy::ByStartSequence {
-                start_sequence: interval.join_cursor.max(interval.delivered) + 1,
-            },
-            ack_policy: AckPolicy::Explicit,
-            ack_wait: ACK_WAIT,
-            max_ack_pending: WINDOW,
-            ..Default::default()
-        };
+        let config = interval_config(&self.space, member, channel, interval);
         self.ensure(self.space.names().chat_stream(), config).await
     }
 

@@ -49,12 +49,14 @@
 //! - `consumers`: the consumers made for a session, parked when it ends, deleted when
 //!   delivered or revoked.
 //! - `pump`: the reading of one consumer, the re-authorization of each entry, the handoff.
+//! - `range`: the backlogs members read themselves, granted a range at a time.
 //! - `follow`: the channels' feeds, for members that caught up and take offers.
 //! - `status`: what waits for each member and for how long (`cotald status`, stalls).
 
 mod consumers;
 mod follow;
 mod pump;
+mod range;
 mod session;
 mod status;
 

@@ -15,8 +15,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::follow::{self, Feeds};
+use super::range::{Granted, Grants};
 use super::session::{Held, Session};
-use super::{Acl, BATCH, Backstop, LINGER, token_seq};
+use super::{Acl, BATCH, Backstop, HANDOFF_TIMEOUT, LINGER, token_seq};
 use crate::binding::backlog::Backlog;
 use crate::binding::backstop_inbox;
 use crate::binding::frame::header_rejection;
@@ -66,6 +67,8 @@ pub(super) struct Pump {
     feeds: Arc<Feeds>,
     /// The reader's token and tracker, for a feed the pump starts.
     run: (CancellationToken, TaskTracker),
+    /// The session's grants when the member reads its backlogs itself ([`super::range`]).
+    grants: Option<Arc<Grants>>,
     /// The highest sequence this pump took (handed over, or handled as not due).
     taken: AtomicU64,
     /// Set when copies could not be sent (they were nak'ed, for the consumer to deliver
@@ -102,6 +105,7 @@ impl Pump {
             session: session.offers.then(|| session.name.clone()),
             feeds: backstop.feeds.clone(),
             run,
+            grants: session.ranges.then(|| session.grants.clone()),
             taken: AtomicU64::new(0),
             unsent: AtomicBool::new(false),
         }
@@ -158,6 +162,9 @@ impl Pump {
     /// told ([`crate::ops::CAUGHT_UP`]), after those copies.
     pub(super) async fn run(self, token: CancellationToken) {
         let mut acl = Acl::unread();
+        if !self.grant_range(&token, &mut acl).await {
+            return;
+        }
         // What the consumer held when the session started, until the member is told.
         let mut owed: Option<Backlog> = None;
         let mut told = self.session.is_none();
@@ -227,6 +234,125 @@ impl Pump {
                         return;
                     }
                 }
+            }
+        }
+    }
+
+    /// For a member that reads ranges ([`super::range`]): the backlog of this open interval,
+    /// when it is more than a batch, granted as one range; the member's progress is saved as
+    /// the interval's position as it comes. Once the range is handled (or declined, or left
+    /// without progress for [`HANDOFF_TIMEOUT`]) the consumer is made again from that position,
+    /// for what came since. False when the session ended meanwhile.
+    async fn grant_range(&self, token: &CancellationToken, acl: &mut Acl) -> bool {
+        let (Some(grants), Source::Chat { channel, .. }) = (&self.grants, &self.source) else {
+            return true;
+        };
+        let Some(open) = self.current_interval().filter(|i| i.leave_cursor.is_none()) else {
+            return true;
+        };
+        acl.refresh(&self.identities, &self.member);
+        let covered = Channel::new(channel).is_ok_and(|c| is_covered(&acl.read, &c));
+        if acl.record.is_none() || !covered {
+            return true;
+        }
+        let Ok(stream) = self.space.jetstream().get_stream(&self.stream).await else {
+            return true;
+        };
+        let Ok(info) = stream.consumer_info(&self.consumer).await else {
+            return true;
+        };
+        // Only a consumer with nothing in flight: its ack floor is where the range starts.
+        let after = info.ack_floor.stream_sequence;
+        let count = info.num_pending;
+        if info.num_ack_pending > 0
+            || info.delivered.stream_sequence != after
+            || count < BATCH as u64
+        {
+            return true;
+        }
+        let (grant, progress) = grants.open(after, count);
+        let subject = self.space.names().posts_on(channel);
+        // The stream's last entry as it was just before the consumer was asked: the range ends
+        // there (what came between is delivered from the consumer after it).
+        let last = stream.cached_info().state.last_sequence;
+        let range = crate::ops::Range {
+            subject: &subject,
+            after,
+            last,
+            count,
+            grant,
+        };
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(crate::ops::BATCH_KIND, crate::ops::RANGE);
+        let sent = self
+            .space
+            .nats()
+            .publish_with_headers(self.inbox.clone(), headers, range.to_body().into())
+            .await;
+        let stood = match sent {
+            Ok(()) => {
+                self.await_range(channel, &open, count, progress, token)
+                    .await
+            }
+            Err(e) => {
+                tracing::debug!(member = self.member, error = %e, "range not granted");
+                None
+            }
+        };
+        grants.close(grant);
+        let Some(position) = stood else {
+            return false;
+        };
+        if position > after {
+            self.taken.fetch_max(position, Ordering::AcqRel);
+            // Made again from the position: what it would deliver up to it is handled.
+            let mut from = open.clone();
+            from.delivered = from.delivered.max(position);
+            let config =
+                super::consumers::interval_config(&self.space, &self.member, channel, &from);
+            let _ = stream.delete_consumer(&self.consumer).await;
+            if let Err(e) = stream.create_consumer(config).await {
+                tracing::debug!(member = self.member, error = %e, "consumer not made again; made at the next session");
+            }
+        }
+        !token.is_cancelled()
+    }
+
+    /// Waits for the member's progress on a range of `count` entries, saving its position as
+    /// it comes; the position it reached once the range is handled, declined or left without
+    /// progress, `None` if the session ended first (its position saved too).
+    async fn await_range(
+        &self,
+        channel: &str,
+        interval: &Interval,
+        count: u64,
+        mut progress: tokio::sync::watch::Receiver<Granted>,
+        token: &CancellationToken,
+    ) -> Option<u64> {
+        let mut saved = progress.borrow().position;
+        let save = |position: u64| {
+            self.feeds
+                .save(&self.member, channel, interval.generation, position)
+        };
+        loop {
+            let ended = tokio::select! {
+                () = token.cancelled() => true,
+                changed = progress.changed() => changed.is_err(),
+                () = tokio::time::sleep(HANDOFF_TIMEOUT) => {
+                    tracing::debug!(member = self.member, channel, "a range left without progress: its entries go as copies");
+                    return Some(saved);
+                }
+            };
+            let now = *progress.borrow_and_update();
+            if now.position > saved {
+                save(now.position).await;
+                saved = now.position;
+            }
+            if ended {
+                return None;
+            }
+            if now.declined || now.handled >= count {
+                return Some(saved);
             }
         }
     }

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::follow::Stopped;
 use super::pump::{Pump, Source};
+use super::range::Grants;
 use super::{Backstop, BackstopError, HANDOFF_TIMEOUT, token_seq};
 use crate::binding::{interval_consumer, mention_consumer};
 
@@ -33,6 +34,10 @@ pub(super) struct Session {
     pub(super) name: String,
     /// Whether the member takes offers, so that it may follow its channels' feeds.
     pub(super) offers: bool,
+    /// Whether the member reads its backlogs itself when granted a range of each.
+    pub(super) ranges: bool,
+    /// The ranges granted to it.
+    pub(super) grants: Arc<Grants>,
     token: CancellationToken,
     started: Instant,
     pub(super) held: Arc<Mutex<HashMap<String, Held>>>,
@@ -85,6 +90,7 @@ impl Backstop {
         member: &str,
         session: &str,
         offers: bool,
+        ranges: bool,
     ) -> Result<Vec<String>, BackstopError> {
         let (root, tracker) = self
             .running
@@ -96,6 +102,8 @@ impl Backstop {
         let fresh = Arc::new(Session {
             name: session.to_owned(),
             offers,
+            ranges,
+            grants: Arc::default(),
             token: root.child_token(),
             started: Instant::now(),
             held: Arc::default(),
@@ -252,6 +260,9 @@ impl Backstop {
         };
         if let Ok(mut progress) = session.progress.lock() {
             progress.acked = Instant::now();
+        }
+        for (grant, progress) in tokens.iter().filter_map(|t| crate::ops::range_progress(t)) {
+            session.grants.progress(grant, progress);
         }
         let done: Vec<Held> = session
             .held

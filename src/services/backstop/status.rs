@@ -161,7 +161,7 @@ impl Backstop {
                         }
                     }
                 }
-                let waiting = entries.len() + mentions;
+                let waiting = entries.len() + mentions + session.grants.waiting() as usize;
                 let stuck = session
                     .progress
                     .lock()
