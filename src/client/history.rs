@@ -14,7 +14,7 @@ use crate::binding::chat_history_consumer;
 use crate::protocol::{Channel, ChannelPattern, CotalMessage, resolve};
 
 /// History fetch batch size.
-pub(super) const HISTORY_BATCH: usize = 256;
+const HISTORY_BATCH: usize = 256;
 /// A history read ends when a pull brings nothing for this long.
 pub(super) const HISTORY_IDLE: Duration = Duration::from_secs(2);
 
@@ -118,7 +118,7 @@ impl Client {
     /// The pinned single-filter `chathist_<id>` consumer (§8), made afresh to read `subject`
     /// from where `deliver_policy` says; with the stream it reads and its name. The caller holds
     /// the history lock (one history read at a time: they share the consumer).
-    pub(super) async fn history_consumer(
+    async fn history_consumer(
         &self,
         subject: &str,
         deliver_policy: DeliverPolicy,
@@ -145,6 +145,26 @@ impl Client {
             .await
             .map_err(fail(subject))?;
         Ok((stream, name, consumer))
+    }
+
+    /// The pinned history consumer made for `subject` from `deliver_policy` (as
+    /// [`Client::history_consumer`]) and its messages, pulled pipelined (the next batch is asked
+    /// for while this one is surfaced); with the stream, the consumer's name and how many
+    /// messages it held when made.
+    pub(super) async fn history_messages(
+        &self,
+        subject: &str,
+        deliver_policy: DeliverPolicy,
+    ) -> Result<(Stream, String, u64, pull::Stream), ClientError> {
+        let (stream, name, consumer) = self.history_consumer(subject, deliver_policy).await?;
+        let pending = consumer.cached_info().num_pending;
+        let messages = consumer
+            .stream()
+            .max_messages_per_batch(HISTORY_BATCH)
+            .messages()
+            .await
+            .map_err(fail(subject))?;
+        Ok((stream, name, pending, messages))
     }
 
     /// Reads up to the last `limit` messages matching `pattern` through the pinned
@@ -217,19 +237,12 @@ impl Client {
         read_to: u64,
     ) -> Result<usize, ClientError> {
         let _one_at_a_time = self.inner.history.lock().await;
-        let (stream, name, consumer) = self.history_consumer(subject, deliver_policy).await?;
         // Read to the watermark, then once more to the frontier as it is then: a message routed
         // just before our SUB became active may be stored just after the watermark was read.
-        // Later messages reach the live subscription; dedup by `id` absorbs any overlap. Pulls
-        // are pipelined (the next batch is asked for while this one is surfaced); a pull that
-        // brings nothing for [`HISTORY_IDLE`] ends the read, as the frontier said it would.
-        let mut pending = consumer.cached_info().num_pending;
-        let mut messages = consumer
-            .stream()
-            .max_messages_per_batch(HISTORY_BATCH)
-            .messages()
-            .await
-            .map_err(fail(subject))?;
+        // Later messages reach the live subscription; dedup by `id` absorbs any overlap. A pull
+        // that brings nothing for [`HISTORY_IDLE`] ends the read, as the frontier said it would.
+        let (stream, name, mut pending, mut messages) =
+            self.history_messages(subject, deliver_policy).await?;
         let mut surfaced = 0;
         let mut target = watermark;
         let mut extended = false;

@@ -16,7 +16,7 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use super::deliver::{Acked, BackstopToken};
-use super::history::{HISTORY_BATCH, HISTORY_IDLE};
+use super::history::HISTORY_IDLE;
 use super::{Client, ClientError, nats_err};
 use crate::ops::{self, Range, RangeProgress};
 
@@ -144,14 +144,8 @@ impl Client {
         let start = DeliverPolicy::ByStartSequence {
             start_sequence: after + 1,
         };
-        let (stream, name, consumer) = self.history_consumer(subject, start).await?;
-        let mut pending = consumer.cached_info().num_pending;
-        let mut messages = consumer
-            .stream()
-            .max_messages_per_batch(HISTORY_BATCH)
-            .messages()
-            .await
-            .map_err(nats_err(what()))?;
+        let (stream, name, mut pending, mut messages) =
+            self.history_messages(subject, start).await?;
         let mut taken = 0;
         while pending > 0 {
             let next = tokio::time::timeout(HISTORY_IDLE, messages.next()).await;
