@@ -132,13 +132,15 @@ async fn send_acks(
     stop: CancellationToken,
 ) -> bool {
     let mut acked = Vec::with_capacity(ACK_BATCH);
+    let mut ranges = RangesDue::default();
     let mut unconfirmed = false;
     loop {
         tokio::select! {
             n = batch.recv_many(&mut acked, ACK_BATCH) => if n == 0 { return !unconfirmed },
+            () = tokio::time::sleep_until(ranges.flush_at), if ranges.waiting() => {}
             () = stop.cancelled() => break,
         }
-        let tokens = tokens_of(acked.drain(..));
+        let tokens = ranges.tokens(acked.drain(..), false);
         if tokens.is_empty() {
             continue;
         }
@@ -152,7 +154,7 @@ async fn send_acks(
     while let Ok(token) = batch.try_recv() {
         acked.push(token);
     }
-    let tokens = tokens_of(acked.drain(..));
+    let tokens = ranges.tokens(acked.drain(..), true);
     if tokens.is_empty() && !unconfirmed {
         return true;
     }
@@ -166,14 +168,50 @@ async fn send_acks(
     }
 }
 
-/// The tokens to send for what was handed to the batcher: each range's progress as it is now.
-fn tokens_of(acked: impl Iterator<Item = Acked>) -> Vec<String> {
-    acked
-        .filter_map(|a| match a {
-            Acked::Token(token) => Some(token),
-            Acked::Range(read) => read.take(),
-        })
-        .collect()
+/// How often the progress of a range being read goes to the reader: each token costs the
+/// appliance a request and a save of the position, and a range has news at every entry its
+/// application handles. A range that is done goes at once.
+const RANGE_PROGRESS_EVERY: Duration = Duration::from_millis(50);
+
+/// The ranges with progress the reader has not been told yet ([`super::range`]).
+struct RangesDue {
+    waiting: Vec<Arc<super::range::RangeRead>>,
+    flush_at: tokio::time::Instant,
+}
+
+impl Default for RangesDue {
+    fn default() -> Self {
+        RangesDue {
+            waiting: Vec::new(),
+            flush_at: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl RangesDue {
+    fn waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
+    /// The tokens to send for what was handed to the batcher: copies' tokens at once, each
+    /// range's progress as it is now when it is done, when [`RANGE_PROGRESS_EVERY`] has passed
+    /// since the last, or at the `last` batch.
+    fn tokens(&mut self, acked: impl Iterator<Item = Acked>, last: bool) -> Vec<String> {
+        let mut tokens = Vec::new();
+        for a in acked {
+            match a {
+                Acked::Token(token) => tokens.push(token),
+                Acked::Range(read) if read.done() => tokens.extend(read.take()),
+                Acked::Range(read) => self.waiting.push(read),
+            }
+        }
+        let now = tokio::time::Instant::now();
+        if last || now >= self.flush_at {
+            tokens.extend(self.waiting.drain(..).filter_map(|r| r.take()));
+            self.flush_at = now + RANGE_PROGRESS_EVERY;
+        }
+        tokens
+    }
 }
 
 /// Asks for a delivery session now and again after every reconnect.

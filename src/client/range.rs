@@ -23,6 +23,8 @@ use crate::ops::{self, Range, RangeProgress};
 /// What this member did of one range: the entries it read and has not handled yet.
 pub(crate) struct RangeRead {
     grant: u64,
+    /// How many entries it held when granted.
+    count: u64,
     state: Mutex<Progress>,
 }
 
@@ -44,6 +46,7 @@ impl RangeRead {
     fn new(range: &Range<'_>) -> Self {
         RangeRead {
             grant: range.grant,
+            count: range.count,
             state: Mutex::new(Progress {
                 read_to: range.after,
                 ..Progress::default()
@@ -85,6 +88,13 @@ impl RangeRead {
         let queue = !p.queued && p.handled > p.reported;
         p.queued |= queue;
         queue
+    }
+
+    /// Whether every entry of the range is handled (or no longer in the stream).
+    pub(crate) fn done(&self) -> bool {
+        self.state
+            .lock()
+            .is_ok_and(|p| p.outstanding.is_empty() && p.handled >= self.count)
     }
 
     /// The progress token the ack batcher sends, when there is news since the last.
@@ -215,7 +225,9 @@ mod tests {
         assert_eq!(said(r.take()), Some((149, 299)));
         assert!(r.finished(700), "news since the last token");
         assert_eq!(said(r.take()), Some((149, 999)), "150 is still outstanding");
+        assert!(!r.done());
         assert!(r.handled(150));
+        assert!(r.done());
         assert_eq!(said(r.take()), Some((400, 1_000)));
     }
 
