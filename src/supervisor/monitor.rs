@@ -22,6 +22,17 @@ use crate::dial::{DialError, nats_options};
 /// How often the connection tries again while the broker is restarting.
 pub const RECONNECT_EVERY: Duration = Duration::from_millis(50);
 
+/// How long the monitor waits before its connection's `attempts`-th try: none before the
+/// first (async-nats waits before every try, the first of a connect too: a fixed delay there
+/// held every start of the appliance for [`RECONNECT_EVERY`] after the broker was ready), then
+/// [`RECONNECT_EVERY`].
+fn monitor_reconnect_delay(attempts: usize) -> Duration {
+    match attempts {
+        0 | 1 => Duration::ZERO,
+        _ => RECONNECT_EVERY,
+    }
+}
+
 /// The appliance's connection for asking the broker about itself.
 #[derive(Debug, Clone)]
 pub struct Monitor {
@@ -78,7 +89,7 @@ impl Monitor {
     pub async fn connect(creds: &Creds, ca: &Path, addr: SocketAddr) -> Result<Self, DialError> {
         let nats = nats_options(creds, "cotald-monitor", Some(ca), true)?
             .ignore_discovered_servers()
-            .reconnect_delay_callback(|_| RECONNECT_EVERY)
+            .reconnect_delay_callback(monitor_reconnect_delay)
             .connect(format!("tls://{addr}"))
             .await?;
         Ok(Monitor { nats })
