@@ -249,6 +249,68 @@ async fn a_malformed_frame_costs_its_own_message_only() {
     );
 }
 
+/// A subject may hold any bytes but space and tab: one with Unicode whitespace in a token
+/// (U+3000), published with a header block on a DM subject (the appliance follows every DM),
+/// costs its own message only: the appliance's connections stay up, what follows is delivered,
+/// and `status` stays healthy.
+#[tokio::test]
+async fn a_subject_with_unicode_whitespace_costs_its_own_message_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let mallory = mint(
+        tmp.path(),
+        "mallory",
+        "main",
+        &["--allow-publish", "general"],
+    )
+    .await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+    let mut b = endpoint(&bob, |_| {}).await;
+    b.client.join("general", Replay::Off).await.unwrap();
+    let ca = tmp.path().join("tls/ca.pem");
+    let mut raw = RawClient::connect(&c.state().listen.to_string(), &mallory.creds, &ca).await;
+    let id = raw.id.clone();
+    let hostile = format!("cotal.main.inst.a\u{3000}b.{id}");
+    let body = envelope(&id, json!({"to": "a\u{3000}b"}), "hostile");
+    let ack = raw
+        .hpub(&hostile, b"NATS/1.0\r\nX-Note: hi\r\n\r\n", &body)
+        .await;
+    assert!(!ack.contains("\"error\""), "stored: {ack}");
+    let routes = [
+        (
+            format!("cotal.main.chat.{id}.general"),
+            json!({"channel": "general"}),
+        ),
+        (
+            format!("cotal.main.inst.{}.{id}", bob.id),
+            json!({"to": bob.id}),
+        ),
+    ];
+    let mut want = BTreeSet::new();
+    for i in 0..10 {
+        for (subject, routing) in &routes {
+            let text = format!("after / {subject} / {i}");
+            let id_line = format!("NATS/1.0\r\nNats-Msg-Id: {}\r\n\r\n", uuid_like(&text));
+            let body = envelope(&id, routing.clone(), &text);
+            let ack = raw.hpub(subject, id_line.as_bytes(), &body).await;
+            assert!(!ack.contains("\"error\""), "{text}: {ack}");
+            want.insert(text);
+        }
+    }
+    receive_all(&mut b, &want, "the online member").await;
+    let out = cotald_in(tmp.path(), &["status", "--json"]).await;
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "status healthy: {said}");
+    b.client.close().await;
+    let log = c.stop_for_log().await;
+    assert!(!log.contains("panicked"), "no panic:\n{log}");
+    let running = log.split("phase: shutting down").next().unwrap_or_default();
+    assert!(
+        !running.contains("disconnected") && !running.contains("reconnect"),
+        "no connection of the appliance dropped while it ran:\n{log}"
+    );
+}
+
 /// A stable message id for `text` (the broker's duplicate window keys on it).
 fn uuid_like(text: &str) -> String {
     use sha2::Digest;
