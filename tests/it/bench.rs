@@ -69,6 +69,20 @@ async fn bench_reports_each_case_beside_its_baseline() {
             "ratio = cotald / baseline: {r}"
         );
         assert!(r["unit"].is_string(), "{r}");
+        if r["name"].as_str().unwrap().ends_with("_serial") {
+            // Where each side's CPU went, per message.
+            for side in ["appliance", "broker", "clients"] {
+                for figure in [
+                    format!("{side}_us_per_msg"),
+                    format!("{side}_us_per_msg_raw"),
+                ] {
+                    assert!(
+                        r["extra"][&figure].as_f64().is_some_and(|v| v >= 0.0),
+                        "{figure}: {r}"
+                    );
+                }
+            }
+        }
         if r["name"]
             .as_str()
             .unwrap()

@@ -13,7 +13,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    JOIN_CONCURRENCY, PER_SUBJECT, RAW_BATCH, channel, clock_ticks, cpu_seconds, interleaved,
+    CpuSplit, JOIN_CONCURRENCY, PER_SUBJECT, RAW_BATCH, Side, channel, clock_ticks, interleaved,
     names, next, proc_usage, rate, send_many, set_class, text,
 };
 use crate::bench::{Bench, Better, CaseResult, Minted, Sizes, bounded, spread};
@@ -137,7 +137,7 @@ pub(super) async fn catch_up(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<
         first.set(send_many(&clients, &route, backlog).await?);
         anyhow::Ok(())
     };
-    let split = CpuSplit::of(bench)?;
+    let split = CpuSplit::of(bench, &CATCH_UP_CPU)?;
     let (cpu, away, first, returning) = (&split, &away, &first, &returning);
     let figures = interleaved(
         sizes.runs,
@@ -183,76 +183,19 @@ pub(super) async fn catch_up(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<
     Ok(vec![result])
 }
 
-/// Which side of a case a figure is of.
-#[derive(Clone, Copy)]
-enum Side {
-    Cotald,
-    Baseline,
-}
-
-/// The CPU time a case's runs cost the appliance, its broker and the bench process (the member
-/// and the raw reader run in it), per entry, on each side: where the difference between the
-/// sides is spent.
-struct CpuSplit {
-    /// The appliance's, the broker's and this process's pids.
-    pids: [u32; 3],
-    /// µs per entry of each measured run: cotald's side, the baseline's.
-    runs: std::sync::Mutex<[Vec<[f64; 3]>; 2]>,
-}
-
-impl CpuSplit {
-    const NAMES: [[&'static str; 3]; 2] = [
-        [
-            "appliance_us_per_entry",
-            "broker_us_per_entry",
-            "member_us_per_entry",
-        ],
-        [
-            "appliance_us_per_entry_raw",
-            "broker_us_per_entry_raw",
-            "member_us_per_entry_raw",
-        ],
-    ];
-
-    fn of(bench: &Bench) -> anyhow::Result<Self> {
-        let state = bench
-            .dir
-            .read_state()?
-            .context("the appliance under test stopped")?;
-        Ok(CpuSplit {
-            pids: [state.pid, state.broker_pid, std::process::id()],
-            runs: Default::default(),
-        })
-    }
-
-    /// The CPU seconds used so far by each process.
-    fn start(&self) -> [f64; 3] {
-        self.pids.map(cpu_seconds)
-    }
-
-    /// Records a run of `entries` on `side` that began at `before` (a warm-up is not recorded).
-    fn record(&self, before: [f64; 3], side: Side, entries: usize, warm: bool) {
-        if warm {
-            return;
-        }
-        let now = self.start();
-        let per_entry = std::array::from_fn(|i| (now[i] - before[i]) * 1e6 / entries as f64);
-        if let Ok(mut runs) = self.runs.lock() {
-            runs[side as usize].push(per_entry);
-        }
-    }
-
-    /// The medians, as the result's extra figures.
-    fn report(&self, result: &mut CaseResult) {
-        let runs = self.runs.lock().map(|r| r.clone()).unwrap_or_default();
-        for (side, runs) in runs.iter().enumerate() {
-            for (i, name) in Self::NAMES[side].iter().enumerate() {
-                let median = spread(runs.iter().map(|r| r[i]).collect()).1;
-                result.extra.insert(name, median);
-            }
-        }
-    }
-}
+/// The names of `catchup_10k`'s CPU figures.
+const CATCH_UP_CPU: [[&str; 3]; 2] = [
+    [
+        "appliance_us_per_entry",
+        "broker_us_per_entry",
+        "member_us_per_entry",
+    ],
+    [
+        "appliance_us_per_entry_raw",
+        "broker_us_per_entry_raw",
+        "member_us_per_entry_raw",
+    ],
+];
 
 /// The raw side of `catchup_10k`: a new connection and a pull consumer of the backlog from
 /// `first`, fetched in batches and acked one by one; the time from connect to the last ack.

@@ -10,8 +10,8 @@ use futures_util::StreamExt;
 use serde_json::json;
 
 use super::{
-    IN_FLIGHT, channel, interleaved, names, next, payload, rate, raw_publish, send_many_in_flight,
-    set_class, text,
+    CpuSplit, IN_FLIGHT, Side, channel, interleaved, names, next, payload, rate, raw_publish,
+    send_many_in_flight, set_class, text,
 };
 use crate::bench::{Bench, Better, CaseResult, Sizes, bounded};
 use crate::client::{Connection, Replay};
@@ -120,15 +120,17 @@ pub(in crate::bench) async fn live_throughput(
     sizes: Sizes,
     flavor: Flavor,
 ) -> anyhow::Result<Vec<CaseResult>> {
-    let figures = live_rate(bench, sizes.runs, sizes.messages, IN_FLIGHT, flavor).await?;
-    Ok(vec![CaseResult::new(
+    let (figures, cpu) = live_rate(bench, sizes.runs, sizes.messages, IN_FLIGHT, flavor).await?;
+    let mut result = CaseResult::new(
         flavor.names[0],
         "msg/s",
         Better::Higher,
         figures,
         "JetStream publish with Nats-Msg-Id, acks pipelined -> core subscriber",
         flavor.goals[0],
-    )])
+    );
+    cpu.report(&mut result);
+    Ok(vec![result])
 }
 
 /// One send at a time (each awaited until the stream stored it), as agents talk, until the
@@ -138,34 +140,51 @@ pub(super) async fn live_serial(
     sizes: Sizes,
     flavor: Flavor,
 ) -> anyhow::Result<Vec<CaseResult>> {
-    let figures = live_rate(bench, sizes.runs, sizes.samples, 1, flavor).await?;
-    Ok(vec![CaseResult::new(
+    let (figures, cpu) = live_rate(bench, sizes.runs, sizes.samples, 1, flavor).await?;
+    let mut result = CaseResult::new(
         flavor.names[3],
         "msg/s",
         Better::Higher,
         figures,
         "JetStream publish with Nats-Msg-Id, one at a time -> core subscriber",
         flavor.goals[3],
-    )])
+    );
+    cpu.report(&mut result);
+    Ok(vec![result])
 }
 
-/// The rates of `n` sends, `in_flight` at a time, each side until its subscriber has them all.
+/// The names of the CPU figures of the rate cases.
+const RATE_CPU: [[&str; 3]; 2] = [
+    [
+        "appliance_us_per_msg",
+        "broker_us_per_msg",
+        "clients_us_per_msg",
+    ],
+    [
+        "appliance_us_per_msg_raw",
+        "broker_us_per_msg_raw",
+        "clients_us_per_msg_raw",
+    ],
+];
+
+/// The rates of `n` sends, `in_flight` at a time, each side until its subscriber has them all;
+/// with the CPU each side cost per message.
 async fn live_rate(
     bench: &Bench,
     runs: usize,
     n: usize,
     in_flight: usize,
     flavor: Flavor,
-) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+) -> anyhow::Result<((Vec<f64>, Vec<f64>), CpuSplit)> {
     let tag = if in_flight == 1 { "serial" } else { "tput" };
     let pair = tokio::sync::Mutex::new(LivePair::new(bench, tag, flavor).await?);
     let route = [Routing::channel(&channel(flavor.ch)?)];
+    let cpu = CpuSplit::of(bench, &RATE_CPU)?;
     let figures = interleaved(
         runs,
         |warm| {
             let n = if warm { n / 10 } else { n };
-            let pair = &pair;
-            let route = &route;
+            let (pair, route, cpu) = (&pair, &route, &cpu);
             async move {
                 let mut pair = pair.lock().await;
                 let LivePair {
@@ -175,6 +194,7 @@ async fn live_rate(
                     ..
                 } = &mut *pair;
                 let senders = [&publisher.client];
+                let used = cpu.start();
                 let start = Instant::now();
                 let sending = send_many_in_flight(&senders, route, n, in_flight);
                 let receiving = async {
@@ -190,12 +210,14 @@ async fn live_rate(
                 };
                 // Either side failing ends the measurement with its error (the other is not awaited).
                 tokio::try_join!(sending, receiving)?;
-                Ok(rate(n, start.elapsed()))
+                let took = start.elapsed();
+                cpu.record(used, Side::Cotald, n, warm);
+                Ok(rate(n, took))
             }
         },
         |warm| {
             let n = if warm { n / 10 } else { n };
-            let pair = &pair;
+            let (pair, cpu) = (&pair, &cpu);
             async move {
                 let mut pair = pair.lock().await;
                 let LivePair {
@@ -205,6 +227,7 @@ async fn live_rate(
                     raw_sub,
                     ..
                 } = &mut *pair;
+                let used = cpu.start();
                 let start = Instant::now();
                 let sending = raw_publish(raw_js, raw_subject, raw_payload, n, in_flight, false);
                 let receiving = async {
@@ -217,13 +240,15 @@ async fn live_rate(
                 };
                 // Either side failing ends the measurement with its error (the other is not awaited).
                 tokio::try_join!(sending, receiving)?;
-                Ok(rate(n, start.elapsed()))
+                let took = start.elapsed();
+                cpu.record(used, Side::Baseline, n, warm);
+                Ok(rate(n, took))
             }
         },
     )
     .await?;
     pair.into_inner().close().await;
-    Ok(figures)
+    Ok((figures, cpu))
 }
 
 pub(in crate::bench) async fn live_latency(

@@ -320,6 +320,73 @@ fn clock_ticks() -> f64 {
     rustix::param::clock_ticks_per_second().max(1) as f64
 }
 
+/// Which side of a case a figure is of.
+#[derive(Clone, Copy)]
+pub(super) enum Side {
+    /// Through cotald.
+    Cotald,
+    /// Raw NATS.
+    Baseline,
+}
+
+/// The CPU time a case's runs cost the appliance, its broker and the bench process (the
+/// clients of both sides run in it), per message, on each side: where the difference between
+/// the sides is spent.
+pub(super) struct CpuSplit {
+    /// The appliance's, the broker's and this process's pids.
+    pids: [u32; 3],
+    /// The figures' names: cotald's side, the baseline's.
+    names: &'static [[&'static str; 3]; 2],
+    /// µs per message of each measured run: cotald's side, the baseline's.
+    runs: std::sync::Mutex<[Vec<[f64; 3]>; 2]>,
+}
+
+impl CpuSplit {
+    pub(super) fn of(
+        bench: &Bench,
+        names: &'static [[&'static str; 3]; 2],
+    ) -> anyhow::Result<Self> {
+        let state = bench
+            .dir
+            .read_state()?
+            .context("the appliance under test stopped")?;
+        Ok(CpuSplit {
+            pids: [state.pid, state.broker_pid, std::process::id()],
+            names,
+            runs: Default::default(),
+        })
+    }
+
+    /// The CPU seconds used so far by each process.
+    pub(super) fn start(&self) -> [f64; 3] {
+        self.pids.map(cpu_seconds)
+    }
+
+    /// Records a run of `messages` on `side` that began at `before` (a warm-up is not
+    /// recorded).
+    pub(super) fn record(&self, before: [f64; 3], side: Side, messages: usize, warm: bool) {
+        if warm {
+            return;
+        }
+        let now = self.start();
+        let per_entry = std::array::from_fn(|i| (now[i] - before[i]) * 1e6 / messages as f64);
+        if let Ok(mut runs) = self.runs.lock() {
+            runs[side as usize].push(per_entry);
+        }
+    }
+
+    /// The medians, as the result's extra figures.
+    pub(super) fn report(&self, result: &mut CaseResult) {
+        let runs = self.runs.lock().map(|r| r.clone()).unwrap_or_default();
+        for (side, runs) in runs.iter().enumerate() {
+            for (i, name) in self.names[side].iter().enumerate() {
+                let median = super::spread(runs.iter().map(|r| r[i]).collect()).1;
+                result.extra.insert(name, median);
+            }
+        }
+    }
+}
+
 /// CPU seconds used so far by the threads of `pid` that are alive (the scheduler's nanosecond
 /// count, finer than [`proc_usage`]'s clock ticks); 0 when unreadable.
 fn cpu_seconds(pid: u32) -> f64 {
