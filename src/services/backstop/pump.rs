@@ -282,13 +282,7 @@ impl Pump {
             count,
             grant,
         };
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(crate::ops::BATCH_KIND, crate::ops::RANGE);
-        let sent = self
-            .space
-            .nats()
-            .publish_with_headers(self.inbox.clone(), headers, range.to_body().into())
-            .await;
+        let sent = self.tell(crate::ops::RANGE, range.to_body()).await;
         let stood = match sent {
             Ok(()) => {
                 self.await_range(channel, &open, count, progress, token)
@@ -365,17 +359,24 @@ impl Pump {
             return;
         };
         *told = true;
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(crate::ops::BATCH_KIND, crate::ops::CAUGHT_UP);
         let body = crate::ops::caught_up_body(session, &self.consumer);
-        let sent = self
-            .space
-            .nats()
-            .publish_with_headers(self.inbox.clone(), headers, body.into())
-            .await;
-        if let Err(e) = sent {
+        if let Err(e) = self.tell(crate::ops::CAUGHT_UP, body).await {
             tracing::debug!(member = self.member, error = %e, "caught-up not sent");
         }
+    }
+
+    /// Sends the member a message of `kind` ([`crate::ops::BATCH_KIND`]) on its backstop inbox.
+    async fn tell(
+        &self,
+        kind: &'static str,
+        body: String,
+    ) -> Result<(), async_nats::client::PublishError> {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(crate::ops::BATCH_KIND, kind);
+        self.space
+            .nats()
+            .publish_with_headers(self.inbox.clone(), headers, body.into())
+            .await
     }
 
     /// The interval this pump reads, as the registry has it now (a leave sets its cursor while
