@@ -19,7 +19,7 @@ use std::fmt;
 use serde_json::Value;
 
 use super::control::ControlRequest;
-use super::envelope::{CotalMessage, EnvelopeError};
+use super::envelope::{CotalMessage, EnvelopeError, RawEnvelope};
 use super::subject::{SubjectKind, SubjectParseError, parse_subject};
 
 /// How a delivery was addressed to the receiver, derived from the subject (§4).
@@ -198,23 +198,34 @@ fn check_size(payload: &[u8], max_payload: usize) -> Result<(), Rejection> {
     Ok(())
 }
 
-/// UTF-8 and JSON checks, then the sender check; returns the decoded document.
-fn decode_and_check_sender(sender: &str, payload: &[u8]) -> Result<Value, Rejection> {
-    let text = std::str::from_utf8(payload).map_err(|e| Rejection::InvalidUtf8 {
+/// The payload as text, or why it is not UTF-8.
+fn utf8(payload: &[u8]) -> Result<&str, Rejection> {
+    std::str::from_utf8(payload).map_err(|e| Rejection::InvalidUtf8 {
         valid_up_to: e.valid_up_to(),
-    })?;
-    let value: Value = serde_json::from_str(text).map_err(Rejection::MalformedJson)?;
-    let from_id = value
-        .get("from")
-        .and_then(|from| from.get("id"))
-        .and_then(Value::as_str)
-        .ok_or(Rejection::MissingSender)?;
+    })
+}
+
+/// The sender check (§5): the document's `from.id` is the subject's sender.
+fn check_sender(sender: &str, from_id: Option<&str>) -> Result<(), Rejection> {
+    let from_id = from_id.ok_or(Rejection::MissingSender)?;
     if from_id != sender {
         return Err(Rejection::SenderMismatch {
             subject_sender: sender.to_owned(),
             from_id: from_id.to_owned(),
         });
     }
+    Ok(())
+}
+
+/// UTF-8 and JSON checks, then the sender check; returns the decoded document (a control
+/// request, which is read from it by its derived shape).
+fn decode_and_check_sender(sender: &str, payload: &[u8]) -> Result<Value, Rejection> {
+    let value: Value = serde_json::from_str(utf8(payload)?).map_err(Rejection::MalformedJson)?;
+    let from_id = value
+        .get("from")
+        .and_then(|from| from.get("id"))
+        .and_then(Value::as_str);
+    check_sender(sender, from_id)?;
     Ok(value)
 }
 
@@ -228,8 +239,12 @@ pub fn accept_delivery(
     let parsed = parse_subject(subject)?;
     let kind =
         DeliveryKind::of(parsed.kind).ok_or(Rejection::WrongSubjectKind { found: parsed.kind })?;
-    let value = decode_and_check_sender(parsed.sender, payload)?;
-    let message = CotalMessage::from_value(value).map_err(Rejection::InvalidEnvelope)?;
+    let text = utf8(payload)?;
+    let document = RawEnvelope::read(text).map_err(Rejection::MalformedJson)?;
+    check_sender(parsed.sender, document.sender())?;
+    let message = document
+        .into_message()
+        .map_err(Rejection::InvalidEnvelope)?;
     Ok(AcceptedDelivery {
         kind,
         sender: parsed.sender.to_owned(),

@@ -251,21 +251,39 @@ pub(super) async fn replay(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<Ca
     let joiner = bench
         .mint("bench-joiner", json!({"subscribe": [CH_REPLAY]}))
         .await?;
+    let split = CpuSplit::of(bench, &REPLAY_CPU)?;
+    let (cpu, joiner) = (&split, &joiner);
     let figures = interleaved(
         sizes.runs,
-        |_warm| join_with_history(bench, &joiner, backlog),
-        |_warm| ordered_read(bench, backlog),
+        |warm| join_with_history(bench, joiner, backlog, (cpu, warm)),
+        |warm| ordered_read(bench, backlog, (cpu, warm)),
     )
     .await?;
-    Ok(vec![CaseResult::new(
+    let mut result = CaseResult::new(
         "replay_10k",
         "msg/s",
         Better::Higher,
         figures,
         "an ordered consumer of the same range on an open connection",
         ">= 0.8",
-    )])
+    );
+    split.report(&mut result);
+    Ok(vec![result])
 }
+
+/// The names of `replay_10k`'s CPU figures.
+const REPLAY_CPU: [[&str; 3]; 2] = [
+    [
+        "appliance_us_per_msg",
+        "broker_us_per_msg",
+        "joiner_us_per_msg",
+    ],
+    [
+        "appliance_us_per_msg_raw",
+        "broker_us_per_msg_raw",
+        "joiner_us_per_msg_raw",
+    ],
+];
 
 /// The history of `replay_10k`: `backlog` messages on its channel, from as many publishers as
 /// the bound per subject asks for.
@@ -289,11 +307,18 @@ async fn publish_history(bench: &Bench, backlog: usize) -> anyhow::Result<()> {
 }
 
 /// The cotald side of `replay_10k`: `joiner` joins the channel and surfaces its `backlog` of
-/// history; the rate from the join to the last message.
-async fn join_with_history(bench: &Bench, joiner: &Minted, backlog: usize) -> anyhow::Result<f64> {
+/// history; the rate from the join to the last message, and the CPU each side spent in it
+/// recorded in `cpu` (the connection's setup and close left out, as the baseline's are).
+async fn join_with_history(
+    bench: &Bench,
+    joiner: &Minted,
+    backlog: usize,
+    (cpu, warm): (&CpuSplit, bool),
+) -> anyhow::Result<f64> {
     // A new connection each run: its dedup window has seen none of the history.
     let mut conn = bench.sender(joiner).await?;
     let client = conn.client.clone();
+    let used = cpu.start();
     let start = Instant::now();
     let join = client.join(CH_REPLAY, Replay::AsConfigured);
     let surface = async {
@@ -311,15 +336,22 @@ async fn join_with_history(bench: &Bench, joiner: &Minted, backlog: usize) -> an
         bail!("the join backfilled fewer than {backlog}");
     }
     let elapsed = start.elapsed();
+    cpu.record(used, Side::Cotald, backlog, warm);
     conn.client.close().await;
     Ok(rate(backlog, elapsed))
 }
 
 /// The raw side of `replay_10k`: an ordered consumer of the channel read to `backlog` on an
-/// open connection; the rate from the stream's lookup to the last message.
-async fn ordered_read(bench: &Bench, backlog: usize) -> anyhow::Result<f64> {
+/// open connection; the rate from the stream's lookup to the last message, and the CPU each
+/// side spent in it recorded in `cpu`.
+async fn ordered_read(
+    bench: &Bench,
+    backlog: usize,
+    (cpu, warm): (&CpuSplit, bool),
+) -> anyhow::Result<f64> {
     let nats = bench.raw_as(&bench.operator).await?;
     let js = jetstream::new(nats.clone());
+    let used = cpu.start();
     let start = Instant::now();
     let stream = js.get_stream(names().chat_stream()).await?;
     let mut messages = stream
@@ -339,6 +371,7 @@ async fn ordered_read(bench: &Bench, backlog: usize) -> anyhow::Result<f64> {
         read += 1;
     }
     let elapsed = start.elapsed();
+    cpu.record(used, Side::Baseline, backlog, warm);
     drop(messages);
     let _ = tokio::time::timeout(Duration::from_secs(5), nats.drain()).await;
     Ok(rate(backlog, elapsed))

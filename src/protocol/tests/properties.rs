@@ -2,10 +2,11 @@
 
 use proptest::prelude::*;
 
+use super::ALICE;
 use crate::protocol::subject::is_token_char;
 use crate::protocol::{
-    Channel, ChannelPattern, CotalMessage, Host, JoinLink, LinkAuth, ReplayWindow, SpaceSubjects,
-    SubjectKind, accept_control_request, accept_delivery, parse_subject, sanitize,
+    Channel, ChannelPattern, CotalMessage, Host, JoinLink, LinkAuth, Rejection, ReplayWindow,
+    SpaceSubjects, SubjectKind, accept_control_request, accept_delivery, parse_subject, sanitize,
 };
 
 /// Any non-empty string without `.` (one raw token or segment).
@@ -170,5 +171,147 @@ proptest! {
         let reparsed: JoinLink = text.parse().unwrap();
         prop_assert_eq!(&reparsed, &link, "{}", text);
         prop_assert!(!link.server_url().contains('@'));
+    }
+}
+
+/// A JSON value of any type, small, as text.
+fn any_json() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("null".to_owned()),
+        Just("true".to_owned()),
+        Just("7".to_owned()),
+        Just("-1.5e3".to_owned()),
+        Just("[]".to_owned()),
+        Just("{}".to_owned()),
+        Just(r#"["a", 1, {"b": null}]"#.to_owned()),
+        "[a-z ]{0,4}".prop_map(|s| format!("{s:?}")),
+    ]
+}
+
+/// A value for envelope key `key`: usually of the type the schema asks for, sometimes any.
+fn value_for(key: &'static str) -> BoxedStrategy<String> {
+    let typed: BoxedStrategy<String> = match key {
+        "ts" => Just("1700000000000".to_owned()).boxed(),
+        "from" => prop::collection::vec(
+            (
+                prop::sample::select(vec!["id", "name", "role", "x-extra", "\\u0069d"]),
+                prop_oneof![Just(format!("{:?}", ALICE)), any_json()],
+            ),
+            0..5,
+        )
+        .prop_map(|fields| object(&fields))
+        .boxed(),
+        "mentions" => Just(r#"["bob", "carol"]"#.to_owned()).boxed(),
+        "parts" => prop::collection::vec(
+            prop_oneof![
+                Just(r#"{"kind": "text", "text": "hi"}"#.to_owned()),
+                Just(r#"{"kind": "data", "data": null, "n": 1}"#.to_owned()),
+                Just(r#"{"kind": "com.acme.x", "text": 5}"#.to_owned()),
+                Just(r#"{"kind": "image"}"#.to_owned()),
+                any_json(),
+            ],
+            0..3,
+        )
+        .prop_map(|parts| format!("[{}]", parts.join(",")))
+        .boxed(),
+        _ => "[a-z]{1,4}".prop_map(|s| format!("{s:?}")).boxed(),
+    };
+    prop_oneof![4 => typed, 1 => any_json()].boxed()
+}
+
+/// A JSON object of `fields` (keys written as given, so a key may repeat or hold an escape).
+fn object(fields: &[(&str, String)]) -> String {
+    let entries: Vec<String> = fields
+        .iter()
+        .map(|(k, v)| format!("\"{k}\": {v}"))
+        .collect();
+    format!("{{{}}}", entries.join(", "))
+}
+
+/// Envelope documents: a valid message's fields, each kept most of the time, with known and
+/// unknown keys added before or after them (a key may repeat: the last one counts), values of
+/// the right type or any; sometimes cut short, or not an object.
+fn envelope_text() -> impl Strategy<Value = String> {
+    let valid = [
+        ("id", "\"m1\"".to_owned()),
+        ("ts", "1".to_owned()),
+        ("space", "\"main\"".to_owned()),
+        ("from", format!(r#"{{"id": "{ALICE}", "name": "alice"}}"#)),
+        ("channel", "\"general\"".to_owned()),
+        ("parts", r#"[{"kind": "text", "text": "hi"}]"#.to_owned()),
+    ];
+    let keys = vec![
+        "id",
+        "ts",
+        "space",
+        "from",
+        "channel",
+        "to",
+        "toService",
+        "mentions",
+        "parts",
+        "replyTo",
+        "contextId",
+        "extra",
+        "\\u0069d",
+    ];
+    let added = prop::collection::vec(
+        prop::sample::select(keys).prop_flat_map(|k| (Just(k), value_for(k))),
+        0..5,
+    );
+    let document = (
+        prop::collection::vec(prop::bool::weighted(0.9), valid.len()),
+        added,
+        any::<bool>(),
+    )
+        .prop_map(move |(kept, added, added_first)| {
+            let base = valid
+                .iter()
+                .zip(kept)
+                .filter(|(_, k)| *k)
+                .map(|(f, _)| f.clone());
+            let fields: Vec<(&str, String)> = match added_first {
+                true => added.into_iter().chain(base).collect(),
+                false => base.chain(added).collect(),
+            };
+            object(&fields)
+        });
+    prop_oneof![
+        6 => document.clone(),
+        1 => (document, any::<prop::sample::Index>())
+            .prop_map(|(text, cut)| text[..cut.index(text.len() + 1)].to_owned()),
+        1 => any_json(),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    /// A delivery read in one pass is judged exactly as its decoded document is: accepted as the
+    /// same message, or refused for the same reason with the same detail.
+    #[test]
+    fn one_pass_read_judges_as_the_decoded_document(text in envelope_text()) {
+        let subject = format!("cotal.main.chat.{ALICE}.general");
+        let decoded = serde_json::from_str::<serde_json::Value>(&text)
+            .map_err(|e| e.to_string())
+            .and_then(|value| {
+                let from_id = value.get("from").and_then(|f| f.get("id")).and_then(|i| i.as_str());
+                match from_id {
+                    None => Err(Rejection::MissingSender.to_string()),
+                    Some(id) if id != ALICE => Err(Rejection::SenderMismatch {
+                        subject_sender: ALICE.to_owned(),
+                        from_id: id.to_owned(),
+                    }.to_string()),
+                    Some(_) => CotalMessage::from_value(value)
+                        .map_err(|e| Rejection::InvalidEnvelope(e).to_string()),
+                }
+            });
+        let read = accept_delivery(&subject, text.as_bytes(), 1 << 20)
+            .map(|accepted| accepted.message)
+            .map_err(|r| match r {
+                Rejection::MalformedJson(e) => e.to_string(),
+                other => other.to_string(),
+            });
+        prop_assert_eq!(read, decoded, "{}", text);
     }
 }

@@ -22,6 +22,10 @@ use serde_json::{Map, Number, Value};
 use super::channel_name::Channel;
 use super::id::InstanceId;
 
+mod read;
+
+pub use read::RawEnvelope;
+
 /// Why a JSON document is not a valid envelope.
 #[derive(Debug, thiserror::Error)]
 pub enum EnvelopeError {
@@ -146,19 +150,11 @@ impl<'p> Fields<'p> {
         }
     }
 
-    fn field(&self, name: &str) -> String {
-        if self.path == "message" {
-            name.to_owned()
-        } else {
-            format!("{}.{name}", self.path)
-        }
-    }
-
     fn required(&mut self, name: &str) -> Result<Value, EnvelopeError> {
         self.map
             .remove(name)
             .ok_or_else(|| EnvelopeError::MissingField {
-                field: self.field(name),
+                field: read::field_path(self.path, name),
             })
     }
 
@@ -169,19 +165,8 @@ impl<'p> Fields<'p> {
         }
     }
 
-    fn optional_string(&mut self, name: &str) -> Result<Option<String>, EnvelopeError> {
-        match self.map.remove(name) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(_) => Err(self.wrong(name, "a string")),
-        }
-    }
-
     fn wrong(&self, name: &str, expected: &'static str) -> EnvelopeError {
-        EnvelopeError::WrongType {
-            field: self.field(name),
-            expected,
-        }
+        read::wrong(self.path, name, expected)
     }
 
     fn rest(self) -> Map<String, Value> {
@@ -232,16 +217,6 @@ impl EndpointRef {
         self.role = Some(role.into());
         self
     }
-
-    fn from_value(value: Value, path: &str) -> Result<Self, EnvelopeError> {
-        let mut f = Fields::new(value, path)?;
-        Ok(Self {
-            id: f.string("id")?,
-            name: f.string("name")?,
-            role: f.optional_string("role")?,
-            extra: f.rest(),
-        })
-    }
 }
 
 impl Serialize for EndpointRef {
@@ -260,7 +235,7 @@ impl Serialize for EndpointRef {
 impl<'de> Deserialize<'de> for EndpointRef {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let value = Value::deserialize(deserializer)?;
-        Self::from_value(value, "endpoint").map_err(serde::de::Error::custom)
+        read::endpoint(value, "endpoint").map_err(serde::de::Error::custom)
     }
 }
 
@@ -438,8 +413,6 @@ impl Routing {
     }
 }
 
-const ROUTING_FIELDS: [&str; 3] = ["channel", "to", "toService"];
-
 /// A delivery message (§5).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CotalMessage {
@@ -511,66 +484,12 @@ impl CotalMessage {
 
     /// Parses a message from JSON bytes, following the published schema (§5).
     pub fn from_json(bytes: &[u8]) -> Result<Self, EnvelopeError> {
-        Self::from_value(serde_json::from_slice(bytes)?)
+        serde_json::from_slice::<RawEnvelope>(bytes)?.into_message()
     }
 
     /// Parses a message from an already decoded JSON value.
     pub fn from_value(value: Value) -> Result<Self, EnvelopeError> {
-        let mut f = Fields::new(value, "message")?;
-        let found: Vec<&'static str> = ROUTING_FIELDS
-            .into_iter()
-            .filter(|name| f.map.contains_key(*name))
-            .collect();
-        let routing = match found.as_slice() {
-            ["channel"] => Routing::Channel(f.string("channel")?),
-            ["to"] => Routing::To(f.string("to")?),
-            ["toService"] => Routing::ToService(f.string("toService")?),
-            _ => return Err(EnvelopeError::Routing { found }),
-        };
-        let id = f.string("id")?;
-        let ts = match f.required("ts")? {
-            Value::Number(n) => EpochMillis(n),
-            _ => return Err(f.wrong("ts", "a number")),
-        };
-        let space = f.string("space")?;
-        let from = EndpointRef::from_value(f.required("from")?, "from")?;
-        let mentions = match f.map.remove("mentions") {
-            None => Vec::new(),
-            Some(Value::Array(items)) => items
-                .into_iter()
-                .enumerate()
-                .map(|(i, v)| match v {
-                    Value::String(s) => Ok(s),
-                    _ => Err(EnvelopeError::WrongType {
-                        field: format!("mentions[{i}]"),
-                        expected: "a string",
-                    }),
-                })
-                .collect::<Result<_, _>>()?,
-            Some(_) => return Err(f.wrong("mentions", "an array")),
-        };
-        let parts = match f.required("parts")? {
-            Value::Array(items) => items
-                .into_iter()
-                .enumerate()
-                .map(|(i, v)| Part::from_value(v, i))
-                .collect::<Result<_, _>>()?,
-            _ => return Err(f.wrong("parts", "an array")),
-        };
-        let reply_to = f.optional_string("replyTo")?;
-        let context_id = f.optional_string("contextId")?;
-        Ok(Self {
-            id,
-            ts,
-            space,
-            from,
-            routing,
-            mentions,
-            parts,
-            reply_to,
-            context_id,
-            extra: f.rest(),
-        })
+        read::message(value)
     }
 
     /// Serializes the message to JSON bytes.
@@ -618,7 +537,8 @@ impl Serialize for CotalMessage {
 
 impl<'de> Deserialize<'de> for CotalMessage {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let value = Value::deserialize(deserializer)?;
-        Self::from_value(value).map_err(serde::de::Error::custom)
+        RawEnvelope::deserialize(deserializer)?
+            .into_message()
+            .map_err(serde::de::Error::custom)
     }
 }
