@@ -204,6 +204,11 @@ impl DataDir {
     pub fn bin(&self) -> PathBuf {
         self.root.join("bin")
     }
+    /// `bin.verified`: what the installed broker's file was when last compared with the
+    /// embedded build.
+    pub fn broker_verified(&self) -> PathBuf {
+        self.root.join("bin.verified")
+    }
     /// `keys/`
     pub fn keys(&self) -> PathBuf {
         self.root.join("keys")

@@ -17,7 +17,7 @@ use crate::supervisor::{self, BrokerSpec, ServerConf};
 /// data dir is locked already.
 pub(super) async fn prepare(opts: &Options) -> Result<(Prepared, BrokerSpec), DaemonError> {
     let dir = &opts.data_dir;
-    let executable = opts.broker.install(&dir.bin())?;
+    let executable = opts.broker.install(&dir.bin(), &dir.broker_verified())?;
     let broker_version = opts.broker.version().unwrap_or("unknown").to_owned();
     let (listen, cluster) = claim_listeners(opts, &executable).await?;
     let hostnames = hostnames(opts, listen);
