@@ -116,7 +116,7 @@ impl SpaceServices {
         let manager = self.manager.clone();
         let name = self.space.name().to_owned();
         let Some((node, replicas)) = cluster else {
-            self.start_leased(set, account, false)
+            self.start_leased(set, account)
                 .await
                 .map_err(|e| service_error(&name, e))?;
             return Ok(Started {
@@ -133,7 +133,7 @@ impl SpaceServices {
         let starter: Starter = Arc::new(move |leased: Arc<ServiceSet>| {
             let parts = self.clone();
             let account = account.clone();
-            Box::pin(async move { parts.start_leased(&leased, account, true).await })
+            Box::pin(async move { parts.start_leased(&leased, account).await })
         });
         let keeper = Arc::new(LeaseKeeper::new(space, node.to_owned(), replicas, starter));
         if let Err(e) = set.start(keeper.clone()).await {
@@ -146,16 +146,16 @@ impl SpaceServices {
         })
     }
 
-    /// Starts the leased services in `set`, in dependency order (the manager needs the
-    /// reader); on a takeover (`first_the_manager`) the reader and the manager come first,
-    /// since clients wait for the manager. Each is started even when one before it fails to
-    /// (it keeps being retried by the set): a warden waiting for a stream leader must not keep
-    /// the manager from serving. The first failure is returned.
+    /// Starts the leased services in `set`, all at once but the manager, which starts once the
+    /// reader it needs runs (one after the other, each waiting for its consumers and its
+    /// round trips to the broker, they took most of a start's time). Each is started even
+    /// when another fails to (it keeps being retried by the set): a warden waiting for a
+    /// stream leader must not keep the manager from serving. The first failure is returned,
+    /// the reader's and the manager's first.
     async fn start_leased(
         self,
         set: &ServiceSet,
         account: Arc<dyn AccountPush>,
-        first_the_manager: bool,
     ) -> Result<(), ServiceError> {
         // Retried: a takeover often coincides with the registry's stream electing a leader.
         let mut backoff = Backoff::default();
@@ -167,25 +167,25 @@ impl SpaceServices {
             }
             tokio::time::sleep(backoff.next_delay()).await;
         }
-        let mut results = Vec::new();
-        if first_the_manager {
-            results.push(set.start(self.backstop.clone()).await);
-            results.push(set.start(self.manager.clone()).await);
-        }
         let (space, identities) = (&self.space, &self.identities);
         let mentions = Mentions::new(space.clone(), identities.clone(), self.presence.clone());
-        results.push(set.start(Arc::new(mentions)).await);
         let warden = Warden::new(space.clone(), identities.clone(), account);
-        results.push(set.start(Arc::new(warden)).await);
         let guard = ConsumerGuard::new(space.clone(), identities.clone());
-        results.push(set.start(Arc::new(guard)).await);
-        if !first_the_manager {
-            results.push(set.start(self.backstop).await);
-            results.push(set.start(self.manager).await);
-        }
-        let feed = MembershipFeed::new(self.space, self.members, self.view);
-        results.push(set.start(Arc::new(feed)).await);
-        results.into_iter().collect()
+        let feed = MembershipFeed::new(space.clone(), self.members.clone(), self.view.clone());
+        let reader_then_manager = async {
+            let reader = set.start(self.backstop.clone()).await;
+            (reader, set.start(self.manager.clone()).await)
+        };
+        let ((reader, manager), mentions, warden, guard, feed) = tokio::join!(
+            reader_then_manager,
+            set.start(Arc::new(mentions)),
+            set.start(Arc::new(warden)),
+            set.start(Arc::new(guard)),
+            set.start(Arc::new(feed)),
+        );
+        [reader, manager, mentions, warden, guard, feed]
+            .into_iter()
+            .collect()
     }
 }
 

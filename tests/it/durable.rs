@@ -589,9 +589,9 @@ async fn status_shows_each_service() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains(
-            "services    main: connection running, presence running, mentions running, \
-             warden running, \
-             consumer-guard running, backstop running, manager running, membership running"
+            "services    main: connection running, presence running, backstop running, \
+             mentions running, warden running, consumer-guard running, membership running, \
+             manager running"
         ),
         "{text}"
     );
