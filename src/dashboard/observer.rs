@@ -182,63 +182,85 @@ pub(super) struct Observer {
     pump: tokio::task::JoinHandle<()>,
 }
 
+/// What the observer's feed starts from: every channel's live subject subscribed (read raw:
+/// see the module doc), then the recent history; the roster waited for, within
+/// [`ROSTER_LOAD`].
+async fn prepare(
+    client: &Client,
+    space: &str,
+) -> Result<(async_nats::Subscriber, Vec<CotalMessage>), ServiceError> {
+    let at = |what: &str| format!("space `{space}`: {what}");
+    let every = ChannelPattern::new(">").expect("`>` is a channel pattern");
+    let subject = client.inner.subjects.chat_subscription(&every);
+    let subscribed = async {
+        let live = client.inner.nats.subscribe(subject).await?;
+        client.inner.nats.flush().await?;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(live)
+    };
+    let live = subscribed
+        .await
+        .map_err(|e| ServiceError::new(at("subscribing to every channel"), e))?;
+    let recent = client
+        .recent(FEED_KEEP)
+        .await
+        .map_err(|e| ServiceError::new(at("reading the recent history"), e))?;
+    let _ = tokio::time::timeout(ROSTER_LOAD, client.roster().loaded()).await;
+    Ok((live, recent))
+}
+
 impl Observer {
-    /// Connects as the observer, joins every channel, reads the recent history.
+    /// Connects as the observer, joins every channel, reads the recent history; connects the
+    /// person's voice meanwhile (the two take a connection's setup each, at once rather than
+    /// one after the other).
     pub(super) async fn start(access: SpaceAccess) -> Result<Self, ServiceError> {
         let space = access.name.as_str();
-        let options = access.connect;
         let at = |what: &str| format!("space `{space}`: {what}");
-        let Connection { client, deliveries } = Client::connect(options)
-            .await
-            .map_err(|e| ServiceError::new(at("connecting as the observer"), e))?;
-        let prepared = async {
-            // Every channel's live subject, read raw: see the module doc.
-            let every = ChannelPattern::new(">").expect("`>` is a channel pattern");
-            let subject = client.inner.subjects.chat_subscription(&every);
-            let live = client
-                .inner
-                .nats
-                .subscribe(subject)
+        let observing = async {
+            let Connection { client, deliveries } = Client::connect(access.connect)
                 .await
-                .map_err(|e| ServiceError::new(at("subscribing to every channel"), e))?;
-            client
-                .inner
-                .nats
-                .flush()
-                .await
-                .map_err(|e| ServiceError::new(at("subscribing to every channel"), e))?;
-            let recent = client
-                .recent(FEED_KEEP)
-                .await
-                .map_err(|e| ServiceError::new(at("reading the recent history"), e))?;
-            let _ = tokio::time::timeout(ROSTER_LOAD, client.roster().loaded()).await;
-            Ok::<_, ServiceError>((live, recent))
-        };
-        let (live_copies, recent) = match prepared.await {
-            Ok(prepared) => prepared,
-            Err(e) => {
-                client.close().await;
-                return Err(e);
+                .map_err(|e| ServiceError::new(at("connecting as the observer"), e))?;
+            match prepare(&client, space).await {
+                Ok(prepared) => Ok((client, deliveries, prepared)),
+                Err(e) => {
+                    client.close().await;
+                    Err(e)
+                }
             }
         };
-        let voice = match Client::connect(access.voice).await {
-            Ok(Connection { client, .. }) => client,
-            Err(e) => {
-                client.close().await;
-                return Err(ServiceError::new(
-                    at("connecting as the machine operator"),
-                    e,
-                ));
+        let speaking = async {
+            let Connection { client: voice, .. } = Client::connect(access.voice)
+                .await
+                .map_err(|e| ServiceError::new(at("connecting as the machine operator"), e))?;
+            match super::person::Person::start(&voice).await {
+                Ok(person) => Ok((voice, person)),
+                Err(e) => {
+                    voice.close().await;
+                    Err(e)
+                }
             }
         };
-        let person = match super::person::Person::start(&voice).await {
-            Ok(person) => person,
-            Err(e) => {
-                voice.close().await;
-                client.close().await;
-                return Err(e);
-            }
-        };
+        let (client, deliveries, (live_copies, recent), voice, person) =
+            match tokio::join!(observing, speaking) {
+                (Ok((client, deliveries, prepared)), Ok((voice, person))) => {
+                    (client, deliveries, prepared, voice, person)
+                }
+                (observing, speaking) => {
+                    let mut first = None;
+                    match observing {
+                        Ok((client, ..)) => {
+                            client.close().await;
+                        }
+                        Err(e) => first = Some(e),
+                    }
+                    match speaking {
+                        Ok((voice, _)) => {
+                            voice.close().await;
+                        }
+                        Err(e) => first = first.or(Some(e)),
+                    }
+                    return Err(first.expect("one of the two failed"));
+                }
+            };
         let mut feed = Feed::new(client.inner.nats.server_info().max_payload);
         // What the history read returned may arrive live as well (it was subscribed first).
         for message in recent {
