@@ -389,7 +389,7 @@ impl CpuSplit {
 
 /// CPU seconds used so far by the threads of `pid` that are alive (the scheduler's nanosecond
 /// count, finer than [`proc_usage`]'s clock ticks); 0 when unreadable.
-fn cpu_seconds(pid: u32) -> f64 {
+pub(super) fn cpu_seconds(pid: u32) -> f64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0.0;
     };

@@ -11,7 +11,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::durable::backstop_consumers;
-use super::{IN_FLIGHT, JOIN_CONCURRENCY, clock_ticks, names, proc_usage};
+use super::{IN_FLIGHT, JOIN_CONCURRENCY, clock_ticks, cpu_seconds, names, proc_usage};
 use crate::bench::{Bench, Better, CaseResult, Minted, SPACE, Sizes, bounded};
 use crate::binding::SpaceNames;
 use crate::client::{Connection, Replay};
@@ -154,15 +154,20 @@ pub(super) async fn space(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<Cas
         .state
         .last_sequence;
     let stop = CancellationToken::new();
+    let pids = [state.pid, state.broker_pid, std::process::id()];
+    let cpu_before = pids.map(cpu_seconds);
     let started = Instant::now();
     let (clients, raws) = space_online(bench, &minted, frontier, &stop).await?;
     let connected = started.elapsed().as_secs_f64() * 1e3;
+    let cpu_after = pids.map(cpu_seconds);
     let ids: Vec<&str> = minted.iter().map(|m| m.id.as_str()).collect();
     let online = |roster: &crate::client::Roster| online(roster, &ids);
     all_online(&roster, &ids).await?;
     let took = started.elapsed().as_secs_f64() * 1e3;
-    let pids = [state.pid, state.broker_pid];
-    let (false_offlines, used) = hold(sizes.hold, pids, || ids.len() - online(&roster)).await;
+    let (false_offlines, used) = hold(sizes.hold, [state.pid, state.broker_pid], || {
+        ids.len() - online(&roster)
+    })
+    .await;
     let consumers = backstop_consumers(&bench.raw).await?.len();
     stop.cancel();
     for conn in clients {
@@ -183,6 +188,19 @@ pub(super) async fn space(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<Cas
     );
     result.extra.insert("instances", ids.len() as f64);
     result.extra.insert("connected_ms", connected);
+    // What connecting them cost each side, per instance (ms of CPU): the appliance, its broker,
+    // and this process (which holds every instance's connection).
+    for (i, name) in [
+        "appliance_cpu_ms_per_instance",
+        "broker_cpu_ms_per_instance",
+        "instances_cpu_ms_per_instance",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let ms = (cpu_after[i] - cpu_before[i]) * 1e3 / ids.len() as f64;
+        result.extra.insert(name, ms);
+    }
     result.extra.insert("false_offlines", false_offlines);
     result.extra.insert("backstop_consumers", consumers as f64);
     used.report(&mut result);
