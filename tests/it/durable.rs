@@ -178,6 +178,79 @@ async fn a_member_resumes_where_it_left_off() {
     c.stop().await;
 }
 
+/// A member that takes plain copies (a foreign client: neither offers nor ranges) has its
+/// position saved while its session lasts, not only when the session ends: its consumer keeps
+/// its state in the broker's memory, so a broker restart would otherwise hand over again
+/// everything the session had handled.
+#[tokio::test]
+async fn a_plain_members_position_is_saved_while_its_session_lasts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+    join_durable_and_leave_the_room(&bob, "general").await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    publish(&a, "general", "m", 0..50).await;
+    let js = operator(&c, tmp.path()).await;
+    let chat = js.get_stream("CHAT_main").await.unwrap();
+    let consumer = interval_consumer(&bob.id, "general", 1);
+    let members = js.get_key_value("cotal_members_main").await.unwrap();
+    let key = format!("{}.general", bob.id);
+    let record = || async {
+        let stored = members.get(&key).await.unwrap().unwrap();
+        serde_json::from_slice::<serde_json::Value>(&stored).unwrap()
+    };
+    let joined = record().await["intervals"][0]["joinCursor"]
+        .as_u64()
+        .unwrap();
+
+    // Bob is there (a client of his beats his presence) and reads his copies over a plain
+    // connection of his own.
+    let present = endpoint(&bob, |o| {
+        o.receive_backstop = false;
+        o.receive_dms = false;
+    })
+    .await;
+    let mut raw = Probe::connect(&c, &bob.creds).await;
+    let mut copies = raw
+        .client
+        .subscribe(format!("_INBOX_{}.backstop", bob.id))
+        .await
+        .unwrap();
+    raw.barrier().await;
+    let ctl = format!("cotal.main.ctl.manager.{}", bob.id);
+    let from = json!({"id": bob.id, "name": "bob"});
+    let resume = json!({"op": "resume", "args": {"session": "plain"}, "from": from});
+    assert_eq!(raw.request(&ctl, resume).await["ok"], true);
+    let mut tokens = Vec::new();
+    while tokens.len() < 50 {
+        let batch = crate::helper::next(&mut copies).await;
+        if batch.headers.is_some() {
+            continue; // the caught-up word
+        }
+        for copy in cotald::ops::copies(&batch.payload).unwrap() {
+            tokens.push(copy.token.to_owned());
+        }
+    }
+    let ack = json!({"op": "backstop-ack", "args": {"tokens": tokens}, "from": from});
+    assert_eq!(raw.request(&ctl, ack).await["ok"], true);
+
+    let saved = joined + 50;
+    eventually("bob's position saved while his session lasts", || async {
+        let delivered = record().await["intervals"][0]["delivered"].as_u64();
+        (delivered == Some(saved)).then_some(())
+    })
+    .await;
+    let info = chat
+        .consumer_info(&consumer)
+        .await
+        .expect("the session holds its consumer");
+    assert!(info.config.memory_storage, "{:?}", info.config);
+    present.client.close().await;
+    a.client.close().await;
+    c.stop().await;
+}
+
 /// What is killed in the middle of a catch-up.
 enum Crash {
     /// `cotald` itself (its broker follows it).

@@ -3,6 +3,16 @@
 //! when the session ends it is parked (its ack floor saved as the new position, the consumer
 //! deleted), and it is deleted for good once its interval is delivered or the identity revoked.
 //! The mention consumer (`bkm_<member>`) reads the member's mention copies in `INBOX_<space>`.
+//!
+//! An interval's consumer keeps its state in memory (`mem_storage`), though `CHAT` is on file:
+//! one is made at every session's start, and a file consumer costs the broker a directory and
+//! its files each time. In `space_1000`, a thousand members starting their sessions, creating
+//! those inodes was a fifth of the broker's CPU, growing with every run as the file system's
+//! recently deleted inodes piled up (`docs/benchmarks.md`). What a memory consumer does not
+//! keep across a broker restart is its ack floor; the position in the members registry does,
+//! saved when the session ends and every [`super::follow::CHECKPOINT_EVERY`] while its pump
+//! moves, so a restart hands over again at most the last few seconds' entries (at least once,
+//! §4) and a member's consumer is made again from there at its next `resume`.
 
 use async_nats::jetstream;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
@@ -29,6 +39,7 @@ pub(super) fn interval_config(
         ack_policy: AckPolicy::Explicit,
         ack_wait: ACK_WAIT,
         max_ack_pending: WINDOW,
+        memory_storage: true,
         ..Default::default()
     }
 }

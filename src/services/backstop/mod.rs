@@ -11,9 +11,11 @@
 //! the new position and the consumer deleted. nats-server touches every matching consumer on
 //! each store and each eviction, so a consumer per *absent* member would make every publish
 //! cost more with each member (measured in `docs/benchmarks.md`); with consumers only for the
-//! members that are connected, absent members cost the broker nothing. A crash leaves the
-//! consumers in place (their positions are newer than the saved ones); the reader parks them at
-//! its next start. The only copies written are `@mention` copies on live channels, stored once
+//! members that are connected, absent members cost the broker nothing. The broker keeps such a
+//! consumer's state in memory (`consumers` says why): a broker restart takes it, and the
+//! member's next session starts from the saved position, which its pump saves every few
+//! seconds while it moves (what came after is handed over again: at least once). Consumers a
+//! crash left in place are parked at the reader's next start. The only copies written are `@mention` copies on live channels, stored once
 //! per target in `INBOX_<space>` and read through `bkm_<member>`.
 //!
 //! **Re-authorized per message.** Before content leaves the broker, each entry is checked

@@ -167,6 +167,9 @@ impl Pump {
         }
         // What the consumer held when the session started, until the member is told.
         let mut owed: Option<Backlog> = None;
+        let every = follow::CHECKPOINT_EVERY;
+        let mut checkpoint = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let mut saved = 0;
         let mut told = self.session.is_none();
         while !token.is_cancelled() {
             let Some((messages, at_bind)) = self.messages(&token).await else {
@@ -184,6 +187,10 @@ impl Pump {
             loop {
                 let next = tokio::select! {
                     () = token.cancelled() => return,
+                    _ = checkpoint.tick() => {
+                        self.checkpoint(&mut saved).await;
+                        continue;
+                    }
                     next = ready.next() => next,
                 };
                 let Some(entries) = next else { break };
@@ -235,6 +242,33 @@ impl Pump {
                     }
                 }
             }
+        }
+    }
+
+    /// Saves the consumer's ack floor as the interval's position when it moved past `saved`
+    /// (what a broker restart would otherwise take with the consumer, see
+    /// [`super::consumers`]); asks the broker only while entries taken are not all acknowledged.
+    async fn checkpoint(&self, saved: &mut u64) {
+        let Source::Chat { channel, interval } = &self.source else {
+            return;
+        };
+        if self.taken.load(Ordering::Acquire) <= *saved {
+            return;
+        }
+        let Ok(consumer) = self
+            .space
+            .jetstream()
+            .get_consumer_from_stream::<pull::Config, _, _>(&self.consumer, &self.stream)
+            .await
+        else {
+            return;
+        };
+        let floor = consumer.cached_info().ack_floor.stream_sequence;
+        if floor > *saved {
+            self.feeds
+                .save(&self.member, channel, interval.generation, floor)
+                .await;
+            *saved = floor;
         }
     }
 

@@ -65,8 +65,8 @@ const MAX_OUTSTANDING: usize = WINDOW as usize;
 /// its own consumer: a burst of 40,000 msg/s over one [`super::LINGER`] (a few MiB of subjects
 /// and ids); a follower that does not confirm stops at [`MAX_OUTSTANDING`] long before.
 const MAX_BUFFER: usize = 16 * WINDOW as usize;
-/// How often a follower's position is saved while it moves.
-const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
+/// How often a follower's position, or a pump's, is saved while it moves.
+pub(super) const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
 
 /// A follower that stopped following while its session goes on: its consumer is to be made
 /// again from its saved position.
