@@ -185,7 +185,7 @@ async fn a_member_resumes_where_it_left_off() {
 #[tokio::test]
 async fn a_plain_members_position_is_saved_while_its_session_lasts() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = Cotald::up(tmp.path()).await;
+    let mut c = Cotald::up(tmp.path()).await;
     let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
     let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
     join_durable_and_leave_the_room(&bob, "general").await;
@@ -246,6 +246,38 @@ async fn a_plain_members_position_is_saved_while_its_session_lasts() {
         .await
         .expect("the session holds its consumer");
     assert!(info.config.memory_storage, "{:?}", info.config);
+
+    // A broker restart takes the consumer with it. Bob asks for a session again once he is
+    // back, as a member does after every reconnect: his consumer is made from the saved
+    // position, so what comes next is handed over, and nothing he acknowledged.
+    let broker = c.state().broker_pid;
+    // SAFETY: plain syscall on the broker child.
+    assert_eq!(unsafe { libc::kill(broker as i32, libc::SIGKILL) }, 0);
+    c.wait_stderr("nats-server restarted").await;
+    eventually("bob's session again", || {
+        let (client, ctl) = (raw.client.clone(), ctl.clone());
+        let again = json!({"op": "resume", "args": {"session": "again"}, "from": from});
+        async move {
+            let reply = client.request(ctl, again.to_string().into()).await.ok()?;
+            let reply: serde_json::Value = serde_json::from_slice(&reply.payload).ok()?;
+            (reply["ok"] == true).then_some(())
+        }
+    })
+    .await;
+    publish(&a, "general", "n", 0..10).await;
+    let mut texts = Vec::new();
+    while texts.len() < 10 {
+        let batch = crate::helper::next(&mut copies).await;
+        if batch.headers.is_some() {
+            continue;
+        }
+        for copy in cotald::ops::copies(&batch.payload).unwrap() {
+            let message: serde_json::Value = serde_json::from_slice(copy.payload).unwrap();
+            texts.push(message["parts"][0]["text"].as_str().unwrap().to_owned());
+        }
+    }
+    let want: Vec<String> = (0..10).map(|i| format!("n{i}")).collect();
+    assert_eq!(texts, want, "handed over after the restart");
     present.client.close().await;
     a.client.close().await;
     c.stop().await;
