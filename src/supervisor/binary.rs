@@ -152,9 +152,8 @@ mod tests {
         bytes.iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    #[test]
-    fn embedded_copy_is_verified_and_repaired() {
-        let tmp = tempfile::tempdir().unwrap();
+    /// An embedded "broker" of a few bytes, and those bytes.
+    fn fake_embedded() -> (BrokerBinary, &'static [u8]) {
         let bytes: &'static [u8] = b"#!/bin/sh\necho fake\n";
         let sha: &'static str = Box::leak(hex(&Sha256::digest(bytes)).into_boxed_str());
         let bin = BrokerBinary::Embedded {
@@ -162,6 +161,13 @@ mod tests {
             sha256: sha,
             version: "0.0.0",
         };
+        (bin, bytes)
+    }
+
+    #[test]
+    fn embedded_copy_is_verified_and_repaired() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (bin, bytes) = fake_embedded();
         let verified = tmp.path().join("bin.verified");
         let path = bin.install(tmp.path(), &verified).unwrap();
         assert_eq!(fs::read(&path).unwrap(), bytes);
@@ -178,13 +184,7 @@ mod tests {
     #[test]
     fn a_copy_changed_in_place_is_compared_again_whatever_its_size_and_mtime() {
         let tmp = tempfile::tempdir().unwrap();
-        let bytes: &'static [u8] = b"#!/bin/sh\necho fake\n";
-        let sha: &'static str = Box::leak(hex(&Sha256::digest(bytes)).into_boxed_str());
-        let bin = BrokerBinary::Embedded {
-            bytes,
-            sha256: sha,
-            version: "0.0.0",
-        };
+        let (bin, bytes) = fake_embedded();
         let verified = tmp.path().join("bin.verified");
         let path = bin.install(tmp.path(), &verified).unwrap();
         // Same size, the modification time put back: only the change time tells. File times
