@@ -168,7 +168,12 @@ impl SpaceServices {
             tokio::time::sleep(backoff.next_delay()).await;
         }
         let (space, identities) = (&self.space, &self.identities);
-        let mentions = Mentions::new(space.clone(), identities.clone(), self.presence.clone());
+        let mentions = Mentions::new(
+            space.clone(),
+            identities.clone(),
+            self.presence.clone(),
+            self.backstop.clone(),
+        );
         let warden = Warden::new(space.clone(), identities.clone(), account);
         let guard = ConsumerGuard::new(space.clone(), identities.clone());
         let feed = MembershipFeed::new(space.clone(), self.members.clone(), self.view.clone());

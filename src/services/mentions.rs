@@ -30,6 +30,7 @@ use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
 
+use super::backstop::Backstop;
 use super::presence::PresenceView;
 use super::{Context, Health, Service, ServiceError};
 use crate::binding::SpaceNames;
@@ -48,6 +49,8 @@ pub struct Mentions {
     space: Arc<Space>,
     identities: Arc<Identities>,
     presence: Arc<PresenceView>,
+    /// Told of every copy stored, so that an online target's copies are pumped.
+    backstop: Arc<Backstop>,
 }
 
 impl Mentions {
@@ -56,11 +59,13 @@ impl Mentions {
         space: Arc<Space>,
         identities: Arc<Identities>,
         presence: Arc<PresenceView>,
+        backstop: Arc<Backstop>,
     ) -> Self {
         Mentions {
             space,
             identities,
             presence,
+            backstop,
         }
     }
 
@@ -157,6 +162,7 @@ impl Mentions {
                     "mention copy not stored; the message is routed again");
                 return false;
             }
+            self.backstop.mention_stored(&target).await;
         }
         true
     }

@@ -725,6 +725,83 @@ async fn a_space_whose_services_cannot_start_fails_up_loudly() {
     );
 }
 
+/// A member's mention consumer is made once it has a mention copy, not at every session: one
+/// that never had one starts its session without it, and a copy stored while the session lasts
+/// is pumped at once.
+#[tokio::test]
+async fn a_mention_consumer_is_made_for_the_first_copy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "lounge"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "lounge"]).await;
+    let op = crate::helper::operator_endpoint(tmp.path(), &alice, true).await;
+    crate::helper::set_channel(&op, "lounge", json!({"deliveryClass": "live"})).await;
+    // Bob is there (a client of his beats his presence, so his name resolves) and reads his
+    // copies over a plain connection of his own.
+    let present = endpoint(&bob, |o| {
+        o.receive_backstop = false;
+        o.receive_dms = false;
+    })
+    .await;
+    let roster = op.client.roster().clone();
+    while roster.peer(&bob.id).is_none() {
+        tokio::time::timeout(TIMEOUT, roster.changed())
+            .await
+            .unwrap();
+    }
+    let mut raw = Probe::connect(&c, &bob.creds).await;
+    let mut copies = raw
+        .client
+        .subscribe(format!("_INBOX_{}.backstop", bob.id))
+        .await
+        .unwrap();
+    raw.barrier().await;
+    let ctl = format!("cotal.main.ctl.manager.{}", bob.id);
+    let from = json!({"id": bob.id, "name": "bob"});
+    let resume = json!({"op": "resume", "args": {"session": "plain"}, "from": from});
+    let resumed = raw.request(&ctl, resume).await;
+    assert_eq!(resumed["ok"], true, "{resumed}");
+    let mention_consumer = cotald::binding::mention_consumer(&bob.id);
+    assert!(
+        !resumed["data"]["consumers"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c == mention_consumer.as_str())),
+        "{resumed}"
+    );
+    let js = operator(&c, tmp.path()).await;
+    let inbox = js.get_stream("INBOX_main").await.unwrap();
+    assert!(inbox.consumer_info(&mention_consumer).await.is_err());
+
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    a.client
+        .send(
+            channel("lounge"),
+            vec![cotald::protocol::Part::text("ping")],
+            &["bob".into()],
+        )
+        .await
+        .unwrap();
+    let batch = loop {
+        let batch = crate::helper::next(&mut copies).await;
+        if batch.headers.is_none() {
+            break batch;
+        }
+    };
+    let copy = &cotald::ops::copies(&batch.payload).unwrap()[0];
+    assert!(
+        copy.token.starts_with('m'),
+        "a mention copy: {}",
+        copy.token
+    );
+    let message: serde_json::Value = serde_json::from_slice(copy.payload).unwrap();
+    assert_eq!(message["parts"][0]["text"], "ping");
+    assert!(inbox.consumer_info(&mention_consumer).await.is_ok());
+    for conn in [a, present, op] {
+        conn.client.close().await;
+    }
+    c.stop().await;
+}
+
 #[tokio::test]
 async fn a_mention_on_a_live_channel_reaches_an_offline_authorized_target_once() {
     let tmp = tempfile::tempdir().unwrap();

@@ -2,7 +2,8 @@
 //! exists only while its member has a session, from the position saved in the members registry;
 //! when the session ends it is parked (its ack floor saved as the new position, the consumer
 //! deleted), and it is deleted for good once its interval is delivered or the identity revoked.
-//! The mention consumer (`bkm_<member>`) reads the member's mention copies in `INBOX_<space>`.
+//! The mention consumer (`bkm_<member>`) reads the member's mention copies in `INBOX_<space>`;
+//! it is made once the member has one ([`Backstop::has_mention_copies`]).
 //!
 //! An interval's consumer keeps its state in memory (`mem_storage`), though `CHAT` is on file:
 //! one is made at every session's start, and a file consumer costs the broker a directory and
@@ -55,6 +56,32 @@ impl Backstop {
     ) -> Result<(), BackstopError> {
         let config = interval_config(&self.space, member, channel, interval);
         self.ensure(self.space.names().chat_stream(), config).await
+    }
+
+    /// Whether `INBOX_<space>` holds any mention copy for `member` (an unreadable store counts
+    /// as yes: the consumer is then made, as it always was). Most members never get one, and
+    /// a mention consumer is a file consumer, its directory and files made at the member's
+    /// first session, and a pull with its heartbeats for every session after
+    /// (`docs/benchmarks.md`, `space_1000`).
+    pub(super) async fn has_mention_copies(&self, member: &str) -> bool {
+        let Ok(stream) = self
+            .space
+            .jetstream()
+            .get_stream(self.space.names().backstop_stream())
+            .await
+        else {
+            return true;
+        };
+        match stream
+            .get_last_raw_message_by_subject(&self.space.names().mentions_for(member))
+            .await
+        {
+            Ok(_) => true,
+            Err(e) => !matches!(
+                e.kind(),
+                jetstream::stream::LastRawMessageErrorKind::NoMessageFound
+            ),
+        }
     }
 
     pub(super) async fn ensure_mentions(&self, member: &str) -> Result<(), BackstopError> {

@@ -98,7 +98,6 @@ impl Backstop {
             .ok()
             .and_then(|r| r.clone())
             .ok_or(BackstopError::NotRunning)?;
-        self.ensure_mentions(member).await?;
         let fresh = Arc::new(Session {
             name: session.to_owned(),
             offers,
@@ -131,13 +130,19 @@ impl Backstop {
     }
 
     /// Starts a pump for every consumer of `member` that has none in `session`; returns the
-    /// consumers it started.
+    /// consumers it started. The mention consumer is made and pumped only once the member has
+    /// mention copies stored ([`Backstop::has_mention_copies`]).
     async fn start_pumps(&self, member: &str, session: &Arc<Session>) -> Vec<String> {
         let mut started = Vec::new();
         let Some(run) = self.running.lock().ok().and_then(|r| r.clone()) else {
             return started;
         };
-        let mut wanted = vec![(mention_consumer(member), Source::Mention)];
+        let mentions = mention_consumer(member);
+        let pumped = |consumer: &str| session.pumps.lock().is_ok_and(|p| p.contains_key(consumer));
+        let mut wanted = Vec::new();
+        if !pumped(&mentions) && self.has_mention_copies(member).await {
+            wanted.push((mentions, Source::Mention));
+        }
         for record in self.members.of(member) {
             for interval in &record.intervals {
                 wanted.push((
@@ -171,10 +176,17 @@ impl Backstop {
                 );
                 token
             };
-            if let Source::Chat { channel, interval } = &source
-                && let Err(e) = self.ensure_interval(channel, member, interval).await
-            {
-                tracing::warn!(member, channel, error = %e, "backstop consumer not created; retried at the next session");
+            let ensured = match &source {
+                Source::Chat { channel, interval } => {
+                    self.ensure_interval(channel, member, interval).await
+                }
+                Source::Mention => self.ensure_mentions(member).await,
+            };
+            if let Err(e) = ensured {
+                tracing::warn!(member, consumer, error = %e, "backstop consumer not created; retried at the next session");
+                if let Ok(mut pumps) = session.pumps.lock() {
+                    pumps.remove(&consumer);
+                }
                 continue;
             }
             started.push(consumer.clone());
@@ -190,6 +202,15 @@ impl Backstop {
             && let Some(pump) = pumps.remove(consumer)
         {
             pump.token.cancel();
+        }
+    }
+
+    /// A mention copy for `member` was stored: during a session that pumps none yet, its
+    /// mention consumer is made and pumped now.
+    pub async fn mention_stored(&self, member: &str) {
+        let session = self.sessions.lock().await.get(member).cloned();
+        if let Some(session) = session {
+            self.start_pumps(member, &session).await;
         }
     }
 
