@@ -178,6 +178,39 @@ async fn a_member_resumes_where_it_left_off() {
     c.stop().await;
 }
 
+/// A member over a plain connection of its own, speaking to the manager itself as a foreign
+/// client does: its backstop inbox subscribed, its requests on `ctl.manager`.
+struct PlainMember {
+    probe: Probe,
+    copies: async_nats::Subscriber,
+    ctl: String,
+    from: serde_json::Value,
+}
+
+impl PlainMember {
+    async fn connect(c: &Cotald, member: &Minted) -> PlainMember {
+        let mut probe = Probe::connect(c, &member.creds).await;
+        let copies = probe
+            .client
+            .subscribe(format!("_INBOX_{}.backstop", member.id))
+            .await
+            .unwrap();
+        probe.barrier().await;
+        PlainMember {
+            probe,
+            copies,
+            ctl: format!("cotal.main.ctl.manager.{}", member.id),
+            from: json!({"id": member.id, "name": "plain"}),
+        }
+    }
+
+    /// The manager's answer to `op` with `args`.
+    async fn ask(&mut self, op: &str, args: serde_json::Value) -> serde_json::Value {
+        let request = json!({"op": op, "args": args, "from": self.from});
+        self.probe.request(&self.ctl, request).await
+    }
+}
+
 /// A member that takes plain copies (a foreign client: neither offers nor ranges) has its
 /// position saved while its session lasts, not only when the session ends: its consumer keeps
 /// its state in the broker's memory, so a broker restart would otherwise hand over again
@@ -211,20 +244,14 @@ async fn a_plain_members_position_is_saved_while_its_session_lasts() {
         o.receive_dms = false;
     })
     .await;
-    let mut raw = Probe::connect(&c, &bob.creds).await;
-    let mut copies = raw
-        .client
-        .subscribe(format!("_INBOX_{}.backstop", bob.id))
-        .await
-        .unwrap();
-    raw.barrier().await;
-    let ctl = format!("cotal.main.ctl.manager.{}", bob.id);
-    let from = json!({"id": bob.id, "name": "bob"});
-    let resume = json!({"op": "resume", "args": {"session": "plain"}, "from": from});
-    assert_eq!(raw.request(&ctl, resume).await["ok"], true);
+    let mut plain = PlainMember::connect(&c, &bob).await;
+    assert_eq!(
+        plain.ask("resume", json!({"session": "plain"})).await["ok"],
+        true
+    );
     let mut tokens = Vec::new();
     while tokens.len() < 50 {
-        let batch = crate::helper::next(&mut copies).await;
+        let batch = crate::helper::next(&mut plain.copies).await;
         if batch.headers.is_some() {
             continue; // the caught-up word
         }
@@ -232,8 +259,8 @@ async fn a_plain_members_position_is_saved_while_its_session_lasts() {
             tokens.push(copy.token.to_owned());
         }
     }
-    let ack = json!({"op": "backstop-ack", "args": {"tokens": tokens}, "from": from});
-    assert_eq!(raw.request(&ctl, ack).await["ok"], true);
+    let acked = plain.ask("backstop-ack", json!({"tokens": tokens})).await;
+    assert_eq!(acked["ok"], true);
 
     let saved = joined + 50;
     eventually("bob's position saved while his session lasts", || async {
@@ -255,8 +282,8 @@ async fn a_plain_members_position_is_saved_while_its_session_lasts() {
     assert_eq!(unsafe { libc::kill(broker as i32, libc::SIGKILL) }, 0);
     c.wait_stderr("nats-server restarted").await;
     eventually("bob's session again", || {
-        let (client, ctl) = (raw.client.clone(), ctl.clone());
-        let again = json!({"op": "resume", "args": {"session": "again"}, "from": from});
+        let (client, ctl) = (plain.probe.client.clone(), plain.ctl.clone());
+        let again = json!({"op": "resume", "args": {"session": "again"}, "from": plain.from});
         async move {
             let reply = client.request(ctl, again.to_string().into()).await.ok()?;
             let reply: serde_json::Value = serde_json::from_slice(&reply.payload).ok()?;
@@ -267,7 +294,7 @@ async fn a_plain_members_position_is_saved_while_its_session_lasts() {
     publish(&a, "general", "n", 0..10).await;
     let mut texts = Vec::new();
     while texts.len() < 10 {
-        let batch = crate::helper::next(&mut copies).await;
+        let batch = crate::helper::next(&mut plain.copies).await;
         if batch.headers.is_some() {
             continue;
         }
@@ -749,17 +776,8 @@ async fn a_mention_consumer_is_made_for_the_first_copy() {
             .await
             .unwrap();
     }
-    let mut raw = Probe::connect(&c, &bob.creds).await;
-    let mut copies = raw
-        .client
-        .subscribe(format!("_INBOX_{}.backstop", bob.id))
-        .await
-        .unwrap();
-    raw.barrier().await;
-    let ctl = format!("cotal.main.ctl.manager.{}", bob.id);
-    let from = json!({"id": bob.id, "name": "bob"});
-    let resume = json!({"op": "resume", "args": {"session": "plain"}, "from": from});
-    let resumed = raw.request(&ctl, resume).await;
+    let mut plain = PlainMember::connect(&c, &bob).await;
+    let resumed = plain.ask("resume", json!({"session": "plain"})).await;
     assert_eq!(resumed["ok"], true, "{resumed}");
     let mention_consumer = cotald::binding::mention_consumer(&bob.id);
     assert!(
@@ -782,7 +800,7 @@ async fn a_mention_consumer_is_made_for_the_first_copy() {
         .await
         .unwrap();
     let batch = loop {
-        let batch = crate::helper::next(&mut copies).await;
+        let batch = crate::helper::next(&mut plain.copies).await;
         if batch.headers.is_none() {
             break batch;
         }
