@@ -63,7 +63,7 @@ pub(super) async fn dm_case(
         runs,
         |warm| {
             let n = if warm { n / 10 } else { n };
-            let (sender, receiver, route) = (&sender, &receiver, &route);
+            let (sender, receiver, route, to, from) = (&sender, &receiver, &route, &to, &from);
             async move {
                 let mut receiver = receiver.lock().await;
                 let senders = [&sender.client];
@@ -81,8 +81,12 @@ pub(super) async fn dm_case(
                         }
                         anyhow::Ok(())
                     };
-                    // Either side failing ends the measurement with its error (the other is not awaited).
-                    tokio::try_join!(sending, receiving)?;
+                    // Either side failing ends the measurement with its error (the other is not
+                    // awaited), with what the broker holds of the pair at that moment.
+                    if let Err(e) = tokio::try_join!(sending, receiving) {
+                        let pair = pair_state(bench, &to.id, &from.id).await;
+                        return Err(e.context(pair));
+                    }
                 }
                 Ok(rate(n, start.elapsed()))
             }
@@ -113,6 +117,39 @@ pub(super) async fn dm_case(
 
 /// The raw side of a DM case: the operator publishes to a target of its own, a pull consumer
 /// of that target reads and acks.
+/// What the broker holds of the DM pair `sender` → `target`: the target's reader (`dm_<target>`)
+/// and how many of the pair's DMs are stored, to tell a reader that stopped reading from a pair
+/// left untrimmed after it was read.
+async fn pair_state(bench: &Bench, target: &str, sender: &str) -> String {
+    let js = jetstream::new(bench.raw.clone());
+    let Ok(stream) = js.get_stream(names().dm_stream()).await else {
+        return "the DM stream could not be read".into();
+    };
+    let reader = match stream
+        .consumer_info(crate::binding::dm_durable(target))
+        .await
+    {
+        Ok(info) => format!(
+            "the reader's ack floor at stream sequence {}, {} delivered to it unacknowledged, {} \
+             not delivered yet",
+            info.ack_floor.stream_sequence, info.num_ack_pending, info.num_pending
+        ),
+        Err(e) => format!("the reader's consumer unreadable ({e})"),
+    };
+    let subject = names().dm(target, sender);
+    let stored: u64 = match stream.info_with_subjects(&subject).await {
+        Ok(subjects) => {
+            subjects
+                .filter_map(|s| async move { s.ok().map(|(_, n)| n as u64) })
+                .fold(0, |a, n| async move { a + n })
+                .await
+        }
+        Err(_) => 0,
+    };
+    let last = stream.cached_info().state.last_sequence;
+    format!("{reader}; the pair holds {stored} DMs, DM's last sequence {last}")
+}
+
 struct RawDms<'a> {
     js: &'a jetstream::Context,
     subject: &'a str,
