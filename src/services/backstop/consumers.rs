@@ -64,10 +64,11 @@ impl Backstop {
     /// first session, and a pull with its heartbeats for every session after
     /// (`docs/benchmarks.md`, `space_1000`).
     pub(super) async fn has_mention_copies(&self, member: &str) -> bool {
+        // A handle without the stream's info: only the one lookup per `resume`.
         let Ok(stream) = self
             .space
             .jetstream()
-            .get_stream(self.space.names().backstop_stream())
+            .get_stream_no_info(self.space.names().backstop_stream())
             .await
         else {
             return true;
