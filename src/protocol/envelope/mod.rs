@@ -134,46 +134,6 @@ where
     out
 }
 
-/// Reads typed fields out of a JSON object, leaving unknown ones behind.
-struct Fields<'p> {
-    map: Map<String, Value>,
-    path: &'p str,
-}
-
-impl<'p> Fields<'p> {
-    fn new(value: Value, path: &'p str) -> Result<Self, EnvelopeError> {
-        match value {
-            Value::Object(map) => Ok(Self { map, path }),
-            _ => Err(EnvelopeError::NotAnObject {
-                field: path.to_owned(),
-            }),
-        }
-    }
-
-    fn required(&mut self, name: &str) -> Result<Value, EnvelopeError> {
-        self.map
-            .remove(name)
-            .ok_or_else(|| EnvelopeError::MissingField {
-                field: read::field_path(self.path, name),
-            })
-    }
-
-    fn string(&mut self, name: &str) -> Result<String, EnvelopeError> {
-        match self.required(name)? {
-            Value::String(s) => Ok(s),
-            _ => Err(self.wrong(name, "a string")),
-        }
-    }
-
-    fn wrong(&self, name: &str, expected: &'static str) -> EnvelopeError {
-        read::wrong(self.path, name, expected)
-    }
-
-    fn rest(self) -> Map<String, Value> {
-        self.map
-    }
-}
-
 /// Writes the unknown fields kept in `extra`, skipping any that would duplicate a known key.
 fn serialize_extra<M: SerializeMap>(
     map: &mut M,
@@ -321,27 +281,6 @@ impl Part {
             Self::Text { .. } => "text",
             Self::Data { .. } => "data",
             Self::Extension { kind, .. } => kind.as_str(),
-        }
-    }
-
-    fn from_value(value: Value, index: usize) -> Result<Self, EnvelopeError> {
-        let path = format!("parts[{index}]");
-        let mut f = Fields::new(value, &path)?;
-        let kind = f.string("kind")?;
-        match kind.as_str() {
-            "text" => Ok(Self::Text {
-                text: f.string("text")?,
-                extra: f.rest(),
-            }),
-            "data" => Ok(Self::Data {
-                data: f.required("data")?,
-                extra: f.rest(),
-            }),
-            other if is_extension_kind(other) => Ok(Self::Extension {
-                kind: ExtensionKind(kind),
-                fields: f.rest(),
-            }),
-            _ => Err(EnvelopeError::UnknownPartKind { index, kind }),
         }
     }
 }

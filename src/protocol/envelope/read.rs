@@ -8,7 +8,9 @@
 //! takes, that was most of the cost of a check. A document already decoded
 //! ([`CotalMessage::from_value`]) is sorted into the same places, and the rules are applied by
 //! the same code, so a document is accepted or refused, and for the same reason, however it
-//! was read. As in a decoded document, a key given twice keeps its last value.
+//! was read. As in a decoded document, a key given twice keeps its last value. A content part,
+//! small and shaped by its `kind`, which may come last, is read as a JSON value and taken apart
+//! ([`Fields`]); its rules live here with the others.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -17,7 +19,10 @@ use std::marker::PhantomData;
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
-use super::{CotalMessage, EndpointRef, EnvelopeError, EpochMillis, Part, Routing};
+use super::{
+    CotalMessage, EndpointRef, EnvelopeError, EpochMillis, ExtensionKind, Part, Routing,
+    is_extension_kind,
+};
 
 /// A field as found in its object.
 #[derive(Debug, Default)]
@@ -64,7 +69,7 @@ impl<T> Found<T> {
 }
 
 /// The path of field `name` of the object at `path` (the message's own fields are bare).
-pub(super) fn field_path(path: &str, name: &str) -> String {
+fn field_path(path: &str, name: &str) -> String {
     if path == "message" {
         name.to_owned()
     } else {
@@ -72,7 +77,7 @@ pub(super) fn field_path(path: &str, name: &str) -> String {
     }
 }
 
-pub(super) fn wrong(path: &str, name: &str, expected: &'static str) -> EnvelopeError {
+fn wrong(path: &str, name: &str, expected: &'static str) -> EnvelopeError {
     EnvelopeError::WrongType {
         field: field_path(path, name),
         expected,
@@ -90,6 +95,69 @@ fn array(value: Value) -> Found<Vec<Value>> {
     match value {
         Value::Array(items) => Found::Typed(items),
         _ => Found::Mistyped,
+    }
+}
+
+/// Reads typed fields out of a JSON object, leaving unknown ones behind.
+struct Fields<'p> {
+    map: Map<String, Value>,
+    path: &'p str,
+}
+
+impl<'p> Fields<'p> {
+    fn new(value: Value, path: &'p str) -> Result<Self, EnvelopeError> {
+        match value {
+            Value::Object(map) => Ok(Self { map, path }),
+            _ => Err(EnvelopeError::NotAnObject {
+                field: path.to_owned(),
+            }),
+        }
+    }
+
+    fn required(&mut self, name: &str) -> Result<Value, EnvelopeError> {
+        self.map
+            .remove(name)
+            .ok_or_else(|| EnvelopeError::MissingField {
+                field: field_path(self.path, name),
+            })
+    }
+
+    fn string(&mut self, name: &str) -> Result<String, EnvelopeError> {
+        match self.required(name)? {
+            Value::String(s) => Ok(s),
+            _ => Err(self.wrong(name, "a string")),
+        }
+    }
+
+    fn wrong(&self, name: &str, expected: &'static str) -> EnvelopeError {
+        wrong(self.path, name, expected)
+    }
+
+    fn rest(self) -> Map<String, Value> {
+        self.map
+    }
+}
+
+/// A content part from a decoded value (§5, §11): its `kind` first, then what that kind asks
+/// for; everything else is kept (an extension part keeps every field but `kind`).
+fn part(value: Value, index: usize) -> Result<Part, EnvelopeError> {
+    let path = format!("parts[{index}]");
+    let mut f = Fields::new(value, &path)?;
+    let kind = f.string("kind")?;
+    match kind.as_str() {
+        "text" => Ok(Part::Text {
+            text: f.string("text")?,
+            extra: f.rest(),
+        }),
+        "data" => Ok(Part::Data {
+            data: f.required("data")?,
+            extra: f.rest(),
+        }),
+        other if is_extension_kind(other) => Ok(Part::Extension {
+            kind: ExtensionKind(kind),
+            fields: f.rest(),
+        }),
+        _ => Err(EnvelopeError::UnknownPartKind { index, kind }),
     }
 }
 
@@ -362,7 +430,7 @@ impl MessageFields {
             .required(PATH, "parts", "an array")?
             .into_iter()
             .enumerate()
-            .map(|(i, v)| Part::from_value(v, i))
+            .map(|(i, v)| part(v, i))
             .collect::<Result<_, _>>()?;
         Ok(CotalMessage {
             id,
