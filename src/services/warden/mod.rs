@@ -9,7 +9,8 @@
 //! `svc.<anything>.<id>`, and a target that does not exist never reads. The warden closes that:
 //! - a DM to a target that is no minted, unrevoked agent or person (only they have a `dm_<id>`
 //!   to read it with; an observer has none) is purged as soon as it is seen (a flood to one such target, once per
-//!   `PURGE_BATCH`), and so is a task to a role no such agent holds;
+//!   `PURGE_BATCH`; one stored only after that purge, once more as it is seen stored), and so
+//!   is a task to a role no such agent holds;
 //! - a pair that fills up is trimmed of the DMs its target has already read (below the ack
 //!   floor of `dm_<target>`; DM keeps read messages for history), so the pair bound counts what
 //!   waits unread, not what was said in the retention window; and when DM as a whole is nearly
@@ -500,8 +501,16 @@ impl Warden {
             return;
         };
         w.replayed |= pending == 0;
-        let Verdict::Pair(target, _) = judge(&w.names, msg.subject.as_str(), &w.addressable) else {
-            return;
+        let target = match judge(&w.names, msg.subject.as_str(), &w.addressable) {
+            Verdict::Pair(target, _) => target,
+            // Stored after the purge its publish caused (the broker stores a message after it
+            // hands it to core subscribers, and may answer a purge in between): purged again at
+            // the end of the batch window, not left for the next sweep.
+            Verdict::Purge(filter) => {
+                w.purges.insert(filter);
+                return;
+            }
+            Verdict::Task(_) | Verdict::Keep => return,
         };
         let sender = msg.subject.as_str().rsplit('.').next().unwrap_or_default();
         w.dm_shares.stored(&target, sender, seq, size);
