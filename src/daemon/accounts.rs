@@ -102,7 +102,8 @@ pub(super) struct Accounts {
 }
 
 impl Accounts {
-    /// Pushes over `system` (the appliance's SYS connection), signing with `keys`.
+    /// Pushes over `system` (the appliance's SYS connection, the monitor's: it lives as long
+    /// as the broker's supervisor), signing with `keys`.
     pub(super) fn new(system: async_nats::Client, keys: Arc<KeyStore>, clustered: bool) -> Self {
         Accounts {
             system,
@@ -160,11 +161,6 @@ impl Accounts {
         self.send(space, jwt).await?;
         self.pushed().insert(space.to_owned(), wanted);
         Ok(())
-    }
-
-    /// Drains the system connection, for the teardown.
-    pub(super) async fn close(&self) {
-        let _ = self.system.drain().await;
     }
 
     fn pushed(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, AccountState>> {

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use futures_util::{StreamExt, TryStreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::accounts::{Accounts, Push, SpaceAccount};
@@ -92,13 +93,6 @@ impl Core {
             certificate: _, // renewed by the appliance's own service
         } = prepared;
         let local = local_addr(status.client);
-        let system =
-            crate::client::dial(&keys.system_user_creds()?, "cotald-system", &ca_cert, local)
-                .await
-                .map_err(|source| DaemonError::Connect {
-                    addr: local,
-                    source,
-                })?;
         let keys = Arc::new(keys);
         let cluster = replicas.map(|replicas| ClusterNode {
             name: node,
@@ -110,7 +104,11 @@ impl Core {
                 starting_state(status, broker_version),
             )),
             dir,
-            accounts: Arc::new(Accounts::new(system, keys.clone(), cluster.is_some())),
+            accounts: Arc::new(Accounts::new(
+                monitor.system().clone(),
+                keys.clone(),
+                cluster.is_some(),
+            )),
             keys,
             ca_cert,
             local,
@@ -244,11 +242,6 @@ impl Core {
         let started = async {
             backup::restore_pending(&self.dir, self.replicas(), &space).await?;
             self.bootstrap(&space).await?;
-            // The machine operator is a person with a DM inbox too: an agent's answer to it
-            // waits in its `dm_<id>`.
-            for record in identities.active().into_iter().chain(identities.builtins()) {
-                space.provision(&record).await?;
-            }
             let account = SpaceAccount::new(
                 self.accounts.clone(),
                 self.keys.space(name)?,
@@ -256,10 +249,12 @@ impl Core {
                 identities.clone(),
             );
             let cluster = self.cluster.as_ref().map(|c| (c.name.as_str(), c.replicas));
-            SpaceServices::build(&space, &identities, &services, self.broker_view(&space)?)
-                .await?
-                .start(&services, Arc::new(account), cluster)
-                .await
+            let build =
+                SpaceServices::build(&space, &identities, &services, self.broker_view(&space)?);
+            // The identities' durables are made while the services are built (neither needs
+            // the other); both before a leased service runs.
+            let (_, parts) = tokio::try_join!(provision_all(&space, &identities), build)?;
+            parts.start(&services, Arc::new(account), cluster).await
         };
         let Started { manager, lease } = match started.await {
             Ok(started) => started,
@@ -411,6 +406,26 @@ impl Core {
     pub(super) fn link(&self, space: &str, channels: &[String]) -> Result<JoinLink, DaemonError> {
         join_link(&self.link_host, space, channels)
     }
+}
+
+/// How many identities' durables are made at once.
+const PROVISION_AT_ONCE: usize = 16;
+
+/// Makes the durables of every minted identity and of the builtin ones: the machine operator
+/// is a person with a DM inbox too (an agent's answer to it waits in its `dm_<id>`). A few at
+/// once: each is two round trips to the broker, and a space may have hundreds.
+async fn provision_all(space: &Space, identities: &Identities) -> Result<(), DaemonError> {
+    let records: Vec<_> = identities
+        .active()
+        .into_iter()
+        .chain(identities.builtins())
+        .collect();
+    futures_util::stream::iter(records)
+        .map(|record| async move { space.provision(&record).await })
+        .buffer_unordered(PROVISION_AT_ONCE)
+        .try_collect::<()>()
+        .await?;
+    Ok(())
 }
 
 /// What `run/state.json` says of an appliance whose broker is ready, before a space is served.

@@ -5,8 +5,9 @@
 //! 2. install the broker executable;
 //! 3. provision: key store, TLS, every space's account keys;
 //! 4. render the broker config and start the child; await readiness;
-//! 5. connect as the appliance's SYS user and push each space's account JWT to the resolver
-//!    (`$SYS.REQ.CLAIMS.UPDATE`: works without a restart, unlike a memory resolver);
+//! 5. push each space's account JWT to the resolver (`$SYS.REQ.CLAIMS.UPDATE`: works without
+//!    a restart, unlike a memory resolver) over the SYS user's connection that asked the
+//!    broker whether it is ready ([`crate::supervisor::monitor`]);
 //! 6. per space: connect its provisioner, bootstrap streams and buckets (§8), pre-create the
 //!    durables of every identity minted so far, start the space's services
 //!    ([`crate::services`]); on a node of a cluster ([`cluster`]), the identity records are
@@ -50,7 +51,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::client::DialError;
 use crate::datadir::{DataDir, DataDirError, DataDirLock, UnservedSpace};
 use crate::files::FileError;
 use crate::ops::{OpError, SpaceInfo};
@@ -127,15 +127,6 @@ pub enum DaemonError {
         /// What failed.
         #[source]
         source: crate::services::ServiceError,
-    },
-    /// The appliance's own connection to the broker failed.
-    #[error("cannot connect to the broker at {addr} as the system user")]
-    Connect {
-        /// Where.
-        addr: SocketAddr,
-        /// Why.
-        #[source]
-        source: DialError,
     },
     /// A space's account JWT is not in the broker.
     #[error(transparent)]
@@ -288,17 +279,22 @@ impl Appliance {
             supervisor,
             services,
         };
-        if let Err(e) = appliance.start_own_services(certificate).await {
+        // The dashboard connects its observers while the admin socket and the certificate's
+        // renewal start: neither needs the other.
+        let (own, dashboard) = tokio::join!(
+            appliance.start_own_services(certificate),
+            dashboard::start(
+                &appliance.core,
+                &appliance.services,
+                &opts.profile.dashboard,
+                opts.dashboard,
+            )
+        );
+        appliance.info.dashboard = dashboard;
+        if let Err(e) = own {
             appliance.stop().await;
             return Err(e);
         }
-        appliance.info.dashboard = dashboard::start(
-            &appliance.core,
-            &appliance.services,
-            &opts.profile.dashboard,
-            opts.dashboard,
-        )
-        .await;
         if let Err(e) = appliance.track_state().await {
             appliance.stop().await;
             return Err(e);
@@ -362,8 +358,7 @@ impl Appliance {
         let sets = std::iter::once(&*self.services).chain(spaces.iter().map(|s| &s.services));
         futures_util::future::join_all(sets.map(|set| set.shutdown(SERVICES_DEADLINE))).await;
         let closes = futures_util::future::join_all(spaces.iter().map(|s| s.space.close()));
-        let drain = tokio::time::timeout(CLOSE_DEADLINE, self.core.accounts.close());
-        let _ = tokio::join!(closes, drain);
+        let _ = tokio::time::timeout(CLOSE_DEADLINE, closes).await;
         self.core.root.cancel();
         self.supervisor.stop().await;
         self.core.dir.clear_state();

@@ -24,6 +24,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::jetstream::kv::Store;
 use futures_util::{FutureExt, StreamExt};
 use serde::{Deserialize, Serialize};
 
@@ -148,6 +149,9 @@ pub async fn live_subscriptions(
     Ok(live)
 }
 
+/// What the feed says of each instance it has an entry for: its live and durable sets.
+type Written = BTreeMap<String, (Vec<String>, Vec<String>)>;
+
 /// The feed writer of one space.
 pub struct MembershipFeed {
     space: Arc<Space>,
@@ -169,10 +173,10 @@ impl MembershipFeed {
     async fn refresh(
         &self,
         reader: &async_nats::Client,
-        kv: &async_nats::jetstream::kv::Store,
-        written: &mut BTreeMap<String, (Vec<String>, Vec<String>)>,
+        kv: &Store,
+        written: &mut Written,
     ) -> Result<(), ServiceError> {
-        let mut now: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
+        let mut now = Written::new();
         for (id, patterns) in live_subscriptions(&self.space, reader).await? {
             if !patterns.is_empty() {
                 now.entry(id).or_default().0 = patterns.into_iter().collect();
@@ -212,13 +216,42 @@ impl MembershipFeed {
     }
 }
 
+impl MembershipFeed {
+    /// The feed's bucket, and the entries an earlier run left in it: compared like any other,
+    /// as unknown values, so each is rewritten or deleted at the first refresh.
+    async fn written_before(&self) -> Result<(Store, Written), ServiceError> {
+        let kv = self
+            .space
+            .jetstream()
+            .get_key_value(self.space.names().membership_bucket())
+            .await
+            .map_err(ServiceError::at("opening the membership feed"))?;
+        let mut written = Written::new();
+        let mut keys = kv
+            .keys()
+            .await
+            .map_err(ServiceError::at("listing the membership feed"))?;
+        while let Some(key) = keys.next().await {
+            let key = key.map_err(ServiceError::at("listing the membership feed"))?;
+            written.insert(key, (vec!["?".into()], Vec::new()));
+        }
+        Ok((kv, written))
+    }
+}
+
 impl Service for MembershipFeed {
     fn name(&self) -> &'static str {
         "membership"
     }
 
     async fn run(&self, ctx: Context) -> Result<(), ServiceError> {
-        let reader = self.view.connect(&self.space, "membership").await?;
+        // The broker view is dialed while the feed's own entries are listed: each is a few
+        // round trips, and neither needs the other.
+        let (reader, listed) = tokio::join!(
+            self.view.connect(&self.space, "membership"),
+            self.written_before()
+        );
+        let (reader, (kv, mut written)) = (reader?, listed?);
         let account = self.space.account();
         let mut events = futures_util::stream::select(
             reader
@@ -230,23 +263,6 @@ impl Service for MembershipFeed {
                 .await
                 .map_err(ServiceError::at("subscribing to disconnect events"))?,
         );
-        let kv = self
-            .space
-            .jetstream()
-            .get_key_value(self.space.names().membership_bucket())
-            .await
-            .map_err(ServiceError::at("opening the membership feed"))?;
-        // Entries left by an earlier run are compared like any other: unknown values, so each
-        // is rewritten or deleted at the first refresh.
-        let mut written: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
-        let mut keys = kv
-            .keys()
-            .await
-            .map_err(ServiceError::at("listing the membership feed"))?;
-        while let Some(key) = keys.next().await {
-            let key = key.map_err(ServiceError::at("listing the membership feed"))?;
-            written.insert(key, (vec!["?".into()], Vec::new()));
-        }
         let changed = self.members.changed();
         let mut poll = tokio::time::interval(POLL);
         poll.tick().await;

@@ -8,7 +8,9 @@
 //! One connection serves the whole life of the appliance: it reconnects to a restarted
 //! broker on the same port (quickly: [`RECONNECT_EVERY`]), never to a peer of a cluster (the
 //! health asked for is this node's), and each request names the server it is connected to at
-//! that moment.
+//! that moment. It is the appliance's only connection as the system user: the spaces' account
+//! JWTs are pushed over it too ([`Monitor::system`]), so the start dials it once, while it
+//! waits for the broker to be ready.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -87,12 +89,18 @@ pub const SAID_MAX: usize = 200;
 impl Monitor {
     /// Connects as the system user (`creds`) to the broker's client port `addr`, trusting `ca`.
     pub async fn connect(creds: &Creds, ca: &Path, addr: SocketAddr) -> Result<Self, DialError> {
-        let nats = nats_options(creds, "cotald-monitor", Some(ca), true)?
+        let nats = nats_options(creds, "cotald-system", Some(ca), true)?
             .ignore_discovered_servers()
             .reconnect_delay_callback(monitor_reconnect_delay)
             .connect(format!("tls://{addr}"))
             .await?;
         Ok(Monitor { nats })
+    }
+
+    /// The system user's connection itself, for what the appliance asks of the system
+    /// account beyond the server's own state (an account JWT pushed to the resolver).
+    pub fn system(&self) -> &async_nats::Client {
+        &self.nats
     }
 
     /// Asks `$SYS.REQ.SERVER.<id>.<what>` of the server this connection is on, bounded by
