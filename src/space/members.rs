@@ -1,6 +1,7 @@
 //! The members registry (`cotal_members_<space>`, §7): one privileged record per (member,
 //! channel) holding the member's durable membership of that channel: the join cursor, the
-//! leave cursor once it left, a generation that grows with every join, and earlier intervals
+//! leave cursor once it left, a generation that grows with every join (kept with the record
+//! once its last interval is delivered), and earlier intervals
 //! whose backlog is still being delivered. Beside them, one `mark.<member>` record per member:
 //! how far it has read each `live` channel it replays, so that its next session replays only
 //! what came after (a live channel has no membership; the mark is the nearest thing). Agents cannot write it (Appendix B grants no
@@ -329,8 +330,11 @@ impl Members {
         Ok(stored.unwrap_or_else(|never| match never {}))
     }
 
-    /// Removes one interval of (member, channel) (its backlog is delivered); the record goes
-    /// with its last interval.
+    /// Removes one interval of (member, channel) (its backlog is delivered). The record stays
+    /// when it was the last, with no interval and its generation: a rejoin then gets the next
+    /// one. (A generation names the interval's consumer and its saved position; a record
+    /// made anew would give a rejoin the generation of the interval just removed, and a pump
+    /// or a position of that one would then be taken for the new one's.)
     pub async fn remove_interval(
         &self,
         member: &str,
@@ -338,9 +342,9 @@ impl Members {
         generation: u64,
     ) -> Result<(), MembersError> {
         self.update(member, channel, |stored| {
-            stored.and_then(|mut r| {
+            stored.map(|mut r| {
                 r.intervals.retain(|i| i.generation != generation);
-                (!r.intervals.is_empty()).then_some(r)
+                r
             })
         })
         .await

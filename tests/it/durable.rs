@@ -385,6 +385,27 @@ async fn catch_up_survives_kill_9_of_the_broker() {
 }
 
 #[tokio::test]
+async fn a_rejoin_after_a_drained_leave_is_a_new_generation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+    let mut generations = Vec::new();
+    for _ in 0..2 {
+        let b = endpoint(&bob, |_| {}).await;
+        let report = b.client.join("general", Replay::Off).await.unwrap();
+        assert_eq!(report.durable, DurableState::Established, "{report:?}");
+        // Nothing was posted: the interval is delivered to its end at the leave, and goes.
+        let left = b.client.durable_leave("general").await.unwrap();
+        generations.push(left.generation);
+        b.client.close().await;
+    }
+    // A generation names an interval's consumer and its saved position: one generation for
+    // two intervals would let what belongs to the first reach the second.
+    assert_eq!(generations, [1, 2]);
+    c.stop().await;
+}
+
+#[tokio::test]
 async fn leave_is_a_hard_boundary_and_a_rejoin_does_not_replay_the_gap() {
     let tmp = tempfile::tempdir().unwrap();
     let c = Cotald::up(tmp.path()).await;
