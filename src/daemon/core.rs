@@ -1,4 +1,4 @@
-//! Phases 5 and 6: what the running appliance's operations share ([`Core`]), made once the
+//! Phase 6: what the running appliance's operations share ([`Core`]), made once the
 //! broker is ready (the appliance's system connection), and each space served on it: its
 //! account pushed (`$SYS.REQ.CLAIMS.UPDATE`), its provisioner connected, its streams and
 //! buckets bootstrapped (§8), its minted identities provisioned, its services started
@@ -70,13 +70,13 @@ pub(super) struct Core {
 }
 
 impl Core {
-    /// Phases 5 and 6 once the broker is ready: the system connection, then each space.
-    pub(super) async fn start(
+    /// What phases 5 and 6 share once the broker is ready (its system connection is the
+    /// monitor's), and the spaces they serve ([`Core::serve_all`]).
+    pub(super) fn new(
         prepared: Prepared,
         status: &BrokerStatus,
         monitor: Monitor,
-    ) -> Result<Arc<Core>, DaemonError> {
-        tracing::info!(pid = status.pid, client = %status.client, "phase: broker ready");
+    ) -> (Arc<Core>, ToServe) {
         let Prepared {
             dir,
             spaces,
@@ -124,18 +124,17 @@ impl Core {
         let (first, rest): (Vec<_>, Vec<_>) = spaces
             .into_iter()
             .partition(|(name, _)| profile_spaces.contains(name));
-        core.serve_all(first.into_iter().chain(rest), unserved)
-            .await?;
-        Ok(core)
+        let spaces = first.into_iter().chain(rest).collect();
+        (core, ToServe { spaces, unserved })
     }
 
     /// Serves each space in turn. Spaces fail alone: one that cannot be served is reported,
     /// the others are served; with none served, the first failure is returned.
-    async fn serve_all(
-        self: &Arc<Self>,
-        spaces: impl Iterator<Item = (String, SpaceConfig)>,
-        mut unserved: Vec<UnservedSpace>,
-    ) -> Result<(), DaemonError> {
+    pub(super) async fn serve_all(self: &Arc<Self>, to_serve: ToServe) -> Result<(), DaemonError> {
+        let ToServe {
+            spaces,
+            mut unserved,
+        } = to_serve;
         for space in &unserved {
             tracing::error!(
                 space = space.name,
@@ -254,11 +253,14 @@ impl Core {
             // The identities' durables are made while the services are built (neither needs
             // the other); both before a leased service runs.
             let (_, parts) = tokio::try_join!(provision_all(&space, &identities), build)?;
+            // The dashboard's observer connects while the services start.
+            super::dashboard::space_served(self, name, &identities);
             parts.start(&services, Arc::new(account), cluster).await
         };
         let Started { manager, lease } = match started.await {
             Ok(started) => started,
             Err(e) => {
+                super::dashboard::space_withdrawn(self, name);
                 services.shutdown(SERVICES_DEADLINE).await;
                 space.close().await;
                 return Err(e);
@@ -406,6 +408,13 @@ impl Core {
     pub(super) fn link(&self, space: &str, channels: &[String]) -> Result<JoinLink, DaemonError> {
         join_link(&self.link_host, space, channels)
     }
+}
+
+/// The spaces an appliance serves at start: the profile's first (they get their storage
+/// first), and those already known to be unservable (an unreadable record).
+pub(super) struct ToServe {
+    spaces: Vec<(String, SpaceConfig)>,
+    unserved: Vec<UnservedSpace>,
 }
 
 /// How many identities' durables are made at once.

@@ -1,7 +1,8 @@
 //! Starting the web dashboard ([`crate::dashboard`]) as a service of the appliance: its token,
-//! an observer identity per served space, its listener. The dashboard is not part of the
-//! coordination path: when it cannot be served (a taken port), the appliance serves without it
-//! and says why.
+//! its listener, and an observer identity per space, handed to it as each space is served
+//! (its streams made: the observer connects while the space's services start). The dashboard
+//! is not part of the coordination path: when it cannot be served (a taken port), the
+//! appliance serves without it and says why.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,20 +16,22 @@ use crate::profile::DashboardConfig;
 use crate::protocol::EndpointKind;
 use crate::provision::ProvisionError;
 use crate::services::ServiceSet;
+use crate::space::Identities;
 
 /// The name of the appliance's observer user in each space.
 const OBSERVER: &str = "dashboard";
 
-/// Starts the dashboard in `services` when the profile enables it; `listen` overrides the
-/// profile's address.
+/// Starts the dashboard in `services` when the profile enables it, before any space is
+/// served; `listen` overrides the profile's address. With it, what says which spaces it has
+/// tried to show ([`settled`]).
 pub(super) async fn start(
     core: &Arc<Core>,
     services: &ServiceSet,
     config: &DashboardConfig,
     listen: Option<SocketAddr>,
-) -> Availability {
+) -> (Availability, Option<Settled>) {
     if !config.enabled {
-        return Availability::Disabled;
+        return (Availability::Disabled, None);
     }
     let listen = super::broker::keep_picked(
         listen.unwrap_or(config.listen),
@@ -37,16 +40,9 @@ pub(super) async fn start(
     );
     let token = match Token::load_or_create(&core.dir.dashboard_token()) {
         Ok(token) => token,
-        Err(e) => return not_served(crate::ops::error_text(&e)),
+        Err(e) => return (not_served(crate::ops::error_text(&e)), None),
     };
-    let mut spaces = Vec::new();
-    for (name, served) in core.spaces.all().await {
-        match observer(core, &name, &served) {
-            Ok(access) => spaces.push(access),
-            Err(e) => return not_served(crate::ops::error_text(&e)),
-        }
-    }
-    let (added, spaces) = tokio::sync::watch::channel(spaces);
+    let (added, spaces) = tokio::sync::watch::channel(Vec::new());
     let state: StateView = {
         let state = core.state.clone();
         Arc::new(move || state.read(Clone::clone))
@@ -54,12 +50,14 @@ pub(super) async fn start(
     let dashboard = match Dashboard::bind(listen, token, spaces, state, core.monitor.clone()) {
         Ok(d) => d,
         Err(e) => {
-            return not_served(format!(
+            let reason = format!(
                 "cannot listen on {listen}: {e}; set `listen` under [dashboard] in the profile \
                  (port 0 picks a free one), pass --dashboard HOST:PORT, or set enabled = false"
-            ));
+            );
+            return (not_served(reason), None);
         }
     };
+    let settled = dashboard.settled();
     let url = dashboard.url();
     // Remembered for the next start (a port picked with `HOST:0` is picked again).
     if let Some(mut last) = core.dir.read_last_served() {
@@ -68,16 +66,33 @@ pub(super) async fn start(
             tracing::warn!(error = %e, "where the dashboard listens is not remembered");
         }
     }
-    if let Err(e) = services.start(Arc::new(dashboard)).await {
-        return not_served(crate::ops::error_text(&e));
-    }
+    // Set before the service starts, and before any space is served: none is missed.
     let _ = core.dashboard.set(added);
+    if let Err(e) = services.start(Arc::new(dashboard)).await {
+        return (not_served(crate::ops::error_text(&e)), None);
+    }
     core.state
         .update(|state| state.dashboard = Some(url.clone()));
-    if let Err(e) = core.state.write() {
-        tracing::warn!(error = %crate::ops::error_text(&e), "runtime state not written");
+    (Availability::Serving(url), Some(settled))
+}
+
+/// Which spaces the dashboard has tried to show.
+pub(super) type Settled = tokio::sync::watch::Receiver<std::collections::BTreeSet<String>>;
+
+/// How long the appliance waits for the dashboard's observers of the spaces served at start
+/// before it says it is ready without them (each is tried again, and logged, meanwhile).
+const OBSERVERS_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Waits until the dashboard has tried to show every space of `served` (so that a page opened
+/// once the appliance is ready shows them), within [`OBSERVERS_WAIT`].
+pub(super) async fn settled(mut settled: Settled, served: &[String]) {
+    let all_tried = settled.wait_for(|tried| served.iter().all(|s| tried.contains(s)));
+    if tokio::time::timeout(OBSERVERS_WAIT, all_tried)
+        .await
+        .is_err()
+    {
+        tracing::warn!(after = ?OBSERVERS_WAIT, "dashboard: not every space is shown yet");
     }
-    Availability::Serving(url)
 }
 
 fn not_served(reason: String) -> Availability {
@@ -85,16 +100,13 @@ fn not_served(reason: String) -> Availability {
     Availability::NotServed(reason)
 }
 
-/// Shows a space added while running (`cotald space add`), when the dashboard is served.
-pub(super) async fn space_added(core: &Core, name: &str) {
+/// Hands a space to the dashboard, when it is served, as soon as its streams are made (at
+/// start or by `cotald space add`).
+pub(super) fn space_served(core: &Core, name: &str, identities: &Arc<Identities>) {
     let Some(added) = core.dashboard.get() else {
         return;
     };
-    let access = match core.spaces.get(name).await {
-        Some(served) => observer(core, name, &served),
-        None => return,
-    };
-    match access {
+    match observer(core, name, identities) {
         Ok(access) => {
             added.send_modify(|spaces| spaces.push(access));
         }
@@ -103,11 +115,26 @@ pub(super) async fn space_added(core: &Core, name: &str) {
     }
 }
 
+/// Takes back a space handed over whose services then could not start.
+pub(super) fn space_withdrawn(core: &Core, name: &str) {
+    if let Some(added) = core.dashboard.get() {
+        added.send_if_modified(|spaces| {
+            let before = spaces.len();
+            spaces.retain(|s| s.name != name);
+            spaces.len() != before
+        });
+    }
+}
+
 /// A served space's observer and voice: the observer's credential (Appendix B observer grants and a read of the
 /// membership feed, [`acl::dashboard_observer`]; never the SYS or manager credential), known to the space as a builtin identity like the local operator; the machine
 /// operator's credential, which posts what a person types; and the options that connect both
 /// to the appliance's own listener.
-fn observer(core: &Core, name: &str, served: &super::Served) -> Result<SpaceAccess, ObserverError> {
+fn observer(
+    core: &Core,
+    name: &str,
+    identities: &Arc<Identities>,
+) -> Result<SpaceAccess, ObserverError> {
     let fail = |source| ObserverError {
         space: name.to_owned(),
         source,
@@ -123,7 +150,7 @@ fn observer(core: &Core, name: &str, served: &super::Served) -> Result<SpaceAcce
     let id = creds
         .public_key()
         .map_err(|e| fail(ObserverFailure::Creds(e)))?;
-    served.identities.insert_builtin(observer_record(name, id));
+    identities.insert_builtin(observer_record(name, id));
     let link = join_link(&core.local.to_string(), name, &[])
         .map_err(|e| fail(ObserverFailure::Link(Box::new(e))))?;
     let mut connect = ConnectOptions::new(link, creds.render());
@@ -146,7 +173,7 @@ fn observer(core: &Core, name: &str, served: &super::Served) -> Result<SpaceAcce
         name: name.to_owned(),
         connect,
         voice,
-        identities: served.identities.clone(),
+        identities: identities.clone(),
     })
 }
 

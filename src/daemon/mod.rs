@@ -5,18 +5,20 @@
 //! 2. install the broker executable;
 //! 3. provision: key store, TLS, every space's account keys;
 //! 4. render the broker config and start the child; await readiness;
-//! 5. push each space's account JWT to the resolver (`$SYS.REQ.CLAIMS.UPDATE`: works without
-//!    a restart, unlike a memory resolver) over the SYS user's connection that asked the
-//!    broker whether it is ready ([`crate::supervisor::monitor`]);
-//! 6. per space: connect its provisioner, bootstrap streams and buckets (§8), pre-create the
-//!    durables of every identity minted so far, start the space's services
-//!    ([`crate::services`]); on a node of a cluster ([`cluster`]), the identity records are
+//! 5. start the web dashboard's listener ([`crate::dashboard`], when enabled): it shows each
+//!    space as it is handed over in phase 6;
+//! 6. per space: push its account JWT to the resolver (`$SYS.REQ.CLAIMS.UPDATE`: works
+//!    without a restart, unlike a memory resolver) over the SYS user's connection that asked
+//!    the broker whether it is ready ([`crate::supervisor::monitor`]); connect its
+//!    provisioner, bootstrap streams and buckets (§8), pre-create the durables of every
+//!    identity minted so far; hand it to the dashboard; start the space's services
+//!    ([`crate::services`]). On a node of a cluster ([`cluster`]), the identity records are
 //!    read from the cluster before the account is pushed, and the services other than the
 //!    presence watch run only while this node holds the space's lease
-//!    ([`crate::services::lease`]);
-//! 7. start the appliance's own services: the runtime state for `cotald status`, the admin
-//!    socket, the web dashboard ([`crate::dashboard`], when enabled); ready (and a service
-//!    manager that asked is told so: [`notify`]).
+//!    ([`crate::services::lease`]). Meanwhile, the admin socket and the server
+//!    certificate's renewal start;
+//! 7. once the dashboard has tried to show every served space, the runtime state for
+//!    `cotald status`; ready (and a service manager that asked is told so: [`notify`]).
 //!
 //! Every background task of the appliance belongs to a [`ServiceSet`] under one root
 //! cancellation token (the appliance's set, and one per space), but one: the broker's
@@ -263,14 +265,8 @@ impl Appliance {
         let certificate = prepared.certificate.clone();
         let supervisor = Supervisor::start(spec).await?;
         let status = supervisor.status().borrow().clone();
-        let core = match Core::start(prepared, &status, supervisor.monitor()).await {
-            Ok(core) => core,
-            Err(e) => {
-                // Leave nothing running behind a failed start.
-                supervisor.stop().await;
-                return Err(e);
-            }
-        };
+        tracing::info!(pid = status.pid, client = %status.client, "phase: broker ready");
+        let (core, to_serve) = Core::new(prepared, &status, supervisor.monitor());
         let services = Arc::new(ServiceSet::new("appliance", &core.root));
         let mut appliance = Appliance {
             info: core.ready_info(&status).await,
@@ -279,22 +275,38 @@ impl Appliance {
             supervisor,
             services,
         };
-        // The dashboard connects its observers while the admin socket and the certificate's
-        // renewal start: neither needs the other.
-        let (own, dashboard) = tokio::join!(
-            appliance.start_own_services(certificate),
-            dashboard::start(
-                &appliance.core,
-                &appliance.services,
-                &opts.profile.dashboard,
-                opts.dashboard,
-            )
+        // The dashboard listens first; each space is handed to it once its streams are made,
+        // and its observer connects while the space's services start. The admin socket and
+        // the certificate's renewal start meanwhile: none of them needs another.
+        let (dashboard, settled) = dashboard::start(
+            &appliance.core,
+            &appliance.services,
+            &opts.profile.dashboard,
+            opts.dashboard,
+        )
+        .await;
+        let (served, own) = tokio::join!(
+            appliance.core.serve_all(to_serve),
+            appliance.start_own_services(certificate)
         );
-        appliance.info.dashboard = dashboard;
-        if let Err(e) = own {
+        if let Err(e) = served.and(own) {
+            // Leave nothing running behind a failed start.
             appliance.stop().await;
             return Err(e);
         }
+        if let Some(settled) = settled {
+            let served: Vec<String> = appliance
+                .core
+                .spaces
+                .all()
+                .await
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect();
+            dashboard::settled(settled, &served).await;
+        }
+        appliance.info = appliance.core.ready_info(&status).await;
+        appliance.info.dashboard = dashboard;
         if let Err(e) = appliance.track_state().await {
             appliance.stop().await;
             return Err(e);
@@ -303,7 +315,7 @@ impl Appliance {
         Ok(appliance)
     }
 
-    /// Phase 7: the admin socket and the server certificate's renewal.
+    /// The admin socket and the server certificate's renewal (during phase 6).
     async fn start_own_services(
         &self,
         certificate: renewal::ServerCertificate,

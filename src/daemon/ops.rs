@@ -100,7 +100,6 @@ impl Core {
         store::add_runtime_space(&self.dir, name, add.profile)?;
         self.state.write()?;
         self.record_served().await?;
-        super::dashboard::space_added(self, name).await;
         tracing::info!(space = name, profile = ?add.profile, "space added");
         Ok(info)
     }

@@ -43,7 +43,7 @@ mod token;
 
 pub use token::{Token, TokenError};
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -73,6 +73,8 @@ const APP_JS: &str = include_str!("assets/app.js");
 const MAX_CONNECTIONS: usize = 64;
 /// The bound on each question to the broker about itself.
 const MONITOR_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often a space whose observer could not connect is tried again.
+const OBSERVER_RETRY: Duration = Duration::from_secs(5);
 
 /// One space the dashboard shows, and how its observer connects.
 #[derive(Clone)]
@@ -108,8 +110,11 @@ pub struct Dashboard {
     listener: std::sync::Mutex<Option<TcpListener>>,
     addr: SocketAddr,
     token: Token,
-    /// The spaces to show: those served at start, then each one added while running.
+    /// The spaces to show, each handed over as it is served (at start or while running).
     spaces: watch::Receiver<Vec<SpaceAccess>>,
+    /// The spaces of `spaces` whose observer was tried, connected or not: what the appliance
+    /// waits for before it says it is ready.
+    settled: watch::Sender<BTreeSet<String>>,
     state: StateView,
     monitor: Monitor,
 }
@@ -132,9 +137,15 @@ impl Dashboard {
             addr,
             token,
             spaces,
+            settled: watch::Sender::new(BTreeSet::new()),
             state,
             monitor,
         })
+    }
+
+    /// The spaces whose observer was tried (connected, or failed and logged), as it changes.
+    pub fn settled(&self) -> watch::Receiver<BTreeSet<String>> {
+        self.settled.subscribe()
     }
 
     /// Where it listens, as bound.
@@ -169,37 +180,35 @@ impl Service for Dashboard {
                 .map_err(ServiceError::at("binding the dashboard listener"))?,
         };
         let mut spaces = self.spaces.clone();
-        let mut observers = BTreeMap::new();
-        let at_start = spaces.borrow_and_update().clone();
-        for access in at_start {
-            match Observer::start(access).await {
-                Ok(o) => {
-                    observers.insert(o.space.clone(), Arc::new(o));
-                }
-                Err(e) => {
-                    close_all(observers).await;
-                    return Err(e);
-                }
-            }
-        }
         let connections = TaskTracker::new();
         let site = Arc::new(Site {
             tasks: connections.clone(),
             token: self.token.clone(),
             cookie: format!("cotald_{}", self.addr.port()),
-            observers: std::sync::RwLock::new(observers),
+            observers: std::sync::RwLock::new(BTreeMap::new()),
             state: self.state.clone(),
             monitor: self.monitor.clone(),
         });
         ctx.report(Health::Running);
         tracing::info!(addr = %self.addr, "dashboard listening");
         let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        // The spaces handed over before it ran are observed at once; one whose observer could
+        // not connect is tried again every OBSERVER_RETRY.
+        spaces.mark_changed();
+        let mut retry =
+            tokio::time::interval_at(tokio::time::Instant::now() + OBSERVER_RETRY, OBSERVER_RETRY);
         let outcome = loop {
             tokio::select! {
                 () = ctx.cancelled() => break Ok(()),
                 Ok(()) = spaces.changed() => {
                     let now = spaces.borrow_and_update().clone();
-                    site.observe_added(now).await;
+                    site.observe(now, &self.settled).await;
+                }
+                _ = retry.tick() => {
+                    let now = spaces.borrow().clone();
+                    if now.len() > site.observers().len() {
+                        site.observe(now, &self.settled).await;
+                    }
                 }
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => {
@@ -264,26 +273,47 @@ impl Site {
         self.observers().into_keys().collect()
     }
 
-    /// Observes the spaces of `spaces` not observed yet (added while running). One that
-    /// cannot be observed is logged and left out; the others are shown.
-    async fn observe_added(&self, spaces: Vec<SpaceAccess>) {
+    /// Observes the spaces of `spaces` not observed yet, all at once, and no longer those it
+    /// leaves out (a space whose services could not start after it was handed over); then
+    /// says every one of them was tried (`settled`). One that cannot be observed is logged
+    /// and left out (tried again later); the others are shown.
+    async fn observe(&self, spaces: Vec<SpaceAccess>, settled: &watch::Sender<BTreeSet<String>>) {
+        let names: BTreeSet<String> = spaces.iter().map(|a| a.name.clone()).collect();
+        let gone: BTreeMap<String, Arc<Observer>> = {
+            let mut observers = self.observers.write().unwrap_or_else(|e| e.into_inner());
+            let (kept, gone) = std::mem::take(&mut *observers)
+                .into_iter()
+                .partition(|(name, _)| names.contains(name));
+            *observers = kept;
+            gone
+        };
+        close_all(gone).await;
         let known = self.spaces();
-        for access in spaces.into_iter().filter(|a| !known.contains(&a.name)) {
-            let space = access.name.clone();
-            match Observer::start(access).await {
+        let starts =
+            spaces
+                .into_iter()
+                .filter(|a| !known.contains(&a.name))
+                .map(|access| async move {
+                    let space = access.name.clone();
+                    (space, Observer::start(access).await)
+                });
+        for (space, started) in futures_util::future::join_all(starts).await {
+            match started {
                 Ok(o) => {
                     self.observers
                         .write()
                         .unwrap_or_else(|e| e.into_inner())
-                        .insert(o.space.clone(), Arc::new(o));
+                        .insert(space, Arc::new(o));
                 }
                 Err(e) => tracing::warn!(
                     space,
                     error = %crate::ops::error_text(&e),
-                    "dashboard: a space added while running is not shown"
+                    retry = ?OBSERVER_RETRY,
+                    "dashboard: space not shown"
                 ),
             }
         }
+        settled.send_replace(names);
     }
 
     /// `None` when the request may proceed; otherwise the answer. A form must also carry the
