@@ -130,6 +130,11 @@ impl Mentions {
             }
         };
         if class != DeliveryClass::Live {
+            tracing::debug!(
+                space = self.space.name(),
+                channel,
+                "mentions on a durable channel: no copy"
+            );
             return true;
         }
         // Names resolve against presence as it is now: every record stored so far.
@@ -138,6 +143,12 @@ impl Mentions {
         }
         for name in &accepted.message.mentions {
             let Some(target) = self.resolve(name) else {
+                tracing::debug!(
+                    space = self.space.name(),
+                    channel,
+                    name,
+                    "mention not copied: the name designates no one instance"
+                );
                 continue;
             };
             if target == accepted.sender {
@@ -162,6 +173,12 @@ impl Mentions {
                     "mention copy not stored; the message is routed again");
                 return false;
             }
+            tracing::debug!(
+                space = self.space.name(),
+                channel,
+                target,
+                "mention copy stored"
+            );
             self.backstop.mention_stored(&target).await;
         }
         true

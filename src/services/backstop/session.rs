@@ -208,17 +208,29 @@ impl Backstop {
     /// A mention copy for `member` was stored: during a session that pumps none yet, its
     /// mention consumer is made and pumped now.
     pub async fn mention_stored(&self, member: &str) {
-        let session = self.sessions.lock().await.get(member).cloned();
-        if let Some(session) = session {
-            self.start_pumps(member, &session).await;
-        }
+        self.pump_current(member).await;
     }
 
     /// The member's memberships changed: pump the consumers of new intervals.
     pub async fn memberships_changed(&self, member: &str) {
-        let session = self.sessions.lock().await.get(member).cloned();
-        if let Some(session) = session {
-            self.start_pumps(member, &session).await;
+        self.pump_current(member).await;
+    }
+
+    /// Starts what `member`'s session lacks; again for the session that replaced it meanwhile.
+    /// A `resume` that came while the change was being made may have looked before it (no
+    /// mention copy yet, not the new interval) while the pumps were started on the session it
+    /// ended: the change would then wait for the member's next session.
+    async fn pump_current(&self, member: &str) {
+        let mut pumped: Option<Arc<Session>> = None;
+        loop {
+            let Some(current) = self.sessions.lock().await.get(member).cloned() else {
+                return;
+            };
+            if pumped.as_ref().is_some_and(|p| Arc::ptr_eq(p, &current)) {
+                return;
+            }
+            self.start_pumps(member, &current).await;
+            pumped = Some(current);
         }
     }
 
