@@ -23,13 +23,13 @@ const OBSERVER: &str = "dashboard";
 
 /// Starts the dashboard in `services` when the profile enables it, before any space is
 /// served; `listen` overrides the profile's address. With it, what says which spaces it has
-/// tried to show ([`settled`]).
+/// tried to show, and where it listens ([`ready`]).
 pub(super) async fn start(
     core: &Arc<Core>,
     services: &ServiceSet,
     config: &DashboardConfig,
     listen: Option<SocketAddr>,
-) -> (Availability, Option<Settled>) {
+) -> (Availability, Option<Listening>) {
     if !config.enabled {
         return (Availability::Disabled, None);
     }
@@ -57,15 +57,11 @@ pub(super) async fn start(
             return (not_served(reason), None);
         }
     };
-    let settled = dashboard.settled();
+    let listening = Listening {
+        settled: dashboard.settled(),
+        addr: dashboard.addr(),
+    };
     let url = dashboard.url();
-    // Remembered for the next start (a port picked with `HOST:0` is picked again).
-    if let Some(mut last) = core.dir.read_last_served() {
-        last.dashboard = Some(dashboard.addr());
-        if let Err(e) = core.dir.write_last_served(&last) {
-            tracing::warn!(error = %e, "where the dashboard listens is not remembered");
-        }
-    }
     // Set before the service starts, and before any space is served: none is missed.
     let _ = core.dashboard.set(added);
     if let Err(e) = services.start(Arc::new(dashboard)).await {
@@ -73,19 +69,31 @@ pub(super) async fn start(
     }
     core.state
         .update(|state| state.dashboard = Some(url.clone()));
-    (Availability::Serving(url), Some(settled))
+    (Availability::Serving(url), Some(listening))
 }
 
-/// Which spaces the dashboard has tried to show.
-pub(super) type Settled = tokio::sync::watch::Receiver<std::collections::BTreeSet<String>>;
+/// A dashboard that listens: which spaces it has tried to show, and where.
+pub(super) struct Listening {
+    settled: tokio::sync::watch::Receiver<std::collections::BTreeSet<String>>,
+    addr: SocketAddr,
+}
 
 /// How long the appliance waits for the dashboard's observers of the spaces served at start
 /// before it says it is ready without them (each is tried again, and logged, meanwhile).
 const OBSERVERS_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 
-/// Waits until the dashboard has tried to show every space of `served` (so that a page opened
-/// once the appliance is ready shows them), within [`OBSERVERS_WAIT`].
-pub(super) async fn settled(mut settled: Settled, served: &[String]) {
+/// Once the spaces are served (and what was served recorded): remembers where the dashboard
+/// listens, for the next start (a port picked with `HOST:0` is picked again); waits until it
+/// has tried to show every space of `served` (so that a page opened once the appliance is
+/// ready shows them), within [`OBSERVERS_WAIT`].
+pub(super) async fn ready(core: &Core, listening: Listening, served: &[String]) {
+    if let Some(mut last) = core.dir.read_last_served() {
+        last.dashboard = Some(listening.addr);
+        if let Err(e) = core.dir.write_last_served(&last) {
+            tracing::warn!(error = %e, "where the dashboard listens is not remembered");
+        }
+    }
+    let mut settled = listening.settled;
     let all_tried = settled.wait_for(|tried| served.iter().all(|s| tried.contains(s)));
     if tokio::time::timeout(OBSERVERS_WAIT, all_tried)
         .await

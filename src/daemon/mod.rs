@@ -278,7 +278,7 @@ impl Appliance {
         // The dashboard listens first; each space is handed to it once its streams are made,
         // and its observer connects while the space's services start. The admin socket and
         // the certificate's renewal start meanwhile: none of them needs another.
-        let (dashboard, settled) = dashboard::start(
+        let (dashboard, listening) = dashboard::start(
             &appliance.core,
             &appliance.services,
             &opts.profile.dashboard,
@@ -294,7 +294,7 @@ impl Appliance {
             appliance.stop().await;
             return Err(e);
         }
-        if let Some(settled) = settled {
+        if let Some(listening) = listening {
             let served: Vec<String> = appliance
                 .core
                 .spaces
@@ -303,7 +303,7 @@ impl Appliance {
                 .into_iter()
                 .map(|(name, _)| name)
                 .collect();
-            dashboard::settled(settled, &served).await;
+            dashboard::ready(&appliance.core, listening, &served).await;
         }
         appliance.info = appliance.core.ready_info(&status).await;
         appliance.info.dashboard = dashboard;

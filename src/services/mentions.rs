@@ -142,32 +142,9 @@ impl Mentions {
             return false;
         }
         for name in &accepted.message.mentions {
-            let Some(target) = self.resolve(name) else {
-                tracing::debug!(
-                    space = self.space.name(),
-                    channel,
-                    name,
-                    "mention not copied: the name designates no one instance"
-                );
+            let Some(target) = self.copy_target(name, channel, &accepted.sender) else {
                 continue;
             };
-            if target == accepted.sender {
-                continue;
-            }
-            if !self
-                .identities
-                .get(&target)
-                .is_some_and(|record| record.may_read(channel))
-            {
-                tracing::debug!(
-                    space = self.space.name(),
-                    channel,
-                    name,
-                    target,
-                    "mention not copied: the target may not read the channel"
-                );
-                continue;
-            }
             if let Err(e) = self.store(msg, &accepted.message.id, &target).await {
                 tracing::warn!(space = self.space.name(), channel, target, error = %e,
                     "mention copy not stored; the message is routed again");
@@ -182,6 +159,39 @@ impl Mentions {
             self.backstop.mention_stored(&target).await;
         }
         true
+    }
+
+    /// The instance `name` designates, when it gets a copy of a post of `sender` on
+    /// `channel`: never the sender, and only one that may read the channel now.
+    fn copy_target(&self, name: &str, channel: &str, sender: &str) -> Option<String> {
+        let space = self.space.name();
+        let Some(target) = self.resolve(name) else {
+            tracing::debug!(
+                space,
+                channel,
+                name,
+                "mention not copied: no one instance of that name"
+            );
+            return None;
+        };
+        if target == sender {
+            return None;
+        }
+        if !self
+            .identities
+            .get(&target)
+            .is_some_and(|record| record.may_read(channel))
+        {
+            tracing::debug!(
+                space,
+                channel,
+                name,
+                target,
+                "mention not copied: the target may not read the channel"
+            );
+            return None;
+        }
+        Some(target)
     }
 
     /// Waits until the presence view holds every record stored in the bucket so far; false
