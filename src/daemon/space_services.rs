@@ -181,12 +181,14 @@ impl SpaceServices {
             let reader = set.start(self.backstop.clone()).await;
             (reader, set.start(self.manager.clone()).await)
         };
-        let ((reader, manager), mentions, warden, guard, feed) = tokio::join!(
-            reader_then_manager,
+        // Each is listed (in `status`) when it is first polled: in this order, whatever the
+        // timing, the reader and the manager last.
+        let (mentions, warden, guard, feed, (reader, manager)) = tokio::join!(
             set.start(Arc::new(mentions)),
             set.start(Arc::new(warden)),
             set.start(Arc::new(guard)),
             set.start(Arc::new(feed)),
+            reader_then_manager,
         );
         [reader, manager, mentions, warden, guard, feed]
             .into_iter()

@@ -742,8 +742,8 @@ async fn status_shows_each_service() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains(
-            "services    main: connection running, presence running, backstop running, \
-             mentions running, warden running, consumer-guard running, membership running, \
+            "services    main: connection running, presence running, mentions running, \
+             warden running, consumer-guard running, membership running, backstop running, \
              manager running"
         ),
         "{text}"
