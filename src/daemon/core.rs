@@ -70,8 +70,8 @@ pub(super) struct Core {
 }
 
 impl Core {
-    /// What phases 5 and 6 share once the broker is ready (its system connection is the
-    /// monitor's), and the spaces they serve ([`Core::serve_all`]).
+    /// What the appliance's operations share once the broker is ready (its system connection
+    /// is the monitor's), and the spaces phase 6 serves ([`Core::serve_all`]).
     pub(super) fn new(
         prepared: Prepared,
         status: &BrokerStatus,

@@ -84,15 +84,22 @@ const OBSERVERS_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Once the spaces are served (and what was served recorded): remembers where the dashboard
 /// listens, for the next start (a port picked with `HOST:0` is picked again); waits until it
-/// has tried to show every space of `served` (so that a page opened once the appliance is
-/// ready shows them), within [`OBSERVERS_WAIT`].
-pub(super) async fn ready(core: &Core, listening: Listening, served: &[String]) {
+/// has tried to show every served space (so that a page opened once the appliance is ready
+/// shows them), within [`OBSERVERS_WAIT`].
+pub(super) async fn ready(core: &Core, listening: Listening) {
     if let Some(mut last) = core.dir.read_last_served() {
         last.dashboard = Some(listening.addr);
         if let Err(e) = core.dir.write_last_served(&last) {
             tracing::warn!(error = %e, "where the dashboard listens is not remembered");
         }
     }
+    let served: Vec<String> = core
+        .spaces
+        .all()
+        .await
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
     let mut settled = listening.settled;
     let all_tried = settled.wait_for(|tried| served.iter().all(|s| tried.contains(s)));
     if tokio::time::timeout(OBSERVERS_WAIT, all_tried)

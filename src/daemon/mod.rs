@@ -295,15 +295,7 @@ impl Appliance {
             return Err(e);
         }
         if let Some(listening) = listening {
-            let served: Vec<String> = appliance
-                .core
-                .spaces
-                .all()
-                .await
-                .into_iter()
-                .map(|(name, _)| name)
-                .collect();
-            dashboard::ready(&appliance.core, listening, &served).await;
+            dashboard::ready(&appliance.core, listening).await;
         }
         appliance.info = appliance.core.ready_info(&status).await;
         appliance.info.dashboard = dashboard;

@@ -214,9 +214,7 @@ impl MembershipFeed {
         *written = now;
         Ok(())
     }
-}
 
-impl MembershipFeed {
     /// The feed's bucket, and the entries an earlier run left in it: compared like any other,
     /// as unknown values, so each is rewritten or deleted at the first refresh.
     async fn written_before(&self) -> Result<(Store, Written), ServiceError> {

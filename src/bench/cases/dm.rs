@@ -115,8 +115,6 @@ pub(super) async fn dm_case(
     )])
 }
 
-/// The raw side of a DM case: the operator publishes to a target of its own, a pull consumer
-/// of that target reads and acks.
 /// What the broker holds of the DM pair `sender` → `target`: the target's reader (`dm_<target>`)
 /// and how many of the pair's DMs are stored, to tell a reader that stopped reading from a pair
 /// left untrimmed after it was read.
@@ -150,6 +148,8 @@ async fn pair_state(bench: &Bench, target: &str, sender: &str) -> String {
     format!("{reader}; the pair holds {stored} DMs, DM's last sequence {last}")
 }
 
+/// The raw side of a DM case: the operator publishes to a target of its own, a pull consumer
+/// of that target reads and acks.
 struct RawDms<'a> {
     js: &'a jetstream::Context,
     subject: &'a str,
