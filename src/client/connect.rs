@@ -168,7 +168,12 @@ pub(super) async fn connect(opts: ConnectOptions) -> Result<Connection, ClientEr
     for (id, name) in &opts.known {
         roster.know(id, name);
     }
-    let (sink, deliveries) = deliver::channel(max_payload, id.as_str().to_owned(), roster.clone());
+    let (sink, deliveries) = deliver::channel(
+        max_payload,
+        id.as_str().to_owned(),
+        &[card.name.as_str(), claims.name.as_str()],
+        roster.clone(),
+    );
     let grants = &claims.permissions;
     // Observers and admins hold no presence write (Appendix B): they watch, never announce.
     let announce = opts.presence

@@ -61,15 +61,22 @@ enum Ack {
     Live(LiveAck),
 }
 
-/// What the ack of a live copy on a durable channel settles.
+/// What the ack of a live copy settles: the durable copy of the same message (of a durable
+/// channel this member holds, or the mention copy of a post that names it).
 pub(crate) struct LiveAck {
     handover: std::sync::Arc<Mutex<Handover>>,
     key: String,
+    /// Whether a durable copy comes for certain (a durable channel's): handled before it came,
+    /// it is awaited as the session closes. A mention copy is not certain (the router copies
+    /// only to the one instance a name designates): handled first, it is settled when it
+    /// comes, with nothing waiting for it.
+    awaits: bool,
 }
 
-/// Live copies on durable channels and their durable copies: a durable copy is acknowledged
-/// once the application handled the live copy of its message, so a message surfaced live but
-/// never handled is delivered again to the next session, and one handled is not.
+/// Live copies and their durable copies (on durable channels, and the mention copies of posts
+/// that name this member): a durable copy is acknowledged once the application handled the
+/// live copy of its message, so a message surfaced live but never handled is delivered again
+/// to the next session, and one handled is not.
 #[derive(Default)]
 struct Handover {
     /// Surfaced live, not handled yet; with the durable copy's token once it came.
@@ -181,10 +188,10 @@ impl Delivery {
                 let mut handover = live.handover.lock().unwrap_or_else(|e| e.into_inner());
                 match handover.unhandled.remove(&live.key) {
                     Some(Some(token)) => token.ack(),
-                    Some(None) => {
+                    Some(None) if live.awaits => {
                         handover.awaiting.insert(live.key);
                     }
-                    None => {}
+                    Some(None) | None => {}
                 }
                 Ok(())
             }
@@ -343,6 +350,9 @@ pub(crate) struct Sink {
     seen: Mutex<Seen>,
     max_payload: usize,
     own_id: String,
+    /// The names a mention of this member is written with (lower case, §5): its card's and
+    /// its credential's.
+    own_names: Vec<String>,
     /// Whether durable copies reach this connection (the backstop inbox is read).
     durable_copies: std::sync::atomic::AtomicBool,
     /// The channels this member holds a durable membership of.
@@ -383,6 +393,7 @@ impl Seen {
 pub(crate) fn channel(
     max_payload: usize,
     own_id: String,
+    own_names: &[&str],
     roster: super::Roster,
 ) -> (Sink, Deliveries) {
     let (messages, rx) = mpsc::channel(1024);
@@ -394,6 +405,7 @@ pub(crate) fn channel(
             seen: Mutex::new(Seen::default()),
             max_payload,
             own_id,
+            own_names: crate::protocol::normalize_mentions(own_names),
             durable_copies: std::sync::atomic::AtomicBool::new(false),
             durable_channels: Mutex::default(),
             handover: std::sync::Arc::default(),
@@ -587,11 +599,15 @@ impl Sink {
             return false;
         }
         let ack = match ack {
-            Ack::None if !historical && self.hands_over(accepted.route.as_str(), &key) => {
-                Ack::Live(LiveAck {
-                    handover: self.handover.clone(),
-                    key,
-                })
+            Ack::None if !historical => {
+                match self.hands_over(accepted.route.as_str(), &accepted.message, &key) {
+                    Some(awaits) => Ack::Live(LiveAck {
+                        handover: self.handover.clone(),
+                        key,
+                        awaits,
+                    }),
+                    None => Ack::None,
+                }
             }
             other => other,
         };
@@ -621,22 +637,38 @@ impl Sink {
         self.surfaced.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Whether a live copy of `key` on `channel` is to hand its ack over to the durable copy
-    /// (this connection reads durable copies, and holds the channel durably); if so, it is
-    /// recorded as surfaced, not handled.
-    fn hands_over(&self, channel: &str, key: &str) -> bool {
-        let durable = self
+    /// Whether a live copy of `key` on `channel` is to hand its ack over to a durable copy of
+    /// its message (this connection reads durable copies): when this member holds the channel
+    /// durably (`Some(true)`: that copy comes for certain), or the message mentions it
+    /// (`Some(false)`: its mention copy may come, §8). If so, it is recorded as surfaced, not
+    /// handled: a copy that comes meanwhile waits for the application to handle it, so that a
+    /// live copy lost before it was handled (a host that stops) leaves the durable one for the
+    /// next session.
+    fn hands_over(&self, channel: &str, message: &CotalMessage, key: &str) -> Option<bool> {
+        if !self
             .durable_copies
             .load(std::sync::atomic::Ordering::Relaxed)
-            && self
-                .durable_channels
-                .lock()
-                .is_ok_and(|c| c.contains(channel));
-        durable
-            && self.handover.lock().is_ok_and(|mut h| {
-                h.unhandled.len() < SEEN_CAPACITY
-                    && h.unhandled.insert(key.to_owned(), None).is_none()
+        {
+            return None;
+        }
+        let durable = self
+            .durable_channels
+            .lock()
+            .is_ok_and(|c| c.contains(channel));
+        let mentioned = || {
+            message.mentions.iter().any(|m| {
+                self.own_names
+                    .iter()
+                    .any(|n| m.trim().eq_ignore_ascii_case(n))
             })
+        };
+        if !durable && !mentioned() {
+            return None;
+        }
+        let recorded = self.handover.lock().is_ok_and(|mut h| {
+            h.unhandled.len() < SEEN_CAPACITY && h.unhandled.insert(key.to_owned(), None).is_none()
+        });
+        recorded.then_some(durable)
     }
 
     /// The durable copy of a message already surfaced: acknowledged when the application
@@ -794,6 +826,85 @@ async fn pull(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::{Channel, EndpointRef, InstanceId, Part, Routing};
+
+    /// A sink of the member `bob` that reads durable copies, and a live copy of a post on the
+    /// live channel `general` mentioning `mentions`: its subject and its payload.
+    fn bob_and_a_post(mentions: &[&str]) -> (Sink, Deliveries, String, bytes::Bytes) {
+        let bob = InstanceId::from_user_nkey(&nkeys::KeyPair::new_user().public_key()).unwrap();
+        let alice = InstanceId::from_user_nkey(&nkeys::KeyPair::new_user().public_key()).unwrap();
+        let (sink, deliveries) = channel(
+            1 << 20,
+            bob.as_str().to_owned(),
+            &["Bob", "bob-cred"],
+            super::super::Roster::default(),
+        );
+        sink.receiving_durable_copies();
+        let general = Channel::new("general").unwrap();
+        let message = CotalMessage::new(
+            "main",
+            EndpointRef::new(&alice, "alice"),
+            Routing::channel(&general),
+            vec![Part::text("hello")],
+        )
+        .with_mentions(mentions);
+        let subject = crate::binding::SpaceNames::new("main").post(alice.as_str(), "general");
+        (sink, deliveries, subject, message.to_json().unwrap().into())
+    }
+
+    fn live_copy(subject: &str, payload: &bytes::Bytes) -> async_nats::Message {
+        async_nats::Message {
+            subject: subject.into(),
+            reply: None,
+            payload: payload.clone(),
+            headers: None,
+            status: None,
+            description: None,
+            length: payload.len(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_mention_copy_waits_until_the_live_copy_it_duplicates_is_handled() {
+        let (sink, mut deliveries, subject, payload) = bob_and_a_post(&["bob"]);
+        let (acks, mut acked) = mpsc::unbounded_channel();
+        assert!(
+            sink.channel_copy(&live_copy(&subject, &payload), false)
+                .await
+        );
+        let live = deliveries.next().await.unwrap();
+        let token = BackstopToken::copy("m7", &acks);
+        assert!(!sink.durable_copy(&subject, &payload, token).await);
+        assert!(
+            acked.try_recv().is_err(),
+            "the mention copy is not acknowledged while its live copy is unhandled"
+        );
+        live.ack().await.unwrap();
+        assert!(matches!(acked.try_recv(), Ok(Acked::Token(t)) if t == "m7"));
+        // Nothing else comes for certain: closing waits for nothing.
+        assert_eq!(sink.settle(Duration::ZERO).await, 0);
+    }
+
+    #[tokio::test]
+    async fn a_mention_copy_after_its_handled_live_copy_or_of_an_unmentioned_post_is_acknowledged_at_once()
+     {
+        for mentions in [&["BOB-CRED"][..], &["carol"][..]] {
+            let (sink, mut deliveries, subject, payload) = bob_and_a_post(mentions);
+            let (acks, mut acked) = mpsc::unbounded_channel();
+            assert!(
+                sink.channel_copy(&live_copy(&subject, &payload), false)
+                    .await
+            );
+            deliveries.next().await.unwrap().ack().await.unwrap();
+            let token = BackstopToken::copy("m8", &acks);
+            assert!(!sink.durable_copy(&subject, &payload, token).await);
+            assert!(
+                matches!(acked.try_recv(), Ok(Acked::Token(t)) if t == "m8"),
+                "{mentions:?}"
+            );
+            assert_eq!(sink.settle(Duration::ZERO).await, 0, "{mentions:?}");
+        }
+    }
 
     #[test]
     fn seen_window_is_bounded_and_remembers_recent_ids() {
