@@ -552,6 +552,13 @@ async fn one_agents_refusals_cannot_push_the_record_out_of_the_log() {
     // The broker handles a connection's operations in order: once this round trip is answered,
     // every refusal before it was written to its stderr. Another identity's refusal, after it,
     // is logged in full: once it is in the file, the flood's lines before it were all read.
+    // The flood (200 MB) is written out first, within the test's bound: a request queued
+    // behind it would otherwise count it against its own timeout (10 s), which a slow
+    // machine exceeds.
+    tokio::time::timeout(TIMEOUT, p.client.flush())
+        .await
+        .expect("the flood written within the timeout")
+        .unwrap();
     p.barrier().await;
     let other = mint(tmp.path(), "marker", "main", &[]).await;
     let mut m = Probe::connect(&c, &other.creds).await;
