@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -99,18 +100,26 @@ pub(super) struct Accounts {
     pushing: tokio::sync::Mutex<()>,
     /// What each space's account JWT last pushed said.
     pushed: std::sync::Mutex<BTreeMap<String, AccountState>>,
+    /// The broker's resolver store (`jwt/`), where an earlier start left what it pushed.
+    resolver: PathBuf,
 }
 
 impl Accounts {
     /// Pushes over `system` (the appliance's SYS connection, the monitor's: it lives as long
     /// as the broker's supervisor), signing with `keys`.
-    pub(super) fn new(system: async_nats::Client, keys: Arc<KeyStore>, clustered: bool) -> Self {
+    pub(super) fn new(
+        system: async_nats::Client,
+        keys: Arc<KeyStore>,
+        clustered: bool,
+        resolver: PathBuf,
+    ) -> Self {
         Accounts {
             system,
             keys,
             clustered,
             pushing: tokio::sync::Mutex::new(()),
             pushed: std::sync::Mutex::new(BTreeMap::new()),
+            resolver,
         }
     }
 
@@ -145,8 +154,9 @@ impl Accounts {
         let space = keys.name();
         // A push rebuilds the account's JetStream API import in the broker: its agents' requests
         // of that instant find no responder. So nothing is pushed that the broker has already.
-        let unchanged =
-            push == Push::IfChanged && self.pushed().get(space).is_some_and(|last| *last == wanted);
+        let unchanged = push == Push::IfChanged
+            && (self.pushed().get(space).is_some_and(|last| *last == wanted)
+                || self.on_file(keys, &wanted));
         if unchanged && !self.clustered {
             tracing::debug!(space, "account unchanged; not pushed");
             return Ok(());
@@ -161,6 +171,32 @@ impl Accounts {
         self.send(space, jwt).await?;
         self.pushed().insert(space.to_owned(), wanted);
         Ok(())
+    }
+
+    /// Whether the broker holds `wanted` already: a single node's resolver store keeps the
+    /// account JWT pushed at an earlier start, which the broker loaded as it started (a warm
+    /// start then pushes nothing, and the space's connection made meanwhile is used at once).
+    /// Looked at until the space's first push since the start; recorded as pushed when it says
+    /// the same.
+    fn on_file(&self, keys: &SpaceKeys, wanted: &AccountState) -> bool {
+        if self.clustered || self.pushed().contains_key(keys.name()) {
+            return false;
+        }
+        let file = self.resolver.join(format!("{}.jwt", keys.account_public()));
+        let Ok(jwt) = std::fs::read_to_string(file) else {
+            return false;
+        };
+        let same = self.keys.space_account_jwt_says(
+            &jwt,
+            keys,
+            wanted.limits,
+            &wanted.revocations,
+            &wanted.mappings,
+        );
+        if same {
+            self.pushed().insert(keys.name().to_owned(), wanted.clone());
+        }
+        same
     }
 
     fn pushed(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, AccountState>> {

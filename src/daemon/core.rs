@@ -4,11 +4,14 @@
 //! buckets bootstrapped (§8), its minted identities provisioned, its services started
 //! ([`super::space_services`]).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::accounts::{Accounts, Push, SpaceAccount};
@@ -20,6 +23,7 @@ use super::{
 };
 use crate::backoff::Backoff;
 use crate::datadir::{DataDir, LastServed, RuntimeState, UnservedSpace};
+use crate::files::FileError;
 use crate::ops::{CredentialProfile, IdentityRecord, SpaceInfo};
 use crate::profile::SpaceConfig;
 use crate::protocol::JoinLink;
@@ -27,7 +31,7 @@ use crate::provision::{KeyStore, SpaceKeys};
 use crate::services::ServiceSet;
 use crate::services::identity_sync;
 use crate::services::membership::BrokerView;
-use crate::space::{Identities, Space};
+use crate::space::{Dialed, Identities, Space};
 use crate::supervisor::monitor::Monitor;
 use crate::supervisor::{BrokerStatus, local_addr};
 
@@ -76,6 +80,7 @@ impl Core {
         prepared: Prepared,
         status: &BrokerStatus,
         monitor: Monitor,
+        dialed: BTreeMap<String, Dialed>,
     ) -> (Arc<Core>, ToServe) {
         let Prepared {
             dir,
@@ -103,12 +108,13 @@ impl Core {
                 dir.clone(),
                 starting_state(status, broker_version),
             )),
-            dir,
             accounts: Arc::new(Accounts::new(
                 monitor.system().clone(),
                 keys.clone(),
                 cluster.is_some(),
+                dir.resolver(),
             )),
+            dir,
             keys,
             ca_cert,
             local,
@@ -125,7 +131,12 @@ impl Core {
             .into_iter()
             .partition(|(name, _)| profile_spaces.contains(name));
         let spaces = first.into_iter().chain(rest).collect();
-        (core, ToServe { spaces, unserved })
+        let to_serve = ToServe {
+            spaces,
+            unserved,
+            dialed,
+        };
+        (core, to_serve)
     }
 
     /// Serves each space in turn. Spaces fail alone: one that cannot be served is reported,
@@ -134,6 +145,7 @@ impl Core {
         let ToServe {
             spaces,
             mut unserved,
+            mut dialed,
         } = to_serve;
         for space in &unserved {
             tracing::error!(
@@ -144,7 +156,7 @@ impl Core {
         }
         let mut first_error = None;
         for (name, config) in spaces {
-            if let Err(e) = self.serve_space(&name, config).await {
+            if let Err(e) = self.serve_space(&name, config, dialed.remove(&name)).await {
                 let reason = crate::ops::error_text(&e);
                 tracing::error!(space = name, reason, "space not served");
                 unserved.push(UnservedSpace { name, reason });
@@ -182,12 +194,14 @@ impl Core {
         Ok(())
     }
 
-    /// Pushes a space's account, connects its provisioner, bootstraps it, provisions its
-    /// minted identities and starts its services; then serves it.
+    /// Pushes a space's account, connects its provisioner (unless `dialed` while the broker
+    /// got ready), bootstraps it, provisions its minted identities and starts its services;
+    /// then serves it.
     pub(super) async fn serve_space(
         self: &Arc<Self>,
         name: &str,
         mut config: SpaceConfig,
+        dialed: Option<Dialed>,
     ) -> Result<SpaceInfo, DaemonError> {
         let wanted = config.jetstream.max_file_store;
         let granted = self.spaces.grant(name, wanted)?;
@@ -201,7 +215,7 @@ impl Core {
         }
         config.jetstream.max_file_store = granted;
         config.replicas = self.replicas();
-        let served = self.serve_granted(name, config).await;
+        let served = self.serve_granted(name, config, dialed).await;
         if served.is_err() {
             self.spaces.release(name);
         }
@@ -218,6 +232,7 @@ impl Core {
         self: &Arc<Self>,
         name: &str,
         config: SpaceConfig,
+        dialed: Option<Dialed>,
     ) -> Result<SpaceInfo, DaemonError> {
         let keys = self.keys.ensure_space(name)?;
         let identities = Arc::new(Identities::load(&self.dir, name));
@@ -227,15 +242,20 @@ impl Core {
             .await?;
         crate::files::private_dir(&self.dir.space(name))?;
         let creds = keys.own_user_creds(crate::ops::OPERATOR)?;
-        crate::files::write_atomic(
-            &self.dir.operator_creds(name),
-            creds.render().as_bytes(),
-            0o600,
-        )?;
+        // The machine operator's credential is written (and synced) while the space is
+        // connected and bootstrapped; the space is served once it is.
+        let (path, text) = (self.dir.operator_creds(name), creds.render());
+        let writing = path.clone();
+        let creds_written = tokio::task::spawn_blocking(move || {
+            crate::files::write_atomic(&writing, text.as_bytes(), 0o600)
+        });
         identities.insert_builtin(operator_record(name, creds.public_key()?));
-        let space = match early {
-            Some(space) => Arc::new(space),
-            None => Arc::new(Space::connect(&keys, config, self.local, &self.ca_cert).await?),
+        let space = match (early, dialed) {
+            (Some(space), _) => Arc::new(space),
+            (None, Some(dialed)) => Arc::new(Space::over(dialed, config)),
+            (None, None) => {
+                Arc::new(Space::connect(&keys, config, self.local, &self.ca_cert).await?)
+            }
         };
         let services = ServiceSet::new(name, &self.root);
         let started = async {
@@ -257,8 +277,14 @@ impl Core {
             super::dashboard::space_served(self, name, &identities);
             parts.start(&services, Arc::new(account), cluster).await
         };
-        let Started { manager, lease } = match started.await {
-            Ok(started) => started,
+        let written = async {
+            match creds_written.await {
+                Ok(written) => Ok(written?),
+                Err(e) => Err(FileError::at(&path, "writing")(std::io::Error::other(e)).into()),
+            }
+        };
+        let Started { manager, lease } = match tokio::try_join!(started, written) {
+            Ok((started, ())) => started,
             Err(e) => {
                 super::dashboard::space_withdrawn(self, name);
                 services.shutdown(SERVICES_DEADLINE).await;
@@ -415,6 +441,57 @@ impl Core {
 pub(super) struct ToServe {
     spaces: Vec<(String, SpaceConfig)>,
     unserved: Vec<UnservedSpace>,
+    /// The connections of those dialed while the broker got ready ([`dial_known`]).
+    dialed: BTreeMap<String, Dialed>,
+}
+
+/// How many spaces are dialed while the broker gets ready: the first ones served.
+const DIALED_EARLY: usize = 4;
+/// How long such a dial may take; one that fails is dialed again when its space is served.
+const EARLY_DIAL: Duration = Duration::from_secs(2);
+
+/// Dials the first spaces to serve whose accounts the broker holds from an earlier start (its
+/// resolver's files) as soon as `listening` says where the broker listens: their connections
+/// are made while it gets ready, not after (startup time; the account is pushed again before
+/// the space is bootstrapped when it changed). Never on a node of a cluster, which learns the
+/// revocations it missed before it connects through the account it has
+/// ([`Core::learn_identities`]).
+pub(super) async fn dial_known(
+    prepared: &Prepared,
+    listening: oneshot::Receiver<SocketAddr>,
+) -> BTreeMap<String, Dialed> {
+    if prepared.replicas.is_some() {
+        return BTreeMap::new();
+    }
+    let Ok(addr) = listening.await else {
+        return BTreeMap::new();
+    };
+    let profile = |name: &&String| prepared.profile_spaces.contains(*name);
+    let first = prepared.spaces.keys().filter(profile);
+    let known = first
+        .chain(prepared.spaces.keys().filter(|n| !profile(n)))
+        .take(DIALED_EARLY)
+        .filter_map(|name| prepared.keys.space(name).ok())
+        .filter(|keys| {
+            let jwt = format!("{}.jwt", keys.account_public());
+            prepared.dir.resolver().join(jwt).is_file()
+        });
+    let dials = known.map(|keys| async move {
+        let dial = Space::dial(&keys, addr, &prepared.ca_cert);
+        match tokio::time::timeout(EARLY_DIAL, dial).await {
+            Ok(Ok(dialed)) => Some((keys.name().to_owned(), dialed)),
+            Ok(Err(e)) => {
+                tracing::debug!(space = keys.name(), error = %e, "not dialed early");
+                None
+            }
+            Err(_) => None,
+        }
+    });
+    futures_util::future::join_all(dials)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// How many identities' durables are made at once.

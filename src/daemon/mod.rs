@@ -263,10 +263,16 @@ impl Appliance {
         tracing::info!(data_dir = %opts.data_dir.root().display(), "phase: data dir locked");
         let (prepared, spec) = broker::prepare(&opts).await?;
         let certificate = prepared.certificate.clone();
-        let supervisor = Supervisor::start(spec).await?;
+        // The spaces the broker knows are dialed while it gets ready.
+        let (listening, listens) = tokio::sync::oneshot::channel();
+        let (supervisor, dialed) = tokio::join!(
+            Supervisor::start(spec, listening),
+            core::dial_known(&prepared, listens)
+        );
+        let supervisor = supervisor?;
         let status = supervisor.status().borrow().clone();
         tracing::info!(pid = status.pid, client = %status.client, "phase: broker ready");
-        let (core, to_serve) = Core::new(prepared, &status, supervisor.monitor());
+        let (core, to_serve) = Core::new(prepared, &status, supervisor.monitor(), dialed);
         let services = Arc::new(ServiceSet::new("appliance", &core.root));
         let mut appliance = Appliance {
             info: core.ready_info(&status).await,

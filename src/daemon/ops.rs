@@ -95,7 +95,7 @@ impl Core {
             return Err(DaemonError::SpaceExists(name.to_owned()));
         }
         let info = self
-            .serve_space(name, SpaceConfig::with_profile(add.profile))
+            .serve_space(name, SpaceConfig::with_profile(add.profile), None)
             .await?;
         store::add_runtime_space(&self.dir, name, add.profile)?;
         self.state.write()?;

@@ -150,26 +150,27 @@ pub(crate) fn operator_jwt(
     )
 }
 
-pub(crate) fn account_jwt(
-    operator: &KeyPair,
-    account: &KeyPair,
-    name: &str,
-    signing_key: Option<&KeyPair>,
-    limits: &AccountLimits,
-    revocations: &BTreeMap<String, i64>,
-    mappings: &BTreeMap<String, String>,
-) -> Result<String, ProvisionError> {
-    encode(
-        operator,
-        account.public_key(),
-        name,
-        now_secs(),
-        None,
+/// What an account JWT says beyond its issuer and subject.
+pub(crate) struct Account<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) signing_key: Option<&'a KeyPair>,
+    pub(crate) limits: &'a AccountLimits,
+    pub(crate) revocations: &'a BTreeMap<String, i64>,
+    pub(crate) mappings: &'a BTreeMap<String, String>,
+}
+
+impl<'a> Account<'a> {
+    fn claims(&self) -> AccountClaims<'a> {
         AccountClaims {
-            limits,
-            signing_keys: signing_key.map(KeyPair::public_key).into_iter().collect(),
-            revocations,
-            mappings: mappings
+            limits: self.limits,
+            signing_keys: self
+                .signing_key
+                .map(KeyPair::public_key)
+                .into_iter()
+                .collect(),
+            revocations: self.revocations,
+            mappings: self
+                .mappings
                 .iter()
                 .map(|(from, to)| {
                     (
@@ -183,8 +184,63 @@ pub(crate) fn account_jwt(
                 .collect(),
             kind: "account",
             version: 2,
-        },
+        }
+    }
+}
+
+pub(crate) fn account_jwt(
+    operator: &KeyPair,
+    account: &KeyPair,
+    says: &Account<'_>,
+) -> Result<String, ProvisionError> {
+    encode(
+        operator,
+        account.public_key(),
+        says.name,
+        now_secs(),
+        None,
+        says.claims(),
     )
+}
+
+/// Whether `jwt`, an account JWT, says what [`account_jwt`] would sign now for `account` by
+/// `operator`, its issue time and id aside. Its signature is not checked: it is read from the
+/// broker's resolver store in the appliance's own data dir, which the broker writes only with
+/// what it verified; anything unreadable is not the same.
+pub(crate) fn account_jwt_says(
+    jwt: &str,
+    operator: &KeyPair,
+    account: &KeyPair,
+    says: &Account<'_>,
+) -> bool {
+    let Some(payload) = jwt.split('.').nth(1) else {
+        return false;
+    };
+    let Ok(payload) = URL_SAFE_NO_PAD.decode(payload.trim()) else {
+        return false;
+    };
+    let Ok(mut on_file) = serde_json::from_slice::<serde_json::Value>(&payload) else {
+        return false;
+    };
+    let wanted = Claims {
+        jti: String::new(),
+        iat: 0,
+        iss: operator.public_key(),
+        name: says.name,
+        sub: account.public_key(),
+        exp: None,
+        nats: says.claims(),
+    };
+    let Ok(mut wanted) = serde_json::to_value(&wanted) else {
+        return false;
+    };
+    for claims in [&mut on_file, &mut wanted] {
+        if let Some(claims) = claims.as_object_mut() {
+            claims.remove("jti");
+            claims.remove("iat");
+        }
+    }
+    on_file == wanted
 }
 
 /// What a user JWT says besides its permissions.
@@ -335,22 +391,28 @@ mod tests {
             streams: -1,
             consumer: -1,
         });
-        let jwt = account_jwt(
-            &operator,
-            &account,
-            "main",
-            Some(&signing),
-            &limits,
-            &BTreeMap::new(),
-            &BTreeMap::new(),
-        )
-        .unwrap();
+        let none = BTreeMap::new();
+        let says = Account {
+            name: "main",
+            signing_key: Some(&signing),
+            limits: &limits,
+            revocations: &BTreeMap::new(),
+            mappings: &none,
+        };
+        let jwt = account_jwt(&operator, &account, &says).unwrap();
         let claims = decode_payload(&jwt);
         assert!(claims["nats"].get("revocations").is_none());
         assert!(claims["nats"].get("mappings").is_none());
         let revoked = BTreeMap::from([("UABC".to_owned(), 7)]);
         let held = BTreeMap::from([("c.inst.*.UABC".to_owned(), "c.ctl.manager.UABC".to_owned())]);
-        let jwt = account_jwt(&operator, &account, "main", None, &limits, &revoked, &held).unwrap();
+        let says = Account {
+            name: "main",
+            signing_key: None,
+            limits: &limits,
+            revocations: &revoked,
+            mappings: &held,
+        };
+        let jwt = account_jwt(&operator, &account, &says).unwrap();
         let later = decode_payload(&jwt);
         assert_eq!(later["nats"]["revocations"]["UABC"], 7);
         assert_eq!(
@@ -361,5 +423,35 @@ mod tests {
         assert_eq!(claims["nats"]["signing_keys"][0], signing.public_key());
         assert_eq!(claims["nats"]["limits"]["disallow_bearer"], true);
         assert_eq!(claims["nats"]["limits"]["disk_storage"], 1 << 30);
+    }
+
+    #[test]
+    fn an_account_jwt_says_what_it_was_signed_with_whenever_it_was_issued() {
+        let (operator, account) = (KeyPair::new_operator(), KeyPair::new_account());
+        let limits = AccountLimits::with_jetstream(JetStreamLimits::DISABLED);
+        let revoked = BTreeMap::from([("UABC".to_owned(), 7)]);
+        let none = BTreeMap::new();
+        let says = Account {
+            name: "main",
+            signing_key: None,
+            limits: &limits,
+            revocations: &revoked,
+            mappings: &none,
+        };
+        let jwt = account_jwt(&operator, &account, &says).unwrap();
+        assert!(account_jwt_says(&jwt, &operator, &account, &says));
+        let more = BTreeMap::from([("UABC".to_owned(), 7), ("UDEF".to_owned(), 9)]);
+        let other = Account {
+            revocations: &more,
+            ..says
+        };
+        assert!(!account_jwt_says(&jwt, &operator, &account, &other));
+        assert!(!account_jwt_says(
+            &jwt,
+            &operator,
+            &KeyPair::new_account(),
+            &says
+        ));
+        assert!(!account_jwt_says("garbage", &operator, &account, &says));
     }
 }

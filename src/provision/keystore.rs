@@ -118,15 +118,15 @@ impl KeyStore {
 
     /// The SYS account JWT (JetStream disabled).
     pub fn system_account_jwt(&self) -> Result<String, ProvisionError> {
-        claims::account_jwt(
-            &self.operator,
-            &self.system,
-            "SYS",
-            None,
-            &AccountLimits::with_jetstream(JetStreamLimits::DISABLED),
-            &BTreeMap::new(),
-            &BTreeMap::new(),
-        )
+        let none = BTreeMap::new();
+        let says = claims::Account {
+            name: "SYS",
+            signing_key: None,
+            limits: &AccountLimits::with_jetstream(JetStreamLimits::DISABLED),
+            revocations: &BTreeMap::new(),
+            mappings: &none,
+        };
+        claims::account_jwt(&self.operator, &self.system, &says)
     }
 
     /// The appliance's own SYS-account user: it pushes account JWTs to the resolver.
@@ -190,15 +190,24 @@ impl KeyStore {
         revocations: &BTreeMap<String, i64>,
         mappings: &BTreeMap<String, String>,
     ) -> Result<String, ProvisionError> {
-        claims::account_jwt(
-            &self.operator,
-            &space.account,
-            &space.name,
-            Some(&space.signing),
-            &AccountLimits::with_jetstream(jetstream),
-            revocations,
-            mappings,
-        )
+        let limits = AccountLimits::with_jetstream(jetstream);
+        let says = space.account_says(&limits, revocations, mappings);
+        claims::account_jwt(&self.operator, &space.account, &says)
+    }
+
+    /// Whether `jwt` says what [`KeyStore::space_account_jwt`] would sign now with these
+    /// arguments (its issue time aside).
+    pub fn space_account_jwt_says(
+        &self,
+        jwt: &str,
+        space: &SpaceKeys,
+        jetstream: JetStreamLimits,
+        revocations: &BTreeMap<String, i64>,
+        mappings: &BTreeMap<String, String>,
+    ) -> bool {
+        let limits = AccountLimits::with_jetstream(jetstream);
+        let says = space.account_says(&limits, revocations, mappings);
+        claims::account_jwt_says(jwt, &self.operator, &space.account, &says)
     }
 
     fn load_space(&self, space: &str, create: bool) -> Result<SpaceKeys, ProvisionError> {
@@ -224,6 +233,22 @@ impl SpaceKeys {
     /// The space name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// What its account JWT says: its name, its signing key, and these.
+    fn account_says<'a>(
+        &'a self,
+        limits: &'a AccountLimits,
+        revocations: &'a BTreeMap<String, i64>,
+        mappings: &'a BTreeMap<String, String>,
+    ) -> claims::Account<'a> {
+        claims::Account {
+            name: &self.name,
+            signing_key: Some(&self.signing),
+            limits,
+            revocations,
+            mappings,
+        }
     }
 
     /// The account public key (`A…`).

@@ -73,7 +73,7 @@ impl Mentions {
         let stream = self
             .space
             .jetstream()
-            .get_stream(self.space.names().chat_stream())
+            .get_stream_no_info(self.space.names().chat_stream())
             .await
             .map_err(ServiceError::at("opening CHAT"))?;
         stream

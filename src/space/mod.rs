@@ -99,6 +99,14 @@ pub struct Space {
     refusals: Refusals,
 }
 
+/// A space's provisioner connection, dialed before the space is served: a broker that holds
+/// the space's account from an earlier start takes it while it gets ready (startup time).
+pub struct Dialed {
+    space: String,
+    account: String,
+    link: link::Link,
+}
+
 impl Space {
     /// Connects the space's provisioner over TLS.
     pub async fn connect(
@@ -107,6 +115,11 @@ impl Space {
         addr: SocketAddr,
         ca: &Path,
     ) -> Result<Self, SpaceError> {
+        Ok(Space::over(Space::dial(keys, addr, ca).await?, config))
+    }
+
+    /// Dials the space's provisioner over TLS; its account must be known to the broker.
+    pub async fn dial(keys: &SpaceKeys, addr: SocketAddr, ca: &Path) -> Result<Dialed, SpaceError> {
         let space = keys.name().to_owned();
         let creds = keys.own_user_creds("manager")?;
         let name = format!("cotald-manager-{space}");
@@ -117,14 +130,28 @@ impl Space {
                 addr,
                 source,
             })?;
-        Ok(Space {
-            names: SpaceNames::new(&space),
-            config,
+        Ok(Dialed {
+            space,
             account: keys.account_public(),
             link,
-            holds: Holds::default(),
-            refusals: Refusals::new(&space),
         })
+    }
+
+    /// The space served over a connection dialed for it.
+    pub fn over(dialed: Dialed, config: SpaceConfig) -> Space {
+        let Dialed {
+            space,
+            account,
+            link,
+        } = dialed;
+        Space {
+            names: SpaceNames::new(&space),
+            refusals: Refusals::new(&space),
+            config,
+            account,
+            link,
+            holds: Holds::default(),
+        }
     }
 
     /// The space name.
@@ -245,22 +272,19 @@ impl Space {
             durable: durable.clone(),
             source: e,
         };
+        // A handle without the stream's info, and the consumer's info as it was got or made:
+        // one round trip per durable (a space may have hundreds, made at each start).
         let stream = self
             .jetstream()
-            .get_stream(&stream)
+            .get_stream_no_info(&stream)
             .await
             .map_err(|e| fail(e.into()))?;
-        let mut consumer = stream
+        let consumer = stream
             .get_or_create_consumer(&durable, config.clone())
             .await
             .map_err(|e| fail(e.into()))?;
         // An existing durable is bound by agents as it is: it must be the §8 one.
-        let actual = consumer
-            .info()
-            .await
-            .map_err(|e| fail(e.into()))?
-            .config
-            .clone();
+        let actual = consumer.cached_info().config.clone();
         if actual.filter_subject != config.filter_subject
             || actual.deliver_subject.is_some()
             || actual.ack_policy != config.ack_policy
@@ -288,7 +312,7 @@ impl Space {
         };
         let stream = self
             .jetstream()
-            .get_stream(self.names.dm_stream())
+            .get_stream_no_info(self.names.dm_stream())
             .await
             .map_err(|e| fail(e.into()))?;
         if let Err(e) = stream.delete_consumer(&durable).await

@@ -72,7 +72,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -248,11 +248,16 @@ async fn ready(access: &BrokerAccess, client: SocketAddr, monitor: &mut Option<M
 const KILL_WAIT: Duration = Duration::from_secs(10);
 
 impl Supervisor {
-    /// Starts the broker and returns once it is ready. The caller has run [`claim`] first.
-    pub async fn start(mut spec: BrokerSpec) -> Result<Self, SupervisorError> {
+    /// Starts the broker and returns once it is ready; `listening` is told where clients
+    /// connect as soon as the broker listens, before it is ready (what does not depend on its
+    /// readiness starts then). The caller has run [`claim`] first.
+    pub async fn start(
+        mut spec: BrokerSpec,
+        listening: oneshot::Sender<SocketAddr>,
+    ) -> Result<Self, SupervisorError> {
         let log = Arc::new(Mutex::new(BrokerLog::open(&spec.log_path)));
         let mut monitor = None;
-        let child = Running::spawn(&spec, &log, &mut monitor).await?;
+        let child = Running::spawn(&spec, &log, &mut monitor, Some(listening)).await?;
         let monitor = monitor.unwrap_or_else(|| unreachable!("ready implies a monitor"));
         spec.conf.port = Some(child.client.port());
         spec.conf.monitor = child.http_monitor;
@@ -346,7 +351,7 @@ async fn supervise(
             let mut kept = Some(monitor.clone());
             let attempt = tokio::select! {
                 () = cancel.cancelled() => return,
-                attempt = Running::spawn(&spec, &log, &mut kept) => attempt,
+                attempt = Running::spawn(&spec, &log, &mut kept, None) => attempt,
             };
             match attempt {
                 Ok(next) => break next,
@@ -430,12 +435,14 @@ struct Running {
 }
 
 impl Running {
-    /// Spawns the child and waits until it is ready: its ports file written, then `HEALTHZ`
-    /// answered healthy through `monitor` (connected here on the first start, and kept).
+    /// Spawns the child and waits until it is ready: its ports file written (`listening` told
+    /// the client address then), then `HEALTHZ` answered healthy through `monitor` (connected
+    /// here on the first start, and kept).
     async fn spawn(
         spec: &BrokerSpec,
         log: &Arc<Mutex<BrokerLog>>,
         monitor: &mut Option<Monitor>,
+        mut listening: Option<oneshot::Sender<SocketAddr>>,
     ) -> Result<Self, SupervisorError> {
         crate::files::write_atomic(&spec.conf_path, spec.conf.render().as_bytes(), 0o600)?;
         // A crashed child leaves its ports file behind, and pids repeat (containers): only the
@@ -491,6 +498,9 @@ impl Running {
                 return Err(exited_early(spec, status, tail_text()));
             }
             if let Some(found) = read_ports_file(ports_dir, &spec.conf, pid) {
+                if let Some(listening) = listening.take() {
+                    let _ = listening.send(local_addr(found.0));
+                }
                 addrs = Some(found);
             }
             if let Some((client, _)) = addrs

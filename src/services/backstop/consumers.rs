@@ -109,7 +109,7 @@ impl Backstop {
         let stream = self
             .space
             .jetstream()
-            .get_stream(&stream)
+            .get_stream_no_info(&stream)
             .await
             .map_err(|e| fail("opening the stream of", e.into()))?;
         stream

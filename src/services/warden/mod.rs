@@ -222,7 +222,7 @@ impl Warden {
         let purged = async {
             self.space
                 .jetstream()
-                .get_stream(&stream)
+                .get_stream_no_info(&stream)
                 .await?
                 .purge()
                 .filter(filter)
@@ -251,7 +251,7 @@ impl Warden {
             let stream = self
                 .space
                 .jetstream()
-                .get_stream(self.space.names().dm_stream())
+                .get_stream_no_info(self.space.names().dm_stream())
                 .await?;
             let floor = self.floor(target).await?;
             let purged = match floor {
@@ -364,7 +364,7 @@ impl Warden {
             let stream = self
                 .space
                 .jetstream()
-                .get_stream(&stream)
+                .get_stream_no_info(&stream)
                 .await
                 .map_err(ServiceError::at("reading a stream the warden sweeps"))?;
             let mut subjects = stream
@@ -447,7 +447,7 @@ impl Warden {
     async fn follow_dm(&self) -> Result<pull::Ordered, ServiceError> {
         self.space
             .jetstream()
-            .get_stream(self.space.names().dm_stream())
+            .get_stream_no_info(self.space.names().dm_stream())
             .await
             .map_err(ServiceError::at("reading DM"))?
             .create_consumer(pull::OrderedConfig {
@@ -469,15 +469,17 @@ impl Warden {
         let mut addressable = Addressable::default();
         self.sweep(&mut addressable).await?;
         let names = self.space.names();
-        let dm = self.stream_info(&names.dm_stream()).await?;
-        let mut dm_shares = Shares {
-            store: byte_limit(&dm),
-            ..Shares::default()
-        };
+        let mut dm_shares = Shares::default();
         let agents = addressable.inboxes.iter().cloned().collect();
-        self.read_floors(&mut dm_shares.ledger, agents).await;
+        let (dm_stream, task_stream) = (names.dm_stream(), names.task_stream());
+        let infos = async {
+            tokio::try_join!(self.stream_info(&dm_stream), self.stream_info(&task_stream))
+        };
+        let (infos, ()) = tokio::join!(infos, self.read_floors(&mut dm_shares.ledger, agents));
+        let (dm, task) = infos?;
+        dm_shares.store = byte_limit(&dm);
         let task_shares = Shares {
-            store: byte_limit(&self.stream_info(&names.task_stream()).await?),
+            store: byte_limit(&task),
             ..Shares::default()
         };
         Ok(Watch {
@@ -634,8 +636,8 @@ impl Service for Warden {
         nats.flush()
             .await
             .map_err(ServiceError::at("subscribing to DMs and tasks"))?;
-        let mut stored = self.follow_dm().await?;
-        let mut w = self.watch().await?;
+        // Neither needs the other: their round trips at once (startup time).
+        let (mut stored, mut w) = tokio::try_join!(self.follow_dm(), self.watch())?;
         let mut review = tokio::time::interval(TRIM_EVERY);
         let mut batch = tokio::time::interval(PURGE_BATCH);
         let mut sweep = tokio::time::interval(SWEEP_INTERVAL);

@@ -165,7 +165,7 @@ impl Feeds {
         let names = self.space.names();
         self.space
             .jetstream()
-            .get_stream(names.chat_stream())
+            .get_stream_no_info(names.chat_stream())
             .await
             .map_err(OpenError::Stream)?
             .create_consumer(pull::OrderedConfig {
