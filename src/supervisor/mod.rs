@@ -434,16 +434,21 @@ struct Running {
     http_monitor: Option<SocketAddr>,
 }
 
+/// A child just started: its process, its pid, the tasks pumping its output into the log,
+/// and its last lines (a failed start reports them).
+struct Launched {
+    process: Child,
+    pid: u32,
+    pumps: Vec<JoinHandle<()>>,
+    tail: Arc<Mutex<VecDeque<String>>>,
+}
+
 impl Running {
     /// Spawns the child and waits until it is ready: its ports file written (`listening` told
     /// the client address then), then `HEALTHZ` answered healthy through `monitor` (connected
     /// here on the first start, and kept).
-    async fn spawn(
-        spec: &BrokerSpec,
-        log: &Arc<Mutex<BrokerLog>>,
-        monitor: &mut Option<Monitor>,
-        mut listening: Option<oneshot::Sender<SocketAddr>>,
-    ) -> Result<Self, SupervisorError> {
+    /// Writes the config and starts the child, its output pumped into `log`.
+    fn launch(spec: &BrokerSpec, log: &Arc<Mutex<BrokerLog>>) -> Result<Launched, SupervisorError> {
         crate::files::write_atomic(&spec.conf_path, spec.conf.render().as_bytes(), 0o600)?;
         // A crashed child leaves its ports file behind, and pids repeat (containers): only the
         // file this child writes may count.
@@ -475,6 +480,26 @@ impl Running {
         if let Some(err) = process.stderr.take() {
             pumps.push(tokio::spawn(pump(err, tail.clone(), log.clone())));
         }
+        Ok(Launched {
+            process,
+            pid,
+            pumps,
+            tail,
+        })
+    }
+
+    async fn spawn(
+        spec: &BrokerSpec,
+        log: &Arc<Mutex<BrokerLog>>,
+        monitor: &mut Option<Monitor>,
+        mut listening: Option<oneshot::Sender<SocketAddr>>,
+    ) -> Result<Self, SupervisorError> {
+        let Launched {
+            mut process,
+            pid,
+            pumps,
+            tail,
+        } = Running::launch(spec, log)?;
         let tail_text = || {
             let lines: Vec<String> = tail
                 .lock()
