@@ -190,16 +190,21 @@ struct RawUser {
     issuer_account: Option<String>,
 }
 
+/// The claims of a JWT (its payload, base64url-decoded), unverified.
+pub(crate) fn jwt_payload(jwt: &str) -> Result<Vec<u8>, CredsError> {
+    let payload = jwt
+        .split('.')
+        .nth(1)
+        .ok_or(CredsError::BadJwt("no payload"))?;
+    URL_SAFE_NO_PAD
+        .decode(payload.trim().trim_end_matches('='))
+        .map_err(|_| CredsError::BadJwt("the payload is not base64url"))
+}
+
 impl UserClaims {
     /// Decodes the payload of a user JWT.
     pub fn decode(jwt: &str) -> Result<Self, CredsError> {
-        let payload = jwt
-            .split('.')
-            .nth(1)
-            .ok_or(CredsError::BadJwt("no payload"))?;
-        let bytes = URL_SAFE_NO_PAD
-            .decode(payload.trim_end_matches('='))
-            .map_err(|_| CredsError::BadJwt("the payload is not base64url"))?;
+        let bytes = jwt_payload(jwt)?;
         let raw: RawClaims = serde_json::from_slice(&bytes).map_err(CredsError::BadClaims)?;
         Ok(UserClaims {
             subject: raw.sub,

@@ -213,10 +213,7 @@ pub(crate) fn account_jwt_says(
     account: &KeyPair,
     says: &Account<'_>,
 ) -> bool {
-    let Some(payload) = jwt.split('.').nth(1) else {
-        return false;
-    };
-    let Ok(payload) = URL_SAFE_NO_PAD.decode(payload.trim()) else {
+    let Ok(payload) = crate::binding::credential::jwt_payload(jwt) else {
         return false;
     };
     let Ok(mut on_file) = serde_json::from_slice::<serde_json::Value>(&payload) else {
@@ -342,8 +339,7 @@ mod tests {
     use super::*;
 
     fn decode_payload(jwt: &str) -> serde_json::Value {
-        let part = jwt.split('.').nth(1).unwrap();
-        serde_json::from_slice(&URL_SAFE_NO_PAD.decode(part).unwrap()).unwrap()
+        serde_json::from_slice(&crate::binding::credential::jwt_payload(jwt).unwrap()).unwrap()
     }
 
     #[test]
