@@ -901,7 +901,7 @@ impl futures_util::Stream for Ordered {
 pub struct Stream {
     pending_messages: usize,
     pending_bytes: usize,
-    request_result_rx: tokio::sync::mpsc::Receiver<Result<bool, super::RequestError>>,
+    request_result_rx: tokio::sync::mpsc::Receiver<PullReport>,
     request_tx: tokio::sync::watch::Sender<()>,
     subscriber: Subscriber,
     batch_config: BatchConfig,
@@ -922,6 +922,23 @@ impl Drop for Stream {
     fn drop(&mut self) {
         self.task_handle.abort();
     }
+}
+
+/// What the request task tells the [Stream] about a pull request.
+#[derive(Debug)]
+enum PullReport {
+    /// The request the stream asked for was sent, or failed to be. The stream counted its
+    /// batch as pending when it asked: the server's answer can reach the subscription before
+    /// this report reaches the stream.
+    Asked(Result<(), super::RequestError>),
+    /// A request the task sent by itself (its last one expired unanswered, or the connection
+    /// came back). `reset`: the server holds no other request of this stream.
+    Renewed {
+        reset: bool,
+        result: Result<(), super::RequestError>,
+    },
+    /// The consumer's info could not be read after a reconnect.
+    Info(super::RequestError),
 }
 
 impl Stream {
@@ -977,6 +994,7 @@ impl Stream {
                     // call.
                     let prev_state = context.client.state.borrow().to_owned();
                     let mut pending_reset = false;
+                    let mut asked = false;
 
                     tokio::select! {
                        _ = context.client.state.changed() => {
@@ -996,13 +1014,16 @@ impl Stream {
                                         }
                                     }
                                     Err(err) => {
-                                         if let Err(err) = request_result_tx.send(Err(err)).await {
+                                         if let Err(err) = request_result_tx.send(PullReport::Info(err)).await {
                                             debug!("failed to sent request result: {}", err);
                                         }
                                     },
                             }
                         },
-                        _ = request_rx.changed() => debug!("task received request request"),
+                        _ = request_rx.changed() => {
+                            asked = true;
+                            debug!("task received request request")
+                        },
                         _ = expires => {
                             pending_reset = true;
                             debug!("expired pull request")},
@@ -1019,15 +1040,19 @@ impl Stream {
                         .client
                         .publish_with_reply(subject.clone(), inbox.clone(), request.clone())
                         .await
-                        .map(|_| pending_reset);
-                    // TODO: add tracing instead of ignoring this.
-                    request_result_tx
-                        .send(result.map(|_| pending_reset).map_err(|err| {
+                        .map_err(|err| {
                             crate::RequestError::with_source(crate::RequestErrorKind::Other, err)
                                 .into()
-                        }))
-                        .await
-                        .ok();
+                        });
+                    let report = match asked {
+                        true => PullReport::Asked(result),
+                        false => PullReport::Renewed {
+                            reset: pending_reset,
+                            result,
+                        },
+                    };
+                    // TODO: add tracing instead of ignoring this.
+                    request_result_tx.send(report).await.ok();
                     trace!("result send over tx");
                 }
             }
@@ -1172,31 +1197,60 @@ impl futures_util::Stream for Stream {
                 debug!("pending messages reached threshold to send new fetch request");
                 self.request_tx.send(()).ok();
                 self.pending_request = true;
+                // Counted now: messages answering this request can be read before the task
+                // reports it sent, and counted then they would be taken off nothing (the count
+                // saturates at zero) and then added: the stream would wait for messages the
+                // server already delivered, and ask for no more.
+                self.pending_messages += self.batch_config.batch;
+                self.pending_bytes += self.batch_config.max_bytes;
             }
 
             match self.request_result_rx.poll_recv(cx) {
                 Poll::Ready(resp) => match resp {
-                    Some(resp) => match resp {
-                        Ok(reset) => {
-                            trace!("request response: {:?}", reset);
-                            debug!("request sent, setting pending messages");
-                            if reset {
-                                self.pending_messages = self.batch_config.batch;
-                                self.pending_bytes = self.batch_config.max_bytes;
-                            } else {
-                                self.pending_messages += self.batch_config.batch;
-                                self.pending_bytes += self.batch_config.max_bytes;
+                    Some(report) => {
+                        trace!("request report: {:?}", report);
+                        let err = match report {
+                            PullReport::Asked(result) => {
+                                self.pending_request = false;
+                                match result {
+                                    Ok(()) => continue,
+                                    Err(err) => {
+                                        self.pending_messages = self
+                                            .pending_messages
+                                            .saturating_sub(self.batch_config.batch);
+                                        self.pending_bytes = self
+                                            .pending_bytes
+                                            .saturating_sub(self.batch_config.max_bytes);
+                                        err
+                                    }
+                                }
                             }
-                            self.pending_request = false;
-                            continue;
-                        }
-                        Err(err) => {
-                            return Poll::Ready(Some(Err(MessagesError::with_source(
-                                MessagesErrorKind::Pull,
-                                err,
-                            ))))
-                        }
-                    },
+                            PullReport::Renewed {
+                                reset,
+                                result: Ok(()),
+                            } => {
+                                debug!("request renewed, setting pending messages");
+                                let asked = usize::from(self.pending_request);
+                                if reset {
+                                    // The request the stream asked for, if any, is sent next.
+                                    self.pending_messages = self.batch_config.batch * (1 + asked);
+                                    self.pending_bytes = self.batch_config.max_bytes * (1 + asked);
+                                } else {
+                                    self.pending_messages += self.batch_config.batch;
+                                    self.pending_bytes += self.batch_config.max_bytes;
+                                }
+                                continue;
+                            }
+                            PullReport::Renewed {
+                                result: Err(err), ..
+                            }
+                            | PullReport::Info(err) => err,
+                        };
+                        return Poll::Ready(Some(Err(MessagesError::with_source(
+                            MessagesErrorKind::Pull,
+                            err,
+                        ))));
+                    }
                     None => return Poll::Ready(None),
                 },
                 Poll::Pending => {
