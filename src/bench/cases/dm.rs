@@ -130,7 +130,10 @@ async fn pair_state(bench: &Bench, target: &str, sender: &str) -> String {
         Ok(info) => format!(
             "the reader's ack floor at stream sequence {}, {} delivered to it unacknowledged, {} \
              not delivered yet, {} pull requests waiting",
-            info.ack_floor.stream_sequence, info.num_ack_pending, info.num_pending, info.num_waiting
+            info.ack_floor.stream_sequence,
+            info.num_ack_pending,
+            info.num_pending,
+            info.num_waiting
         ),
         Err(e) => format!("the reader's consumer unreadable ({e})"),
     };
