@@ -399,7 +399,8 @@ impl DataDir {
             path: path.clone(),
             source,
         })?;
-        Ok(files::write_atomic(&path, &json, 0o600)?)
+        // Runtime state: replaced whole, never synced (it says nothing after a crash).
+        Ok(files::write_replacing(&path, &json, 0o600)?)
     }
 
     /// Reads the runtime state, if a running appliance wrote one.

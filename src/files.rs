@@ -65,6 +65,23 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileErro
     fs::rename(&tmp, path).map_err(FileError::at(path, "renaming into place"))
 }
 
+/// Writes a file whole under a temporary name and renames it into place, not synced: for what
+/// describes a running process (the runtime state), worthless once the machine went down, which
+/// a sync would only slow (a few milliseconds of every start). A reader sees the old file or
+/// the new one, never a part.
+pub fn write_replacing(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
+    let tmp = temp_path(path);
+    let _ = fs::remove_file(&tmp);
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(FileError::at(&tmp, "creating"))?;
+    f.write_all(bytes).map_err(FileError::at(&tmp, "writing"))?;
+    fs::rename(&tmp, path).map_err(FileError::at(path, "renaming into place"))
+}
+
 /// Writes a file that must not exist yet (a handed-out credential is never overwritten),
 /// creating its parent directory owner-only.
 pub fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
