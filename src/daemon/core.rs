@@ -80,7 +80,7 @@ impl Core {
         prepared: Prepared,
         status: &BrokerStatus,
         monitor: Monitor,
-        dialed: BTreeMap<String, Dialed>,
+        dialed: BTreeMap<String, DialedEarly>,
     ) -> (Arc<Core>, ToServe) {
         let Prepared {
             dir,
@@ -201,7 +201,7 @@ impl Core {
         self: &Arc<Self>,
         name: &str,
         mut config: SpaceConfig,
-        dialed: Option<Dialed>,
+        dialed: Option<DialedEarly>,
     ) -> Result<SpaceInfo, DaemonError> {
         let wanted = config.jetstream.max_file_store;
         let granted = self.spaces.grant(name, wanted)?;
@@ -232,9 +232,13 @@ impl Core {
         self: &Arc<Self>,
         name: &str,
         config: SpaceConfig,
-        dialed: Option<Dialed>,
+        dialed: Option<DialedEarly>,
     ) -> Result<SpaceInfo, DaemonError> {
         let keys = self.keys.ensure_space(name)?;
+        let (link, view_dialed) = match dialed {
+            Some(DialedEarly { link, view }) => (Some(link), view),
+            None => (None, None),
+        };
         let identities = Arc::new(Identities::load(&self.dir, name));
         let early = self.learn_identities(&keys, &config, &identities).await;
         self.accounts
@@ -250,9 +254,9 @@ impl Core {
             crate::files::write_atomic(&writing, text.as_bytes(), 0o600)
         });
         identities.insert_builtin(operator_record(name, creds.public_key()?));
-        let space = match (early, dialed) {
+        let space = match (early, link) {
             (Some(space), _) => Arc::new(space),
-            (None, Some(dialed)) => Arc::new(Space::over(dialed, config)),
+            (None, Some(link)) => Arc::new(Space::over(link, config)),
             (None, None) => {
                 Arc::new(Space::connect(&keys, config, self.local, &self.ca_cert).await?)
             }
@@ -268,13 +272,18 @@ impl Core {
                 identities.clone(),
             );
             let cluster = self.cluster.as_ref().map(|c| (c.name.as_str(), c.replicas));
-            let build =
-                SpaceServices::build(&space, &identities, &services, self.broker_view(&space)?);
+            let view = self.broker_view(&space)?;
+            let build = SpaceServices::build(&space, &identities, &services, view, view_dialed);
             // The identities' durables are made while the services are built (neither needs
-            // the other); both before a leased service runs.
-            let (_, parts) = tokio::try_join!(provision_all(&space, &identities), build)?;
-            // The dashboard's observer connects while the services start.
-            super::dashboard::space_served(self, name, &identities);
+            // the other); both before a leased service runs. The dashboard's observer and the
+            // operator's voice connect once the durables are there (the voice reads its DMs),
+            // while the services are built and start.
+            let provisioned = async {
+                provision_all(&space, &identities).await?;
+                super::dashboard::space_served(self, name, &identities);
+                Ok::<_, DaemonError>(())
+            };
+            let (_, parts) = tokio::try_join!(provisioned, build)?;
             parts.start(&services, Arc::new(account), cluster).await
         };
         let written = async {
@@ -373,17 +382,14 @@ impl Core {
     /// The credentials and address the membership feed watches the broker with (§7: a member
     /// that disconnects is seen offline by the broker before the roster says so).
     fn broker_view(&self, space: &Space) -> Result<BrokerView, DaemonError> {
-        let account = space.account().to_owned();
-        let creds = self
-            .keys
-            .system_daemon_creds(&format!("cotald-membership-{}", space.name()), |id| {
-                crate::binding::acl::membership_daemon(&account, id)
-            })?;
-        Ok(BrokerView {
-            creds,
-            ca: self.ca_cert.clone(),
-            addr: self.local,
-        })
+        let (ca, addr) = (&self.ca_cert, self.local);
+        Ok(broker_view(
+            &self.keys,
+            space.name(),
+            space.account(),
+            ca,
+            addr,
+        )?)
     }
 
     pub(super) async fn ready_info(&self, status: &BrokerStatus) -> ReadyInfo {
@@ -442,7 +448,35 @@ pub(super) struct ToServe {
     spaces: Vec<(String, SpaceConfig)>,
     unserved: Vec<UnservedSpace>,
     /// The connections of those dialed while the broker got ready ([`dial_known`]).
-    dialed: BTreeMap<String, Dialed>,
+    dialed: BTreeMap<String, DialedEarly>,
+}
+
+/// What was dialed for a space while the broker got ready ([`dial_known`]).
+pub(super) struct DialedEarly {
+    /// The space's provisioner connection.
+    link: Dialed,
+    /// The membership feed's connection to the broker's view of the space's connections, when
+    /// it could be made (the feed dials it itself otherwise).
+    view: Option<async_nats::Client>,
+}
+
+/// The credentials and address the membership feed of `space` (its account `account`) watches
+/// the broker with.
+fn broker_view(
+    keys: &KeyStore,
+    space: &str,
+    account: &str,
+    ca: &std::path::Path,
+    addr: SocketAddr,
+) -> Result<BrokerView, crate::provision::ProvisionError> {
+    let creds = keys.system_daemon_creds(&format!("cotald-membership-{space}"), |id| {
+        crate::binding::acl::membership_daemon(account, id)
+    })?;
+    Ok(BrokerView {
+        creds,
+        ca: ca.to_owned(),
+        addr,
+    })
 }
 
 /// How many spaces are dialed while the broker gets ready: the first ones served.
@@ -459,7 +493,7 @@ const EARLY_DIAL: Duration = Duration::from_secs(2);
 pub(super) async fn dial_known(
     prepared: &Prepared,
     listening: oneshot::Receiver<SocketAddr>,
-) -> BTreeMap<String, Dialed> {
+) -> BTreeMap<String, DialedEarly> {
     if prepared.replicas.is_some() {
         return BTreeMap::new();
     }
@@ -477,7 +511,23 @@ pub(super) async fn dial_known(
             prepared.dir.resolver().join(jwt).is_file()
         });
     let dials = known.map(|keys| async move {
-        let dial = Space::dial(&keys, addr, &prepared.ca_cert);
+        let (space, ca) = (keys.name(), &prepared.ca_cert);
+        // The membership feed's view too: it is the service a start waits for last.
+        let view = async {
+            let account = keys.account_public();
+            let view = broker_view(&prepared.keys, space, &account, ca, addr).ok()?;
+            match view.connect(space, "membership").await {
+                Ok(reader) => Some(reader),
+                Err(e) => {
+                    tracing::debug!(space, error = %e, "membership view not dialed early");
+                    None
+                }
+            }
+        };
+        let dial = async {
+            let (link, view) = tokio::join!(Space::dial(&keys, addr, ca), view);
+            link.map(|link| DialedEarly { link, view })
+        };
         match tokio::time::timeout(EARLY_DIAL, dial).await {
             Ok(Ok(dialed)) => Some((keys.name().to_owned(), dialed)),
             Ok(Err(e)) => {

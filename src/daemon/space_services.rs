@@ -36,6 +36,8 @@ pub(super) struct SpaceServices {
     backstop: Arc<Backstop>,
     manager: Arc<Manager>,
     view: BrokerView,
+    /// The membership feed's view connection, dialed while the broker got ready.
+    view_dialed: Arc<std::sync::Mutex<Option<async_nats::Client>>>,
 }
 
 /// A space's services once started: the manager the operator's requests reach, and in a
@@ -54,6 +56,7 @@ impl SpaceServices {
         identities: &Arc<Identities>,
         set: &ServiceSet,
         view: BrokerView,
+        view_dialed: Option<async_nats::Client>,
     ) -> Result<SpaceServices, DaemonError> {
         let name = space.name();
         let members = Arc::new(
@@ -99,6 +102,7 @@ impl SpaceServices {
             backstop,
             manager,
             view,
+            view_dialed: Arc::new(std::sync::Mutex::new(view_dialed)),
         })
     }
 
@@ -176,7 +180,13 @@ impl SpaceServices {
         );
         let warden = Warden::new(space.clone(), identities.clone(), account);
         let guard = ConsumerGuard::new(space.clone(), identities.clone());
-        let feed = MembershipFeed::new(space.clone(), self.members.clone(), self.view.clone());
+        let dialed = self.view_dialed.lock().ok().and_then(|mut d| d.take());
+        let feed = MembershipFeed::new(
+            space.clone(),
+            self.members.clone(),
+            self.view.clone(),
+            dialed,
+        );
         let reader_then_manager = async {
             let reader = set.start(self.backstop.clone()).await;
             (reader, set.start(self.manager.clone()).await)

@@ -70,7 +70,7 @@ impl BrokerView {
     /// Connects to the system account with this view's credential, as `purpose` of `space`.
     pub async fn connect(
         &self,
-        space: &Space,
+        space: &str,
         purpose: &str,
     ) -> Result<async_nats::Client, ServiceError> {
         let id = self
@@ -79,7 +79,7 @@ impl BrokerView {
             .map_err(ServiceError::at("the broker view's credential"))?;
         nats_options(
             &self.creds,
-            format!("cotald-{purpose}-{}", space.name()),
+            format!("cotald-{purpose}-{space}"),
             Some(&self.ca),
             true,
         )
@@ -157,15 +157,24 @@ pub struct MembershipFeed {
     space: Arc<Space>,
     members: Arc<Members>,
     view: BrokerView,
+    /// The view's connection when it was dialed while the broker got ready; taken by the
+    /// first run (a run after a failure dials again).
+    dialed: std::sync::Mutex<Option<async_nats::Client>>,
 }
 
 impl MembershipFeed {
     /// The feed of `space`.
-    pub fn new(space: Arc<Space>, members: Arc<Members>, view: BrokerView) -> Self {
+    pub fn new(
+        space: Arc<Space>,
+        members: Arc<Members>,
+        view: BrokerView,
+        dialed: Option<async_nats::Client>,
+    ) -> Self {
         MembershipFeed {
             space,
             members,
             view,
+            dialed: std::sync::Mutex::new(dialed),
         }
     }
 
@@ -244,11 +253,15 @@ impl Service for MembershipFeed {
 
     async fn run(&self, ctx: Context) -> Result<(), ServiceError> {
         // The broker view is dialed while the feed's own entries are listed: each is a few
-        // round trips, and neither needs the other.
-        let (reader, listed) = tokio::join!(
-            self.view.connect(&self.space, "membership"),
-            self.written_before()
-        );
+        // round trips, and neither needs the other (at start it was dialed already).
+        let dialed = self.dialed.lock().ok().and_then(|mut d| d.take());
+        let reader = async {
+            match dialed {
+                Some(reader) => Ok(reader),
+                None => self.view.connect(self.space.name(), "membership").await,
+            }
+        };
+        let (reader, listed) = tokio::join!(reader, self.written_before());
         let (reader, (kv, mut written)) = (reader?, listed?);
         let account = self.space.account();
         let mut events = futures_util::stream::select(

@@ -243,7 +243,7 @@ impl Receipts {
     async fn live_now(&self, sender: &str, channel: &Channel) -> Option<u32> {
         let reader = self
             .reader
-            .get_or_try_init(|| self.view.connect(&self.space, "receipts"))
+            .get_or_try_init(|| self.view.connect(self.space.name(), "receipts"))
             .await
             .map_err(|e| tracing::debug!(error = %e, "no broker view for receipts"))
             .ok()?;
