@@ -262,30 +262,7 @@ impl Core {
             }
         };
         let services = ServiceSet::new(name, &self.root);
-        let started = async {
-            backup::restore_pending(&self.dir, self.replicas(), &space).await?;
-            self.bootstrap(&space).await?;
-            let account = SpaceAccount::new(
-                self.accounts.clone(),
-                self.keys.space(name)?,
-                &space,
-                identities.clone(),
-            );
-            let cluster = self.cluster.as_ref().map(|c| (c.name.as_str(), c.replicas));
-            let view = self.broker_view(&space)?;
-            let build = SpaceServices::build(&space, &identities, &services, view, view_dialed);
-            // The identities' durables are made while the services are built (neither needs
-            // the other); both before a leased service runs. The dashboard's observer and the
-            // operator's voice connect once the durables are there (the voice reads its DMs),
-            // while the services are built and start.
-            let provisioned = async {
-                provision_all(&space, &identities).await?;
-                super::dashboard::space_served(self, name, &identities);
-                Ok::<_, DaemonError>(())
-            };
-            let (_, parts) = tokio::try_join!(provisioned, build)?;
-            parts.start(&services, Arc::new(account), cluster).await
-        };
+        let started = self.start_space(&space, &identities, &services, view_dialed);
         let written = async {
             match creds_written.await {
                 Ok(written) => Ok(written?),
@@ -318,6 +295,40 @@ impl Core {
             }
         });
         Ok(info)
+    }
+
+    /// Bootstraps a connected space, makes its identities' durables and starts its services
+    /// in `services`.
+    async fn start_space(
+        &self,
+        space: &Arc<Space>,
+        identities: &Arc<Identities>,
+        services: &ServiceSet,
+        view_dialed: Option<async_nats::Client>,
+    ) -> Result<Started, DaemonError> {
+        let name = space.name();
+        backup::restore_pending(&self.dir, self.replicas(), space).await?;
+        self.bootstrap(space).await?;
+        let account = SpaceAccount::new(
+            self.accounts.clone(),
+            self.keys.space(name)?,
+            space,
+            identities.clone(),
+        );
+        let cluster = self.cluster.as_ref().map(|c| (c.name.as_str(), c.replicas));
+        let view = self.broker_view(space)?;
+        let build = SpaceServices::build(space, identities, services, view, view_dialed);
+        // The identities' durables are made while the services are built (neither needs the
+        // other); both before a leased service runs. The dashboard's observer and the
+        // operator's voice connect once the durables are there (the voice reads its DMs),
+        // while the services are built and start.
+        let provisioned = async {
+            provision_all(space, identities).await?;
+            super::dashboard::space_served(self, name, identities);
+            Ok::<_, DaemonError>(())
+        };
+        let (_, parts) = tokio::try_join!(provisioned, build)?;
+        parts.start(services, Arc::new(account), cluster).await
     }
 
     /// A node of a cluster first learns the identity records it missed while it was down (a
