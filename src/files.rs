@@ -59,10 +59,7 @@ pub fn private_dir(dir: &Path) -> Result<(), FileError> {
 
 /// Replaces `path` with `bytes` atomically: written to `<name>.tmp` with `mode`, synced, renamed.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
-    let tmp = temp_path(path);
-    let _ = fs::remove_file(&tmp);
-    write_synced(&tmp, bytes, mode)?;
-    fs::rename(&tmp, path).map_err(FileError::at(path, "renaming into place"))
+    replace(path, bytes, mode, Synced::Yes)
 }
 
 /// Writes a file whole under a temporary name and renames it into place, not synced: for what
@@ -70,15 +67,21 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileErro
 /// a sync would only slow (a few milliseconds of every start). A reader sees the old file or
 /// the new one, never a part.
 pub fn write_replacing(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
+    replace(path, bytes, mode, Synced::No)
+}
+
+/// Whether a file written is synced before it counts as written.
+#[derive(Clone, Copy)]
+enum Synced {
+    Yes,
+    No,
+}
+
+/// Writes `<name>.tmp` with `mode` and renames it over `path`.
+fn replace(path: &Path, bytes: &[u8], mode: u32, synced: Synced) -> Result<(), FileError> {
     let tmp = temp_path(path);
     let _ = fs::remove_file(&tmp);
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(FileError::at(&tmp, "creating"))?;
-    f.write_all(bytes).map_err(FileError::at(&tmp, "writing"))?;
+    create(&tmp, bytes, mode, synced)?;
     fs::rename(&tmp, path).map_err(FileError::at(path, "renaming into place"))
 }
 
@@ -88,10 +91,11 @@ pub fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> 
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         private_dir(parent)?;
     }
-    write_synced(path, bytes, mode)
+    create(path, bytes, mode, Synced::Yes)
 }
 
-fn write_synced(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
+/// Writes a file that must not exist yet.
+fn create(path: &Path, bytes: &[u8], mode: u32, synced: Synced) -> Result<(), FileError> {
     let mut f = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -99,7 +103,10 @@ fn write_synced(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
         .open(path)
         .map_err(FileError::at(path, "creating"))?;
     f.write_all(bytes)
-        .and_then(|()| f.sync_all())
+        .and_then(|()| match synced {
+            Synced::Yes => f.sync_all(),
+            Synced::No => Ok(()),
+        })
         .map_err(FileError::at(path, "writing"))
 }
 

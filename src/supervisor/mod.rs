@@ -444,9 +444,6 @@ struct Launched {
 }
 
 impl Running {
-    /// Spawns the child and waits until it is ready: its ports file written (`listening` told
-    /// the client address then), then `HEALTHZ` answered healthy through `monitor` (connected
-    /// here on the first start, and kept).
     /// Writes the config and starts the child, its output pumped into `log`.
     fn launch(spec: &BrokerSpec, log: &Arc<Mutex<BrokerLog>>) -> Result<Launched, SupervisorError> {
         crate::files::write_atomic(&spec.conf_path, spec.conf.render().as_bytes(), 0o600)?;
@@ -488,6 +485,9 @@ impl Running {
         })
     }
 
+    /// Spawns the child and waits until it is ready: its ports file written (`listening` told
+    /// the client address then), then `HEALTHZ` answered healthy through `monitor` (connected
+    /// here on the first start, and kept).
     async fn spawn(
         spec: &BrokerSpec,
         log: &Arc<Mutex<BrokerLog>>,
