@@ -14,7 +14,7 @@ use super::deliver::{self, Deliveries};
 use super::presence::{self, Roster};
 use super::{Client, ClientError, ConnectionState, Inner, Violation};
 use crate::binding::{Creds, SpaceNames, dm_durable, svc_durable};
-use crate::dial::{DialError, nats_options};
+use crate::dial::nats_options;
 use crate::protocol::{
     AgentCard, EndpointKind, InstanceId, JoinLink, SpaceSubjects, WIRE_PROTOCOL_VERSION,
 };
@@ -242,6 +242,7 @@ fn durables_granted(
 
 /// Where the connection's events go: its state, the permission violations the server
 /// reports, and the health record.
+#[derive(Clone)]
 struct Events {
     state: watch::Sender<ConnectionState>,
     violations: broadcast::Sender<Violation>,
@@ -292,6 +293,15 @@ fn check_credential(
     Ok((creds, claims, id))
 }
 
+/// How long a credential the broker refuses at connect is offered again before the refusal
+/// is reported: a broker reloading its configuration (a server certificate renewal) refuses
+/// the connections that register in that instant, valid credentials too, so one refusal says
+/// nothing yet. A credential that is truly refused (revoked, of another appliance) is
+/// reported this much later.
+const REFUSAL_RETRY: Duration = Duration::from_secs(1);
+/// The pause between two offers of a refused credential.
+const REFUSAL_PAUSE: Duration = Duration::from_millis(100);
+
 /// Dials the link's server as the identity: its inbox prefix (Appendix B), reconnects paced
 /// for loopback or a remote server, connection states and permission violations reported.
 async fn dial_space(
@@ -302,69 +312,99 @@ async fn dial_space(
     events: Events,
 ) -> Result<async_nats::Client, ClientError> {
     let server = opts.link.server_url();
-    let connect_failed = |e: DialError| ClientError::Connect {
-        server: server.clone(),
-        source: e,
-    };
+    let first = tokio::time::Instant::now();
+    loop {
+        let options = space_options(opts, creds, claims, id, events.clone())?;
+        let e = match options.connect(&server).await {
+            Ok(client) => return Ok(client),
+            Err(e) => e,
+        };
+        return Err(match e.kind() {
+            async_nats::ConnectErrorKind::AuthorizationViolation
+                if first.elapsed() < REFUSAL_RETRY =>
+            {
+                tracing::debug!(%server, "credential refused at connect; offered again");
+                tokio::time::sleep(REFUSAL_PAUSE).await;
+                continue;
+            }
+            async_nats::ConnectErrorKind::AuthorizationViolation => ClientError::NotAuthorized {
+                server: server.clone(),
+            },
+            // rustls reports the verdict through an I/O error.
+            async_nats::ConnectErrorKind::Tls | async_nats::ConnectErrorKind::Io
+                if untrusted(&e) =>
+            {
+                ClientError::UntrustedCertificate {
+                    server: server.clone(),
+                    source: e.into(),
+                }
+            }
+            _ => ClientError::Connect {
+                server: server.clone(),
+                source: e.into(),
+            },
+        });
+    }
+}
+
+/// The options of one dial of the space as the identity, its events reported to `events`.
+fn space_options(
+    opts: &ConnectOptions,
+    creds: &Creds,
+    claims: &crate::binding::UserClaims,
+    id: &InstanceId,
+    events: Events,
+) -> Result<async_nats::ConnectOptions, ClientError> {
     let options = nats_options(
         creds,
         format!("cotal:{}", opts.name.as_deref().unwrap_or(&claims.name)),
         opts.ca.as_deref(),
         opts.link.tls_required(),
     )
-    .map_err(connect_failed)?
-    .custom_inbox_prefix(id.inbox_prefix())
-    .reconnect_delay_callback(reconnect_delay(opts.link.host().is_loopback()))
-    .event_callback(move |event| {
-        let state_tx = events.state.clone();
-        let events_tx = events.violations.clone();
-        let health = events.health.clone();
-        let connected = *state_tx.borrow() == ConnectionState::Connected;
-        async move {
-            let state = match event {
-                async_nats::Event::Connected => Some(ConnectionState::Connected),
-                async_nats::Event::Disconnected => Some(ConnectionState::Reconnecting),
-                async_nats::Event::Closed => Some(ConnectionState::Disconnected),
-                async_nats::Event::ServerError(async_nats::ServerError::Other(text)) => {
-                    if let Some(v) = Violation::parse(&text) {
-                        tracing::debug!(verb = %v.verb, subject = %v.subject, "permission violation");
-                        let _ = events_tx.send(v);
+    .map_err(|e| ClientError::Connect {
+        server: opts.link.server_url(),
+        source: e,
+    })?;
+    Ok(options
+        .custom_inbox_prefix(id.inbox_prefix())
+        .reconnect_delay_callback(reconnect_delay(opts.link.host().is_loopback()))
+        .event_callback(move |event| {
+            let state_tx = events.state.clone();
+            let events_tx = events.violations.clone();
+            let health = events.health.clone();
+            let connected = *state_tx.borrow() == ConnectionState::Connected;
+            async move {
+                let state = match event {
+                    async_nats::Event::Connected => Some(ConnectionState::Connected),
+                    async_nats::Event::Disconnected => Some(ConnectionState::Reconnecting),
+                    async_nats::Event::Closed => Some(ConnectionState::Disconnected),
+                    async_nats::Event::ServerError(async_nats::ServerError::Other(text)) => {
+                        if let Some(v) = Violation::parse(&text) {
+                            tracing::debug!(verb = %v.verb, subject = %v.subject, "permission violation");
+                            let _ = events_tx.send(v);
+                        }
+                        health.error(format!("the server said: {text}"), connected);
+                        None
                     }
-                    health.error(format!("the server said: {text}"), connected);
-                    None
+                    async_nats::Event::ServerError(other) => {
+                        health.error(format!("the server said: {other}"), connected);
+                        None
+                    }
+                    async_nats::Event::ClientError(e) => {
+                        health.error(format!("the connection failed: {e}"), connected);
+                        None
+                    }
+                    other => {
+                        tracing::debug!(event = %other, "connection event");
+                        None
+                    }
+                };
+                if let Some(state) = state {
+                    health.changed(state);
+                    let _ = state_tx.send(state);
                 }
-                async_nats::Event::ServerError(other) => {
-                    health.error(format!("the server said: {other}"), connected);
-                    None
-                }
-                async_nats::Event::ClientError(e) => {
-                    health.error(format!("the connection failed: {e}"), connected);
-                    None
-                }
-                other => {
-                    tracing::debug!(event = %other, "connection event");
-                    None
-                }
-            };
-            if let Some(state) = state {
-                health.changed(state);
-                let _ = state_tx.send(state);
             }
-        }
-    });
-    options.connect(&server).await.map_err(|e| match e.kind() {
-        async_nats::ConnectErrorKind::AuthorizationViolation => ClientError::NotAuthorized {
-            server: server.clone(),
-        },
-        // rustls reports the verdict through an I/O error.
-        async_nats::ConnectErrorKind::Tls | async_nats::ConnectErrorKind::Io if untrusted(&e) => {
-            ClientError::UntrustedCertificate {
-                server: server.clone(),
-                source: e.into(),
-            }
-        }
-        _ => connect_failed(e.into()),
-    })
+        }))
 }
 
 /// Every check is done: binds the durables this credential reads (Appendix B), starts

@@ -1,10 +1,13 @@
 //! The server certificate is renewed while the appliance runs: an appliance up longer than the
 //! certificate's lifetime keeps accepting new clients, and the clients connected before the
-//! renewal stay connected. A lifetime of seconds stands for a year.
+//! renewal stay connected. A lifetime of seconds stands for a year. And a client that connects
+//! while the broker reloads (what a renewal makes it do) is not told its credential was refused.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::helper::{Cotald, Probe, mint_user};
+use crate::helper::{Cotald, Probe, TIMEOUT, mint, mint_user};
 
 /// The shortest lifetime the profile accepts is 10 s; 15 s renews after 10 s.
 const LIFETIME: Duration = Duration::from_secs(15);
@@ -67,5 +70,50 @@ async fn the_server_certificate_is_renewed_before_it_ends_and_new_clients_still_
         cotald::ops::status::Health::Running,
         "{renewal:?}"
     );
+    c.stop().await;
+}
+
+/// A broker that reloads its configuration refuses the connections that register in that
+/// instant, whatever their credential. Reloads back to back (a renewal makes one): every
+/// connect of a valid credential succeeds, and says nothing of a refusal.
+#[tokio::test]
+async fn a_client_connecting_while_the_broker_reloads_is_not_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &[]).await;
+    let broker = c.state().broker_pid as i32;
+    let stop = Arc::new(AtomicBool::new(false));
+    let reloads = Arc::new(AtomicUsize::new(0));
+    let reloading = tokio::spawn({
+        let (stop, reloads) = (stop.clone(), reloads.clone());
+        async move {
+            while !stop.load(Ordering::Relaxed) {
+                // SAFETY: a signal to the broker's pid, read from the appliance's state.
+                assert_eq!(unsafe { libc::kill(broker, libc::SIGHUP) }, 0);
+                reloads.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    });
+    let link = cotald::protocol::JoinLink::parse(&alice.link).unwrap();
+    let creds = std::fs::read_to_string(&alice.creds).unwrap();
+    for attempt in 0..30 {
+        let mut opts = cotald::client::ConnectOptions::new(link.clone(), creds.clone());
+        opts.ca = Some(alice.ca.clone());
+        let connected = tokio::time::timeout(TIMEOUT, cotald::client::Client::connect(opts))
+            .await
+            .expect("connect in time");
+        match connected {
+            Ok(conn) => {
+                conn.client.close().await;
+            }
+            Err(e) => panic!("connect {attempt} during reloads: {e}"),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    reloading.await.unwrap();
+    assert!(reloads.load(Ordering::Relaxed) >= 10, "the broker reloaded throughout");
+    let log = std::fs::read_to_string(tmp.path().join("log/nats-server.log")).unwrap();
+    assert!(log.contains("Reloaded server configuration"), "{log}");
     c.stop().await;
 }
