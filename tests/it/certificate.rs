@@ -112,7 +112,10 @@ async fn a_client_connecting_while_the_broker_reloads_is_not_refused() {
     }
     stop.store(true, Ordering::Relaxed);
     reloading.await.unwrap();
-    assert!(reloads.load(Ordering::Relaxed) >= 10, "the broker reloaded throughout");
+    assert!(
+        reloads.load(Ordering::Relaxed) >= 10,
+        "the broker reloaded throughout"
+    );
     let log = std::fs::read_to_string(tmp.path().join("log/nats-server.log")).unwrap();
     assert!(log.contains("Reloaded server configuration"), "{log}");
     c.stop().await;

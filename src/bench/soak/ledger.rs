@@ -102,6 +102,9 @@ struct Book {
     /// Its spans of membership of the durable channel.
     member: Vec<Span>,
     revoked: Option<Instant>,
+    /// The soak could not start its next session (a fault's error says why): what it was
+    /// owed and had not read waits in its backlog, for a session that never came.
+    abandoned: bool,
     session: u32,
     received: HashMap<Token, Receipt>,
     /// How many durable-channel posts its last session handled but could not settle: that
@@ -168,6 +171,9 @@ pub(super) struct Tally {
     pub(super) owed: u64,
     /// Owed and not received.
     pub(super) lost: u64,
+    /// Not received by an agent whose next session the soak could not start: kept for it,
+    /// not judged (reported among the faults not carried out).
+    pub(super) unjudged: u64,
     /// Receipts beyond the first of a token by an agent within its session.
     pub(super) duplicates: u64,
     /// Tokens a resumed session received again after an earlier session read them.
@@ -215,6 +221,7 @@ impl Ledger {
                 Vec::new()
             },
             revoked: None,
+            abandoned: false,
             session: 0,
             received: HashMap::new(),
             unsettled: 0,
@@ -258,6 +265,11 @@ impl Ledger {
 
     pub(super) fn revoked(&mut self, agent: usize, now: Instant) {
         self.books[agent].revoked = Some(now);
+    }
+
+    /// The soak could not start `agent`'s next session: nothing it had not read is judged.
+    pub(super) fn abandoned(&mut self, agent: usize) {
+        self.books[agent].abandoned = true;
     }
 
     /// `token` was sent from `at` and acknowledged by the broker at `stored`.
@@ -350,6 +362,7 @@ impl Ledger {
                 if sent.at <= settled {
                     tally.lost += missing.len() as u64;
                 }
+                tally.unjudged += self.unjudged(*token, sent, owe);
             }
         }
         tally
@@ -359,8 +372,9 @@ impl Ledger {
     fn judge<'a>(&self, token: Token, sent: &Sent, owe: &'a Owe) -> (u64, Vec<Missed<'a>>) {
         let got = |book: &Book| book.received.contains_key(&token);
         // A revoked agent's backlog goes with its credential: only what it was sent while it
-        // still had one, and had read, counts.
-        let owed_to = |book: &Book| book.revoked.is_none() || got(book);
+        // still had one, and had read, counts. An abandoned agent's waits for a session that
+        // never came: only what it read counts.
+        let owed_to = |book: &Book| (book.revoked.is_none() && !book.abandoned) || got(book);
         let one = |owed: bool, missed: Option<Missed<'a>>| match owed {
             true => (1, missed.into_iter().collect()),
             false => (0, Vec::new()),
@@ -384,10 +398,29 @@ impl Ledger {
             Owe::Role(role) => {
                 let holders: Vec<&Book> = self.books.iter().filter(|b| &b.role == role).collect();
                 let took = holders.iter().any(|b| got(b));
-                let owed = took || holders.iter().any(|b| b.revoked.is_none());
+                let owed = took || holders.iter().any(|b| b.revoked.is_none() && !b.abandoned);
                 one(owed, (!took).then_some(Missed::Role(role)))
             }
         }
+    }
+
+    /// How many deliveries of one obligation went unread by agents the soak abandoned (and
+    /// were not revoked first), so were not judged.
+    fn unjudged(&self, token: Token, sent: &Sent, owe: &Owe) -> u64 {
+        let unread = |i: usize, b: &Book| {
+            b.abandoned && b.revoked.is_none() && !b.received.contains_key(&token) && {
+                match owe {
+                    Owe::Members { sender } => i != *sender && b.member_at(sent),
+                    Owe::Agent(agent) => i == *agent,
+                    Owe::Role(_) => false,
+                }
+            }
+        };
+        self.books
+            .iter()
+            .enumerate()
+            .filter(|(i, b)| unread(*i, b))
+            .count() as u64
     }
 
     fn offence(&mut self, what: String) {
@@ -642,5 +675,27 @@ mod tests {
         l.received(b, 2, true, t0);
         assert_eq!(l.tally(t0 + Duration::from_secs(20)).after_revoke, 1);
         let _ = a;
+    }
+
+    #[test]
+    fn what_an_abandoned_agent_had_not_read_is_not_judged_lost() {
+        let t0 = Instant::now();
+        let mut l = Ledger::default();
+        let (a, b, c) = (
+            l.agent("x", true, t0),
+            l.agent("y", true, t0),
+            l.agent("z", true, t0),
+        );
+        let t = t0 + Duration::from_secs(10);
+        l.sent(1, Kind::Dm, vec![Owe::Agent(b)], t, t);
+        l.sent(2, Kind::Durable, vec![Owe::Members { sender: a }], t, t);
+        l.received(b, 1, true, t);
+        l.abandoned(b);
+        let tally = l.tally(t);
+        // b read the DM (owed, delivered) and not the post (not judged); c missed the post.
+        assert_eq!((tally.owed, tally.lost, tally.unjudged), (2, 1, 1));
+        l.received(c, 2, true, t);
+        assert_eq!(l.tally(t).lost, 0);
+        assert!(l.missing(t0, 10).is_empty());
     }
 }

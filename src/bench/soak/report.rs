@@ -208,6 +208,14 @@ impl Report {
             "             owed {}, lost {}, settled in {:.1}s",
             d.owed, d.lost, self.settle_secs
         );
+        if d.unjudged > 0 {
+            let _ = writeln!(
+                t,
+                "             not judged {}: unread by agents whose next session could not \
+                 start (see the faults not carried out)",
+                d.unjudged
+            );
+        }
         let _ = writeln!(
             t,
             "             duplicates {}, read again after a resume {} (and {} its client could \

@@ -559,7 +559,17 @@ impl Soak {
             .unwrap_or_else(|e| e.into_inner())
             .resumed(index, unconfirmed);
         let mcp = matches!(member.agent, Agent::Mcp(_));
-        let agent = self.start_agent(index, &minted, member.role, mcp).await?;
+        let agent = match self.start_agent(index, &minted, member.role, mcp).await {
+            Ok(agent) => agent,
+            Err(e) => {
+                // Its backlog waits for a session the soak cannot give it: not counted lost.
+                self.ledger
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .abandoned(index);
+                return Err(e);
+            }
+        };
         self.team.write().unwrap_or_else(|e| e.into_inner())[index] = Some(Arc::new(Member {
             name: member.name.clone(),
             id: minted.id.clone(),
