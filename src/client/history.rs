@@ -117,33 +117,53 @@ impl Client {
 
     /// The pinned single-filter `chathist_<id>` consumer (§8), made afresh to read `subject`
     /// from where `deliver_policy` says; with the stream it reads and its name. The caller holds
-    /// the history lock (one history read at a time: they share the consumer).
+    /// the history lock (one history read at a time: they share the consumer). One round trip
+    /// before the first pull as a rule: the stream is named, not looked up, and a consumer left
+    /// behind by an interrupted read is deleted, and the consumer made again, only when the
+    /// create is refused or hands back that one.
     async fn history_consumer(
         &self,
         subject: &str,
         deliver_policy: DeliverPolicy,
-    ) -> Result<(Stream, String, PullConsumer), ClientError> {
+    ) -> Result<(Stream<()>, String, PullConsumer), ClientError> {
         let stream = self
             .inner
             .js
-            .get_stream(self.inner.names.chat_stream())
+            .get_stream_no_info(self.inner.names.chat_stream())
             .await
             .map_err(fail(subject))?;
         let name = chat_history_consumer(self.inner.id.as_str());
-        // A consumer left behind by an interrupted read would refuse the new filter.
-        let _ = stream.delete_consumer(&name).await;
-        let consumer = stream
-            .create_consumer(pull::Config {
-                name: Some(name.clone()),
-                filter_subject: subject.to_owned(),
-                ack_policy: AckPolicy::None,
-                deliver_policy,
-                memory_storage: true,
-                inactive_threshold: Duration::from_secs(30),
-                ..Default::default()
-            })
-            .await
-            .map_err(fail(subject))?;
+        let config = pull::Config {
+            name: Some(name.clone()),
+            filter_subject: subject.to_owned(),
+            ack_policy: AckPolicy::None,
+            deliver_policy,
+            memory_storage: true,
+            inactive_threshold: Duration::from_secs(30),
+            ..Default::default()
+        };
+        // A create may also update the one left behind in place (same start, another filter),
+        // keeping its position: one that has delivered anything is not a fresh read.
+        let fresh = match stream.create_consumer(config.clone()).await {
+            Ok(consumer) if consumer.cached_info().delivered.consumer_sequence == 0 => {
+                Some(consumer)
+            }
+            Ok(_) => None,
+            Err(e) => {
+                tracing::debug!(error = %e, "history consumer refused; deleting the one left behind");
+                None
+            }
+        };
+        let consumer = match fresh {
+            Some(consumer) => consumer,
+            None => {
+                let _ = stream.delete_consumer(&name).await;
+                stream
+                    .create_consumer(config)
+                    .await
+                    .map_err(fail(subject))?
+            }
+        };
         Ok((stream, name, consumer))
     }
 
@@ -155,7 +175,7 @@ impl Client {
         &self,
         subject: &str,
         deliver_policy: DeliverPolicy,
-    ) -> Result<(Stream, String, u64, pull::Stream), ClientError> {
+    ) -> Result<(Stream<()>, String, u64, pull::Stream), ClientError> {
         let (stream, name, consumer) = self.history_consumer(subject, deliver_policy).await?;
         let pending = consumer.cached_info().num_pending;
         let messages = consumer

@@ -1254,3 +1254,65 @@ async fn a_client_closed_after_its_credential_was_revoked_stops_dialing() {
     );
     c.stop().await;
 }
+
+/// The pinned history consumer an interrupted read leaves behind (same name, filter and start,
+/// some of the channel delivered) is not read on from where it stopped: the next read of the
+/// history sees all of it.
+#[tokio::test]
+async fn a_history_read_after_an_interrupted_one_reads_from_the_start() {
+    use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
+    use futures_util::StreamExt;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let agent = ["--subscribe", "general", "--allow-publish", "general"];
+    let alice = mint(tmp.path(), "alice", "main", &agent).await;
+    let bob = mint(tmp.path(), "bob", "main", &agent).await;
+    let b = endpoint(&bob, |_| {}).await;
+    for i in 0..3 {
+        b.client
+            .send_text(channel("general"), &format!("m{i}"))
+            .await
+            .unwrap();
+    }
+    let raw = Probe::connect(&c, &alice.creds).await;
+    let stream = async_nats::jetstream::new(raw.client.clone())
+        .get_stream("CHAT_main")
+        .await
+        .unwrap();
+    let left: PullConsumer = stream
+        .create_consumer(pull::Config {
+            name: Some(format!("chathist_{}", alice.id)),
+            filter_subject: "cotal.main.chat.*.general".into(),
+            ack_policy: AckPolicy::None,
+            deliver_policy: DeliverPolicy::All,
+            memory_storage: true,
+            inactive_threshold: std::time::Duration::from_secs(30),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut batch = left.fetch().max_messages(2).messages().await.unwrap();
+    let mut read = 0;
+    while let Some(m) = tokio::time::timeout(TIMEOUT, batch.next()).await.unwrap() {
+        m.unwrap();
+        read += 1;
+    }
+    assert_eq!(read, 2, "the interrupted read delivered two");
+
+    let a = endpoint(&alice, |_| {}).await;
+    let general = cotald::protocol::Channel::new("general").unwrap();
+    let history = tokio::time::timeout(TIMEOUT, a.client.history(&general, 10))
+        .await
+        .unwrap()
+        .unwrap();
+    let texts: Vec<String> = history
+        .iter()
+        .map(|m| match &m.parts[0] {
+            cotald::protocol::Part::Text { text, .. } => text.clone(),
+            other => panic!("not a text part: {other:?}"),
+        })
+        .collect();
+    assert_eq!(texts, ["m0", "m1", "m2"]);
+    c.stop().await;
+}
