@@ -194,8 +194,7 @@ impl Client {
         let key = pattern.as_str().to_owned();
         let mut reservation = self.reserve(&key).await?;
         let subject = self.inner.subjects.chat_subscription(&pattern);
-        let (mut sub, violations) = self.subscribe_confirmed(&key, &subject).await?;
-        let watermark = self.chat_frontier().await?;
+        let (mut sub, violations, watermark) = self.subscribe_confirmed(&key, &subject).await?;
         let inner = self.inner.clone();
         let pump = AbortOnDrop::new(tokio::spawn(async move {
             while let Some(msg) = sub.next().await {
@@ -292,7 +291,8 @@ impl Client {
 
     /// Subscribes to `subject` and waits for the broker's verdict on it; the violations feed,
     /// subscribed before the SUB is sent so that no verdict, early or late, is missed, is
-    /// returned for the late-refusal watch.
+    /// returned for the late-refusal watch, with the CHAT frontier read once the SUB was
+    /// active (the join's watermark).
     async fn subscribe_confirmed(
         &self,
         key: &str,
@@ -301,6 +301,7 @@ impl Client {
         (
             async_nats::Subscriber,
             broadcast::Receiver<super::Violation>,
+            u64,
         ),
         JoinError,
     > {
@@ -317,8 +318,8 @@ impl Client {
             .await
             .map_err(nats_err("subscribe"))?;
         match self.confirm(subject, &mut violations).await {
-            Ok(true) => Ok((sub, violations)),
-            Ok(false) => {
+            Ok(Some(frontier)) => Ok((sub, violations, frontier)),
+            Ok(None) => {
                 let _ = sub.unsubscribe().await;
                 Err(JoinError::Refused {
                     channel: key.to_owned(),
@@ -378,22 +379,22 @@ impl Client {
 
     /// Waits for the broker's verdict on the subscribe to `subject`, which the grants cover: a
     /// round trip proves the SUB is registered, and a refusal the grants did not foresee that
-    /// arrived by then is the verdict.
+    /// arrived by then is the verdict (`None`). The round trip is the read of the CHAT
+    /// frontier the join needs next, its watermark: read after the SUB, as it must be.
     async fn confirm(
         &self,
         subject: &str,
         violations: &mut broadcast::Receiver<super::Violation>,
-    ) -> Result<bool, ClientError> {
-        tokio::time::timeout(CONFIRM_TIMEOUT, self.inner.js.query_account())
+    ) -> Result<Option<u64>, ClientError> {
+        let frontier = tokio::time::timeout(CONFIRM_TIMEOUT, self.chat_frontier())
             .await
             .map_err(|_| ClientError::Timeout {
                 what: format!("the broker's verdict on subscribing to {subject}"),
                 timeout: CONFIRM_TIMEOUT,
-            })?
-            .map_err(nats_err("confirm subscribe"))?;
+            })??;
         loop {
             match violations.try_recv() {
-                Ok(v) if v.verb == "Subscription" && v.subject == subject => return Ok(false),
+                Ok(v) if v.verb == "Subscription" && v.subject == subject => return Ok(None),
                 Ok(_) => {}
                 Err(broadcast::error::TryRecvError::Lagged(_)) => {
                     return Err(nats_err("confirm subscribe")(
@@ -401,7 +402,7 @@ impl Client {
                          retry the join",
                     ));
                 }
-                Err(_) => return Ok(true),
+                Err(_) => return Ok(Some(frontier)),
             }
         }
     }
@@ -449,15 +450,15 @@ impl Client {
         super::transient::retried("the CHAT frontier", || self.read_chat_frontier()).await
     }
 
+    /// One `STREAM.INFO` (a looked-up stream handle would read it twice).
     async fn read_chat_frontier(&self) -> Result<u64, ClientError> {
-        let mut stream = self
+        let info = self
             .inner
             .js
-            .get_stream(self.inner.names.chat_stream())
+            .get_stream_no_info(self.inner.names.chat_stream())
             .await
-            .map_err(nats_err("read the CHAT frontier"))?;
-        let info = stream
-            .info()
+            .map_err(nats_err("read the CHAT frontier"))?
+            .get_info()
             .await
             .map_err(nats_err("read the CHAT frontier"))?;
         Ok(info.state.last_sequence)
