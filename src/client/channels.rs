@@ -110,12 +110,20 @@ impl Client {
             .collect())
     }
 
-    async fn registry_bucket(&self) -> Result<async_nats::jetstream::kv::Store, ClientError> {
+    /// The channel registry's bucket, opened once per connection.
+    pub(super) async fn registry_bucket(
+        &self,
+    ) -> Result<&async_nats::jetstream::kv::Store, ClientError> {
         self.inner
-            .js
-            .get_key_value(self.inner.names.channels_bucket())
+            .registry
+            .get_or_try_init(|| async {
+                self.inner
+                    .js
+                    .get_key_value(self.inner.names.channels_bucket())
+                    .await
+                    .map_err(nats_err("open the channel registry"))
+            })
             .await
-            .map_err(nats_err("open the channel registry"))
     }
 
     /// Per channel: the messages CHAT holds and when the last was stored.

@@ -206,6 +206,7 @@ pub(super) async fn connect(opts: ConnectOptions) -> Result<Connection, ClientEr
         announced: announce,
         ack_batcher: Mutex::default(),
         catch_up: Default::default(),
+        registry: Default::default(),
     });
     let client = Client { inner };
     let backstop = opts.receive_backstop && super::backstop::granted(&client, grants);

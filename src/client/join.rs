@@ -484,29 +484,29 @@ impl Client {
         fn unreadable<E: Into<super::BoxError>>(key: &str) -> impl FnOnce(E) -> ClientError {
             nats_err(format!("read {key} in the channel registry"))
         }
-        let kv = self
-            .inner
-            .js
-            .get_key_value(self.inner.names.channels_bucket())
-            .await
-            .map_err(nats_err("open the channel registry"))?;
+        let kv = self.registry_bucket().await?;
         let read = async |key: &str| kv.get(key).await.map_err(unreadable(key));
-        let defaults = match read(CHANNEL_DEFAULTS_KEY).await? {
-            Some(b) => {
-                Some(ChannelDefaults::from_json(&b).map_err(unreadable(CHANNEL_DEFAULTS_KEY))?)
+        let defaults = async {
+            match read(CHANNEL_DEFAULTS_KEY).await? {
+                Some(b) => ChannelDefaults::from_json(&b)
+                    .map(Some)
+                    .map_err(unreadable(CHANNEL_DEFAULTS_KEY)),
+                None => Ok(None),
             }
-            None => None,
         };
         // A wildcard has no registry key of its own: the space defaults apply to it.
-        let channel = match pattern.is_concrete() {
-            true => match read(pattern.as_str()).await? {
-                Some(b) => {
-                    Some(ChannelConfig::from_json(&b).map_err(unreadable(pattern.as_str()))?)
-                }
-                None => None,
-            },
-            false => None,
+        let channel = async {
+            if !pattern.is_concrete() {
+                return Ok(None);
+            }
+            match read(pattern.as_str()).await? {
+                Some(b) => ChannelConfig::from_json(&b)
+                    .map(Some)
+                    .map_err(unreadable(pattern.as_str())),
+                None => Ok(None),
+            }
         };
+        let (defaults, channel) = tokio::try_join!(defaults, channel)?;
         Ok(resolve(channel.as_ref(), defaults.as_ref()))
     }
 
@@ -518,12 +518,7 @@ impl Client {
 
     async fn read_channel_registry(&self) -> Result<ChannelRegistry, ClientError> {
         let bucket = self.inner.names.channels_bucket();
-        let kv = self
-            .inner
-            .js
-            .get_key_value(&bucket)
-            .await
-            .map_err(nats_err("open the channel registry"))?;
+        let kv = self.registry_bucket().await?;
         // The keys from the stream's subjects (`STREAM.INFO`, which every profile holds): a
         // key watch would need an unnamed consumer, which no profile may create.
         let prefix = crate::binding::SpaceNames::kv_subject(&bucket, "");

@@ -134,6 +134,9 @@ pub(crate) struct Inner {
     pub(crate) catch_up: catch_up::CatchUp,
     /// What the connection went through.
     pub(crate) health: Arc<health::Health>,
+    /// The channel registry's bucket, once opened (`channels.rs`): its handle holds only
+    /// names, so every read after the first skips the bucket's `STREAM.INFO`.
+    pub(crate) registry: tokio::sync::OnceCell<async_nats::jetstream::kv::Store>,
 }
 
 /// A connected endpoint.
