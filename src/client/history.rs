@@ -143,9 +143,13 @@ impl Client {
             ..Default::default()
         };
         // A create may also update the one left behind in place (same start, another filter),
-        // keeping its position: one that has delivered anything is not a fresh read.
+        // keeping its position and the pull requests it was waiting on: one that delivered
+        // anything, or holds a request the next messages would go to, is not a fresh read.
         let fresh = match stream.create_consumer(config.clone()).await {
-            Ok(consumer) if consumer.cached_info().delivered.consumer_sequence == 0 => {
+            Ok(consumer)
+                if consumer.cached_info().delivered.consumer_sequence == 0
+                    && consumer.cached_info().num_waiting == 0 =>
+            {
                 Some(consumer)
             }
             Ok(_) => None,

@@ -1,9 +1,12 @@
-//! The one transient failure a client retries on its own: a JetStream API request answered
-//! with "no responders". While the broker applies an update of the space's account JWT (a
-//! mint that replaces a credential, a revoke, a sender held or released), the account's import
-//! of the JetStream API is rebuilt, and a request in that instant finds nobody to answer it,
-//! though every stream and bucket of the space exists. Such a read is tried again, a few
-//! times with a short backoff (a debug line each time); any other failure is returned at once.
+//! The transient failures a client retries on its own. A JetStream API request answered with
+//! "no responders": while the broker applies an update of the space's account JWT (a mint that
+//! replaces a credential, a revoke, a sender held or released), the account's import of the
+//! JetStream API is rebuilt, and a request in that instant finds nobody to answer it, though
+//! every stream and bucket of the space exists. Such a read is tried again, a few times with a
+//! short backoff (a debug line each time). And a request that got no answer at all: a broker
+//! reloading its configuration (a server certificate renewal) drops a request in flight, which
+//! then times out; such a read is tried once more, so a broker that stopped answering is still
+//! reported after two timeouts. Any other failure is returned at once.
 
 use std::future::Future;
 use std::time::Duration;
@@ -33,7 +36,31 @@ pub(crate) fn no_responders(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// Runs the read `op` (it must be safe to repeat), again while it fails for no responders.
+/// Whether `e`, or one of its causes, is a request that got no answer in time.
+fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(e) = cause {
+        let jetstream = e
+            .downcast_ref::<async_nats::jetstream::context::RequestError>()
+            .is_some_and(|r| r.kind() == RequestErrorKind::TimedOut);
+        let core = e
+            .downcast_ref::<async_nats::RequestError>()
+            .is_some_and(|r| r.kind() == async_nats::RequestErrorKind::TimedOut);
+        let consumer = e
+            .downcast_ref::<async_nats::jetstream::stream::ConsumerError>()
+            .is_some_and(|r| {
+                r.kind() == async_nats::jetstream::stream::ConsumerErrorKind::TimedOut
+            });
+        if jetstream || core || consumer {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
+/// Runs the read `op` (it must be safe to repeat), again while it fails for no responders,
+/// and once more after a first timeout.
 pub(crate) async fn retried<T, E, F, Fut>(what: &str, mut op: F) -> Result<T, E>
 where
     F: FnMut() -> Fut,
@@ -42,8 +69,16 @@ where
 {
     let mut pause = FIRST_PAUSE;
     let mut attempt = 1;
+    let mut timeouts = 0;
     loop {
         match op().await {
+            Err(e) if timeouts == 0 && timed_out(&e) => {
+                tracing::debug!(
+                    what,
+                    "no answer (a request dropped by a reload?); asking again"
+                );
+                timeouts += 1;
+            }
             Err(e) if attempt < ATTEMPTS && no_responders(&e) => {
                 tracing::debug!(
                     what,
@@ -108,5 +143,33 @@ mod tests {
         .await;
         assert!(refused.is_err());
         assert_eq!(calls, ATTEMPTS);
+    }
+
+    #[tokio::test]
+    async fn a_read_that_got_no_answer_is_asked_once_more_and_a_second_timeout_returned() {
+        let no_answer = || async_nats::RequestError::new(async_nats::RequestErrorKind::TimedOut);
+        let consumer = async_nats::jetstream::stream::ConsumerError::new(
+            async_nats::jetstream::stream::ConsumerErrorKind::TimedOut,
+        );
+        assert!(timed_out(&consumer));
+        let mut calls = 0;
+        let answered = retried("a test read", || {
+            calls += 1;
+            let outcome = match calls {
+                1 => Err(no_answer()),
+                _ => Ok(calls),
+            };
+            async move { outcome }
+        })
+        .await;
+        assert_eq!(answered.unwrap(), 2);
+        let mut calls = 0;
+        let late: Result<(), _> = retried("a test read", || {
+            calls += 1;
+            async move { Err(no_answer()) }
+        })
+        .await;
+        assert!(late.is_err());
+        assert_eq!(calls, 2);
     }
 }

@@ -107,7 +107,7 @@ async fn a_client_connecting_while_the_broker_reloads_is_not_refused() {
             Ok(conn) => {
                 conn.client.close().await;
             }
-            Err(e) => panic!("connect {attempt} during reloads: {e}"),
+            Err(e) => panic!("connect {attempt} during reloads: {e} ({e:?})"),
         }
     }
     stop.store(true, Ordering::Relaxed);
