@@ -91,7 +91,7 @@ async fn a_client_connecting_while_the_broker_reloads_is_not_refused() {
                 // SAFETY: a signal to the broker's pid, read from the appliance's state.
                 assert_eq!(unsafe { libc::kill(broker, libc::SIGHUP) }, 0);
                 reloads.fetch_add(1, Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
     });
