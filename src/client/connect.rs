@@ -320,28 +320,30 @@ async fn dial_space(
             Ok(client) => return Ok(client),
             Err(e) => e,
         };
-        return Err(match e.kind() {
+        let refused = matches!(
+            e.kind(),
             async_nats::ConnectErrorKind::AuthorizationViolation
-                if first.elapsed() < REFUSAL_RETRY =>
-            {
-                tracing::debug!(%server, "credential refused at connect; offered again");
-                tokio::time::sleep(REFUSAL_PAUSE).await;
-                continue;
+        );
+        if refused && first.elapsed() < REFUSAL_RETRY {
+            tracing::debug!(%server, "credential refused at connect; offered again");
+            tokio::time::sleep(REFUSAL_PAUSE).await;
+            continue;
+        }
+        return Err(match e.kind() {
+            async_nats::ConnectErrorKind::AuthorizationViolation => {
+                ClientError::NotAuthorized { server }
             }
-            async_nats::ConnectErrorKind::AuthorizationViolation => ClientError::NotAuthorized {
-                server: server.clone(),
-            },
             // rustls reports the verdict through an I/O error.
             async_nats::ConnectErrorKind::Tls | async_nats::ConnectErrorKind::Io
                 if untrusted(&e) =>
             {
                 ClientError::UntrustedCertificate {
-                    server: server.clone(),
+                    server,
                     source: e.into(),
                 }
             }
             _ => ClientError::Connect {
-                server: server.clone(),
+                server,
                 source: e.into(),
             },
         });

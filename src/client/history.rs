@@ -145,29 +145,22 @@ impl Client {
         // A create may also update the one left behind in place (same start, another filter),
         // keeping its position and the pull requests it was waiting on: one that delivered
         // anything, or holds a request the next messages would go to, is not a fresh read.
-        let fresh = match stream.create_consumer(config.clone()).await {
-            Ok(consumer)
-                if consumer.cached_info().delivered.consumer_sequence == 0
-                    && consumer.cached_info().num_waiting == 0 =>
-            {
-                Some(consumer)
+        match stream.create_consumer(config.clone()).await {
+            Ok(consumer) => {
+                let info = consumer.cached_info();
+                if info.delivered.consumer_sequence == 0 && info.num_waiting == 0 {
+                    return Ok((stream, name, consumer));
+                }
             }
-            Ok(_) => None,
             Err(e) => {
                 tracing::debug!(error = %e, "history consumer refused; deleting the one left behind");
-                None
             }
-        };
-        let consumer = match fresh {
-            Some(consumer) => consumer,
-            None => {
-                let _ = stream.delete_consumer(&name).await;
-                stream
-                    .create_consumer(config)
-                    .await
-                    .map_err(fail(subject))?
-            }
-        };
+        }
+        let _ = stream.delete_consumer(&name).await;
+        let consumer = stream
+            .create_consumer(config)
+            .await
+            .map_err(fail(subject))?;
         Ok((stream, name, consumer))
     }
 

@@ -20,43 +20,37 @@ const FIRST_PAUSE: Duration = Duration::from_millis(50);
 
 /// Whether `e`, or one of its causes, is a request that found no responders.
 pub(crate) fn no_responders(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cause = Some(e);
-    while let Some(e) = cause {
-        let jetstream = e
-            .downcast_ref::<async_nats::jetstream::context::RequestError>()
-            .is_some_and(|r| r.kind() == RequestErrorKind::NoResponders);
-        let core = e
-            .downcast_ref::<async_nats::RequestError>()
-            .is_some_and(|r| r.kind() == async_nats::RequestErrorKind::NoResponders);
-        if jetstream || core {
-            return true;
-        }
-        cause = e.source();
-    }
-    false
+    any_cause(e, |e| {
+        request_kind(e) == Some(RequestErrorKind::NoResponders)
+            || e.downcast_ref::<async_nats::RequestError>()
+                .is_some_and(|r| r.kind() == async_nats::RequestErrorKind::NoResponders)
+    })
 }
 
 /// Whether `e`, or one of its causes, is a request that got no answer in time.
 fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cause = Some(e);
-    while let Some(e) = cause {
-        let jetstream = e
-            .downcast_ref::<async_nats::jetstream::context::RequestError>()
-            .is_some_and(|r| r.kind() == RequestErrorKind::TimedOut);
-        let core = e
-            .downcast_ref::<async_nats::RequestError>()
-            .is_some_and(|r| r.kind() == async_nats::RequestErrorKind::TimedOut);
-        let consumer = e
-            .downcast_ref::<async_nats::jetstream::stream::ConsumerError>()
-            .is_some_and(|r| {
-                r.kind() == async_nats::jetstream::stream::ConsumerErrorKind::TimedOut
-            });
-        if jetstream || core || consumer {
-            return true;
-        }
-        cause = e.source();
-    }
-    false
+    use async_nats::jetstream::stream::{ConsumerError, ConsumerErrorKind};
+    any_cause(e, |e| {
+        request_kind(e) == Some(RequestErrorKind::TimedOut)
+            || e.downcast_ref::<async_nats::RequestError>()
+                .is_some_and(|r| r.kind() == async_nats::RequestErrorKind::TimedOut)
+            || e.downcast_ref::<ConsumerError>()
+                .is_some_and(|r| r.kind() == ConsumerErrorKind::TimedOut)
+    })
+}
+
+/// The kind of a JetStream request's error, when `e` is one.
+fn request_kind(e: &(dyn std::error::Error + 'static)) -> Option<RequestErrorKind> {
+    e.downcast_ref::<async_nats::jetstream::context::RequestError>()
+        .map(|r| r.kind())
+}
+
+/// Whether `e` or one of its causes is what `is` looks for.
+fn any_cause(
+    e: &(dyn std::error::Error + 'static),
+    is: impl Fn(&(dyn std::error::Error + 'static)) -> bool,
+) -> bool {
+    std::iter::successors(Some(e), |e| e.source()).any(is)
 }
 
 /// Runs the read `op` (it must be safe to repeat), again while it fails for no responders,

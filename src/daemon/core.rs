@@ -393,14 +393,14 @@ impl Core {
     /// The credentials and address the membership feed watches the broker with (§7: a member
     /// that disconnects is seen offline by the broker before the roster says so).
     fn broker_view(&self, space: &Space) -> Result<BrokerView, DaemonError> {
-        let (ca, addr) = (&self.ca_cert, self.local);
-        Ok(broker_view(
+        let view = broker_view(
             &self.keys,
             space.name(),
             space.account(),
-            ca,
-            addr,
-        )?)
+            &self.ca_cert,
+            self.local,
+        )?;
+        Ok(view)
     }
 
     pub(super) async fn ready_info(&self, status: &BrokerStatus) -> ReadyInfo {
