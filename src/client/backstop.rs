@@ -218,16 +218,13 @@ impl RangesDue {
 async fn keep_sessions(client: Client, first: Arc<Mutex<FirstSession>>) {
     let mut state = client.state();
     state.borrow_and_update();
-    let mut dropped = !resume(&client, &mut state, Some(&first)).await;
+    resume(&client, &mut state, Some(&first)).await;
     while state.changed().await.is_ok() {
         let now = *state.borrow_and_update();
         let first = (!first.lock().await.started).then_some(&*first);
-        match now {
-            ConnectionState::Connected if dropped => {
-                dropped = !resume(&client, &mut state, first).await;
-            }
-            ConnectionState::Connected => {}
-            ConnectionState::Reconnecting | ConnectionState::Disconnected => dropped = true,
+        // Told only of changes: up again means it was down meanwhile, however briefly.
+        if now == ConnectionState::Connected {
+            resume(&client, &mut state, first).await;
         }
     }
 }
@@ -305,13 +302,14 @@ fn catch_up_key(consumer: &str) -> String {
 }
 
 /// Asks for a new delivery session until the manager answers (it may still be starting after
-/// a restart of the appliance); false when the connection dropped first. A refusal is final:
-/// this identity has no backstop here. `first` while the first session has not started.
+/// a restart of the appliance), or the connection drops first (its return asks again). A
+/// refusal is final: this identity has no backstop here. `first` while the first session has
+/// not started.
 async fn resume(
     client: &Client,
     state: &mut tokio::sync::watch::Receiver<ConnectionState>,
     first: Option<&Mutex<FirstSession>>,
-) -> bool {
+) {
     let mut wait = Duration::from_millis(100);
     let session = crate::protocol::new_message_id();
     if let Some(first) = first {
@@ -335,19 +333,19 @@ async fn resume(
                 if let Some(first) = first {
                     first.lock().await.started(client, &resumed.consumers);
                 }
-                return true;
+                return;
             }
             Err(ClientError::Refused { error, .. }) => {
                 tracing::info!(error, "no durable backstop for this identity");
                 if let Some(first) = first {
                     first.lock().await.started(client, &[]);
                 }
-                return true;
+                return;
             }
             Err(e) => tracing::debug!(error = %e, "backstop session not started yet"),
         }
         if *state.borrow_and_update() != ConnectionState::Connected {
-            return false;
+            return;
         }
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(RESUME_RETRY_MAX);

@@ -404,7 +404,9 @@ fn space_options(
                 };
                 if let Some(state) = state {
                     health.changed(state);
-                    let _ = state_tx.send(state);
+                    // Told only of a change: a watcher that is told, and finds the connection
+                    // up, knows it was down meanwhile, however quickly it came back.
+                    state_tx.send_if_modified(|now| std::mem::replace(now, state) != state);
                 }
             }
         }))

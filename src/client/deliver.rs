@@ -742,7 +742,7 @@ pub(crate) async fn bind(
     what: &'static str,
 ) -> Result<(), ClientError> {
     let js = &client.inner.js;
-    let consumer = super::transient::retried(durable, || {
+    let consumer = super::transient::retried(durable, &client.inner.state, || {
         js.get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(durable, stream)
     })
     .await

@@ -37,19 +37,23 @@ pub(crate) fn start_gap_recovery(client: &Client) {
 async fn recover_gaps(client: Client) {
     let mut state = client.state();
     let mut dropped_at = None;
+    // Told only of changes: up again means it was down meanwhile. A drop this task was not
+    // told of apart (it came back at once) happened after it last looked.
+    let mut looked_at = time::OffsetDateTime::now_utc();
     while state.changed().await.is_ok() {
         let now = *state.borrow_and_update();
+        let seen = time::OffsetDateTime::now_utc();
         match now {
             super::ConnectionState::Reconnecting => {
-                dropped_at.get_or_insert_with(time::OffsetDateTime::now_utc);
+                dropped_at.get_or_insert(seen);
             }
             super::ConnectionState::Connected => {
-                if let Some(at) = dropped_at.take() {
-                    client.recover_gap(at - GAP_MARGIN).await;
-                }
+                let at = dropped_at.take().unwrap_or(looked_at);
+                client.recover_gap(at - GAP_MARGIN).await;
             }
             super::ConnectionState::Disconnected => return,
         }
+        looked_at = seen;
     }
 }
 

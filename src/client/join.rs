@@ -447,7 +447,10 @@ impl Client {
 
     /// The CHAT frontier (last stream sequence).
     pub(super) async fn chat_frontier(&self) -> Result<u64, ClientError> {
-        super::transient::retried("the CHAT frontier", || self.read_chat_frontier()).await
+        super::transient::retried("the CHAT frontier", &self.inner.state, || {
+            self.read_chat_frontier()
+        })
+        .await
     }
 
     /// One `STREAM.INFO` (a looked-up stream handle would read it twice).
@@ -470,7 +473,7 @@ impl Client {
         &self,
         pattern: &ChannelPattern,
     ) -> Result<EffectiveChannelConfig, ClientError> {
-        super::transient::retried("the channel registry", || {
+        super::transient::retried("the channel registry", &self.inner.state, || {
             self.read_effective_config(pattern)
         })
         .await
@@ -513,7 +516,10 @@ impl Client {
     /// The channel registry as stored (§7): the space defaults and every concrete channel's
     /// config, with its description and instructions. An unreadable entry is an error.
     pub async fn channel_registry(&self) -> Result<ChannelRegistry, ClientError> {
-        super::transient::retried("the channel registry", || self.read_channel_registry()).await
+        super::transient::retried("the channel registry", &self.inner.state, || {
+            self.read_channel_registry()
+        })
+        .await
     }
 
     async fn read_channel_registry(&self) -> Result<ChannelRegistry, ClientError> {

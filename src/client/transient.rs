@@ -6,15 +6,23 @@
 //! short backoff (a debug line each time). And a request that got no answer at all: a broker
 //! reloading its configuration (a server certificate renewal) drops a request in flight, which
 //! then times out; such a read is tried once more, so a broker that stopped answering is still
-//! reported after two timeouts. Any other failure is returned at once.
+//! reported after two timeouts. And a request in flight when the connection dropped (a broker
+//! restarted): it was most likely lost with the old socket, so it is asked again as soon as the
+//! connection is back, not after its timeout. Any other failure is returned at once.
 
 use std::future::Future;
 use std::time::Duration;
 
 use async_nats::jetstream::context::RequestErrorKind;
+use tokio::sync::watch;
+
+use super::ConnectionState;
 
 /// How many times a request is tried in all.
 const ATTEMPTS: u32 = 6;
+/// How many times a request is asked again because the connection came back while it waited
+/// (past that, a flapping connection leaves it to its timeout).
+const REASKS: u32 = 3;
 /// The first pause; it doubles (50, 100, 200, 400, 800 ms: 1.55 s in all).
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
 
@@ -53,9 +61,27 @@ fn any_cause(
     std::iter::successors(Some(e), |e| e.source()).any(is)
 }
 
-/// Runs the read `op` (it must be safe to repeat), again while it fails for no responders,
-/// and once more after a first timeout.
-pub(crate) async fn retried<T, E, F, Fut>(what: &str, mut op: F) -> Result<T, E>
+/// Resolves when the connection `state` watches is back after a drop it was told of since it
+/// was last seen (the state is only sent when it changes); never once it is closed for good.
+async fn came_back(state: &mut watch::Receiver<ConnectionState>) {
+    while state.changed().await.is_ok() {
+        match *state.borrow_and_update() {
+            ConnectionState::Connected => return,
+            ConnectionState::Reconnecting => {}
+            ConnectionState::Disconnected => break,
+        }
+    }
+    std::future::pending().await
+}
+
+/// Runs the read `op` (it must be safe to repeat) on the connection whose state `connection`
+/// watches: again while it fails for no responders, once more after a first timeout, and at
+/// once when the connection came back while it waited.
+pub(crate) async fn retried<T, E, F, Fut>(
+    what: &str,
+    connection: &watch::Receiver<ConnectionState>,
+    mut op: F,
+) -> Result<T, E>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
@@ -64,8 +90,19 @@ where
     let mut pause = FIRST_PAUSE;
     let mut attempt = 1;
     let mut timeouts = 0;
+    let mut reasked = 0;
+    let mut state = connection.clone();
     loop {
-        match op().await {
+        state.borrow_and_update();
+        let outcome = tokio::select! {
+            outcome = op() => outcome,
+            () = came_back(&mut state), if reasked < REASKS => {
+                tracing::debug!(what, "the connection came back while asking; asking again");
+                reasked += 1;
+                continue;
+            }
+        };
+        match outcome {
             Err(e) if timeouts == 0 && timed_out(&e) => {
                 tracing::debug!(
                     what,
@@ -93,6 +130,43 @@ where
 mod tests {
     use super::*;
 
+    /// A connection that stays up.
+    fn connected() -> watch::Receiver<ConnectionState> {
+        let (tx, rx) = watch::channel(ConnectionState::Connected);
+        std::mem::forget(tx);
+        rx
+    }
+
+    #[tokio::test]
+    async fn a_read_in_flight_when_the_connection_dropped_is_asked_again_once_it_is_back() {
+        let (tx, rx) = watch::channel(ConnectionState::Connected);
+        let (asked, mut asking) = tokio::sync::mpsc::unbounded_channel();
+        let mut calls = 0;
+        let read = retried("a test read", &rx, || {
+            calls += 1;
+            let _ = asked.send(calls);
+            let call = calls;
+            async move {
+                match call {
+                    // Lost with the old socket: never answered.
+                    1 => std::future::pending().await,
+                    _ => Ok::<_, async_nats::RequestError>(call),
+                }
+            }
+        });
+        let connection = async {
+            assert_eq!(asking.recv().await, Some(1));
+            tx.send_replace(ConnectionState::Reconnecting);
+            tx.send_replace(ConnectionState::Connected);
+        };
+        let (answered, ()) = tokio::time::timeout(Duration::from_secs(5), async {
+            tokio::join!(read, connection)
+        })
+        .await
+        .expect("asked again at once, not after a timeout");
+        assert_eq!(answered.unwrap(), 2);
+    }
+
     #[test]
     fn no_responders_is_found_among_the_causes_and_nothing_else_is_retried() {
         let refused = async_nats::RequestError::new(async_nats::RequestErrorKind::NoResponders);
@@ -113,7 +187,7 @@ mod tests {
     #[tokio::test]
     async fn a_read_is_tried_again_while_nobody_responds_then_given_up() {
         let mut calls = 0;
-        let answered = retried("a test read", || {
+        let answered = retried("a test read", &connected(), || {
             calls += 1;
             let outcome = match calls {
                 1 | 2 => Err(async_nats::RequestError::new(
@@ -126,7 +200,7 @@ mod tests {
         .await;
         assert_eq!(answered.unwrap(), 3);
         let mut calls = 0;
-        let refused: Result<(), _> = retried("a test read", || {
+        let refused: Result<(), _> = retried("a test read", &connected(), || {
             calls += 1;
             async {
                 Err(async_nats::RequestError::new(
@@ -147,7 +221,7 @@ mod tests {
         );
         assert!(timed_out(&consumer));
         let mut calls = 0;
-        let answered = retried("a test read", || {
+        let answered = retried("a test read", &connected(), || {
             calls += 1;
             let outcome = match calls {
                 1 => Err(no_answer()),
@@ -158,7 +232,7 @@ mod tests {
         .await;
         assert_eq!(answered.unwrap(), 2);
         let mut calls = 0;
-        let late: Result<(), _> = retried("a test read", || {
+        let late: Result<(), _> = retried("a test read", &connected(), || {
             calls += 1;
             async move { Err(no_answer()) }
         })
