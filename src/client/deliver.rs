@@ -38,7 +38,9 @@ pub struct Delivery {
     pub message: CotalMessage,
     /// How it was addressed to us, from the subject (§4).
     pub kind: DeliveryKind,
-    /// A history backfill copy (§7).
+    /// A history backfill copy (§7). A copy owed to this member of the same message (its
+    /// durable backlog, a mention's copy) is not surfaced again (§7: a message surfaces once);
+    /// it is acknowledged once this one is.
     pub historical: bool,
     /// The channel, for channel deliveries (the subject's tokens 4+).
     pub channel: Option<String>,
@@ -599,16 +601,16 @@ impl Sink {
             return false;
         }
         let ack = match ack {
-            Ack::None if !historical => {
-                match self.hands_over(accepted.route.as_str(), &accepted.message, &key) {
-                    Some(awaits) => Ack::Live(LiveAck {
-                        handover: self.handover.clone(),
-                        key,
-                        awaits,
-                    }),
-                    None => Ack::None,
-                }
-            }
+            // A history copy hands its ack over as a live one does, but nothing awaits a
+            // durable copy of it: history may hold what was never owed to this member.
+            Ack::None => match self.hands_over(accepted.route.as_str(), &accepted.message, &key) {
+                Some(awaits) => Ack::Live(LiveAck {
+                    handover: self.handover.clone(),
+                    key,
+                    awaits: awaits && !historical,
+                }),
+                None => Ack::None,
+            },
             other => other,
         };
         self.surface(Delivery {
@@ -904,6 +906,31 @@ mod tests {
             );
             assert_eq!(sink.settle(Duration::ZERO).await, 0, "{mentions:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_copy_owed_of_a_message_shown_as_history_waits_until_the_history_copy_is_handled() {
+        let (sink, mut deliveries, subject, payload) = bob_and_a_post(&["bob"]);
+        let (acks, mut acked) = mpsc::unbounded_channel();
+        assert!(
+            sink.channel_copy(&live_copy(&subject, &payload), true)
+                .await
+        );
+        let history = deliveries.next().await.unwrap();
+        assert!(history.historical);
+        let token = BackstopToken::copy("m9", &acks);
+        assert!(
+            !sink.durable_copy(&subject, &payload, token).await,
+            "a message surfaces once"
+        );
+        assert!(
+            acked.try_recv().is_err(),
+            "the owed copy is not acknowledged while the history copy is unhandled"
+        );
+        history.ack().await.unwrap();
+        assert!(matches!(acked.try_recv(), Ok(Acked::Token(t)) if t == "m9"));
+        // History may hold what was never owed: closing waits for nothing.
+        assert_eq!(sink.settle(Duration::ZERO).await, 0);
     }
 
     #[test]

@@ -115,11 +115,6 @@ impl LibraryAgent {
         let mut deliveries = connection.deliveries;
         let reader = tokio::spawn(async move {
             while let Some(delivery) = deliveries.next().await {
-                // History shown on a join is a read of the channel, not a delivery: it may show
-                // what was posted while the agent was out, and owes nothing.
-                if delivery.historical {
-                    continue;
-                }
                 let read: Vec<u64> = delivery
                     .message
                     .parts
@@ -130,11 +125,15 @@ impl LibraryAgent {
                     })
                     .flatten()
                     .collect();
+                let historical = delivery.historical;
                 let acked = delivery.ack().await.is_ok();
                 let now = std::time::Instant::now();
                 let mut ledger = ledger.lock().unwrap_or_else(|e| e.into_inner());
                 for token in read {
-                    ledger.received(index, token, acked, now);
+                    match historical {
+                        true => ledger.shown_as_history(index, token, acked, now),
+                        false => ledger.received(index, token, acked, now),
+                    }
                 }
             }
         });
@@ -228,8 +227,11 @@ impl McpAgent {
                             let now = std::time::Instant::now();
                             let mut ledger = ledger.lock().unwrap_or_else(|e| e.into_inner());
                             // What the inbox returns it acknowledges.
-                            for (token, acked) in inbox_tokens(&read) {
-                                ledger.received(index, token, acked, now);
+                            for (token, acked, historical) in inbox_tokens(&read) {
+                                match historical {
+                                    true => ledger.shown_as_history(index, token, acked, now),
+                                    false => ledger.received(index, token, acked, now),
+                                }
                             }
                         }
                     }
@@ -286,11 +288,10 @@ impl McpAgent {
 }
 
 /// The tokens of the messages a `cotal_inbox` answer returns, each with whether it was
-/// acknowledged: its structured content (the text content repeats it, and the notices are not
-/// messages); an id named in `ack_errors` was not confirmed. History replayed on joining (a
-/// live channel's, since the last session's read mark) is a read of the channel, not a
-/// delivery, as for a library agent.
-fn inbox_tokens(answer: &Value) -> Vec<(u64, bool)> {
+/// acknowledged and whether it came as history (a live channel's, replayed on joining since
+/// the last session's read mark): its structured content (the text content repeats it, and
+/// the notices are not messages); an id named in `ack_errors` was not confirmed.
+fn inbox_tokens(answer: &Value) -> Vec<(u64, bool, bool)> {
     let view = &answer["structuredContent"];
     let unconfirmed: Vec<&str> = view["ack_errors"]
         .as_array()
@@ -302,12 +303,14 @@ fn inbox_tokens(answer: &Value) -> Vec<(u64, bool)> {
     messages
         .into_iter()
         .flatten()
-        .filter(|m| m["historical"] != true)
         .flat_map(|m| {
             let id = m["id"].as_str().unwrap_or_default();
             let acked = !unconfirmed.iter().any(|u| id.starts_with(u));
+            let historical = m["historical"] == true;
             let text = m["text"].as_str().unwrap_or_default();
-            tokens(text).map(move |t| (t, acked)).collect::<Vec<_>>()
+            tokens(text)
+                .map(move |t| (t, acked, historical))
+                .collect::<Vec<_>>()
         })
         .collect()
 }
@@ -398,6 +401,9 @@ mod tests {
             "content": [{ "type": "text", "text": structured.to_string() }],
             "structuredContent": structured,
         });
-        assert_eq!(inbox_tokens(&answer), [(4, true), (9, false)]);
+        assert_eq!(
+            inbox_tokens(&answer),
+            [(4, true, false), (9, false, false), (3, true, true)]
+        );
     }
 }

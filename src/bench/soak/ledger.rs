@@ -294,6 +294,26 @@ impl Ledger {
         self.failed += 1;
     }
 
+    /// `agent` was shown `token` as history on a join. History owes nothing and may show
+    /// anything again, so it is never a duplicate nor an offence; but a message owed to the
+    /// agent that it was first shown as history was surfaced then (§7: a message surfaces
+    /// once; the owed copy is acknowledged with the history copy), so that is its receipt.
+    pub(super) fn shown_as_history(
+        &mut self,
+        agent: usize,
+        token: Token,
+        acked: bool,
+        now: Instant,
+    ) {
+        let book = &mut self.books[agent];
+        let session = book.session;
+        book.received.entry(token).or_insert_with(|| Receipt {
+            count: 1,
+            acked: acked.then_some((session, now)),
+            unconfirmed: false,
+        });
+    }
+
     /// `agent` received `token`, and acknowledged it when `acked` (a receipt whose ack
     /// failed may come again, in any session).
     pub(super) fn received(&mut self, agent: usize, token: Token, acked: bool, now: Instant) {
@@ -507,6 +527,26 @@ mod tests {
         );
         l.received(c, 1, true, t0);
         assert_eq!(l.tally(t).lost, 0);
+    }
+
+    #[test]
+    fn a_mention_first_shown_as_history_is_received_and_history_shown_again_is_no_duplicate() {
+        let t0 = Instant::now();
+        let mut l = Ledger::default();
+        let (a, b) = (l.agent("r", false, t0), l.agent("r", false, t0));
+        l.sent(1, Kind::Mention, vec![Owe::Agent(b)], t0, t0);
+        l.sent(2, Kind::Live, vec![], t0, t0);
+        assert_eq!(l.tally(t0).lost, 1);
+        l.shown_as_history(b, 1, true, t0);
+        l.shown_as_history(b, 1, true, t0);
+        // History may show again what was received: not a duplicate.
+        l.received(a, 2, true, t0);
+        l.shown_as_history(a, 2, true, t0);
+        let tally = l.tally(t0);
+        assert_eq!((tally.owed, tally.lost, tally.duplicates), (1, 0, 0));
+        // But a copy after its message surfaced as history is one (§7: it surfaces once).
+        l.received(b, 1, true, t0);
+        assert_eq!(l.tally(t0).duplicates, 1);
     }
 
     #[test]
