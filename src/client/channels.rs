@@ -131,7 +131,7 @@ impl Client {
         let stream = self
             .inner
             .js
-            .get_stream(self.inner.names.chat_stream())
+            .get_stream_no_info(self.inner.names.chat_stream())
             .await
             .map_err(nats_err("read the CHAT stream"))?;
         let filter = self.inner.subjects.chat_subscription(

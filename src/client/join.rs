@@ -531,7 +531,7 @@ impl Client {
         let stream = self
             .inner
             .js
-            .get_stream(crate::binding::SpaceNames::kv_stream(&bucket))
+            .get_stream_no_info(crate::binding::SpaceNames::kv_stream(&bucket))
             .await
             .map_err(nats_err("list the channel registry"))?;
         let mut subjects = stream

@@ -578,7 +578,7 @@ async fn snapshot_roster(client: &Client, roster: &Roster, bucket: &str) -> Resu
     let stream = client
         .inner
         .js
-        .get_stream(SpaceNames::kv_stream(bucket))
+        .get_stream_no_info(SpaceNames::kv_stream(bucket))
         .await?;
     let mut keys = stream
         .info_with_subjects(SpaceNames::kv_subject(bucket, ">"))

@@ -291,7 +291,7 @@ impl Observer {
             .client
             .inner
             .js
-            .get_stream(SpaceNames::kv_stream(&bucket))
+            .get_stream_no_info(SpaceNames::kv_stream(&bucket))
             .await
         {
             Ok(stream) => stream,

@@ -138,7 +138,7 @@ impl Person {
         let max = voice.inner.nats.server_info().max_payload;
         let kept = Arc::new(Mutex::new(Kept::default()));
         let history = async {
-            let stream = voice.inner.js.get_stream(names.dm_stream()).await?;
+            let stream = voice.inner.js.get_stream_no_info(names.dm_stream()).await?;
             let consumer = stream
                 .create_consumer(pull::OrderedConfig {
                     filter_subjects: subjects.to_vec(),
@@ -176,7 +176,12 @@ impl Person {
     /// reader such as `cotald tail --dm`); `None` when the broker cannot say.
     pub(super) async fn unread(&self, voice: &Client) -> Option<u64> {
         let names = &voice.inner.names;
-        let stream = voice.inner.js.get_stream(names.dm_stream()).await.ok()?;
+        let stream = voice
+            .inner
+            .js
+            .get_stream_no_info(names.dm_stream())
+            .await
+            .ok()?;
         let info = stream
             .consumer_info(crate::binding::dm_durable(&self.id))
             .await

@@ -201,10 +201,10 @@ impl Mentions {
         let info = match self
             .space
             .jetstream()
-            .get_stream(SpaceNames::kv_stream(&bucket))
+            .get_stream_no_info(SpaceNames::kv_stream(&bucket))
             .await
         {
-            Ok(mut stream) => stream.info().await.map(|i| i.state.clone()),
+            Ok(stream) => stream.get_info().await.map(|i| i.state),
             Err(e) => {
                 tracing::debug!(error = %e, "presence bucket unreadable");
                 return false;

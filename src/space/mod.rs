@@ -388,7 +388,7 @@ impl Space {
             true => {
                 let chat = self
                     .jetstream()
-                    .get_stream(self.names.chat_stream())
+                    .get_stream_no_info(self.names.chat_stream())
                     .await
                     .map_err(|e| fail(e.into()))?;
                 chat.purge()
@@ -420,12 +420,13 @@ impl Space {
             what: "the CHAT frontier",
             source: e,
         };
-        let mut stream = self
+        // One `STREAM.INFO`: a looked-up handle would read it twice.
+        let stream = self
             .jetstream()
-            .get_stream(self.names.chat_stream())
+            .get_stream_no_info(self.names.chat_stream())
             .await
             .map_err(|e| fail(e.into()))?;
-        let info = stream.info().await.map_err(|e| fail(e.into()))?;
+        let info = stream.get_info().await.map_err(|e| fail(e.into()))?;
         Ok(info.state.last_sequence)
     }
 

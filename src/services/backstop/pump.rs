@@ -434,7 +434,12 @@ impl Pump {
         // A closed interval is drained by its consumer, which keeps the leave boundary.
         let open = self.current_interval().filter(|i| i.leave_cursor.is_none());
         let Some(open) = open else { return false };
-        let Ok(stream) = self.space.jetstream().get_stream(&self.stream).await else {
+        let Ok(stream) = self
+            .space
+            .jetstream()
+            .get_stream_no_info(&self.stream)
+            .await
+        else {
             return false;
         };
         let Ok(info) = stream.consumer_info(&self.consumer).await else {
@@ -671,7 +676,12 @@ impl Pump {
         let Some(leave) = interval.leave_cursor else {
             return Flow::Continue;
         };
-        let Ok(stream) = self.space.jetstream().get_stream(&self.stream).await else {
+        let Ok(stream) = self
+            .space
+            .jetstream()
+            .get_stream_no_info(&self.stream)
+            .await
+        else {
             return Flow::Continue;
         };
         let floor = match stream.consumer_info(&self.consumer).await {
