@@ -137,8 +137,8 @@ impl StateTracker {
             let names = streams::all(space.names(), &space.config().retention());
             for config in names {
                 let info = async {
-                    let mut stream = space.jetstream().get_stream(&config.name).await.ok()?;
-                    stream.info().await.ok().map(|i| i.cluster.clone())
+                    let stream = space.jetstream().get_stream_no_info(&config.name).await;
+                    stream.ok()?.get_info().await.ok().map(|i| i.cluster)
                 };
                 let Ok(Some(cluster)) = tokio::time::timeout(Duration::from_secs(1), info).await
                 else {

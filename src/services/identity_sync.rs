@@ -157,12 +157,13 @@ pub async fn ensure_bucket(
     config: kv::Config,
 ) -> Result<kv::Store, ServiceError> {
     let stream = format!("KV_{}", config.bucket);
-    match js.get_stream(&stream).await {
-        Ok(mut existing) => {
-            let info = existing
-                .info()
-                .await
-                .map_err(ServiceError::at("reading a cluster bucket"))?;
+    // One `STREAM.INFO` says whether it exists and how it is replicated.
+    let existing = js
+        .get_stream_no_info(&stream)
+        .await
+        .map_err(ServiceError::at("naming a cluster bucket"))?;
+    match existing.get_info().await {
+        Ok(info) => {
             if info.config.num_replicas != config.num_replicas {
                 let mut scaled = info.config.clone();
                 scaled.num_replicas = config.num_replicas;

@@ -119,12 +119,13 @@ impl Backstop {
         Ok(())
     }
 
-    /// `CHAT_<space>`, where the intervals' consumers live (`None` when it cannot be reached;
-    /// the callers then leave things as they are, to be done again later).
-    pub(super) async fn chat(&self) -> Option<jetstream::stream::Stream> {
+    /// `CHAT_<space>`, where the intervals' consumers live: a handle, no round trip (`None`
+    /// only for a name the broker would refuse); a caller whose request on it fails leaves
+    /// things as they are, to be done again later.
+    pub(super) async fn chat(&self) -> Option<jetstream::stream::Stream<()>> {
         self.space
             .jetstream()
-            .get_stream(self.space.names().chat_stream())
+            .get_stream_no_info(self.space.names().chat_stream())
             .await
             .ok()
     }
@@ -175,7 +176,7 @@ impl Backstop {
         if let Ok(stream) = self
             .space
             .jetstream()
-            .get_stream(self.space.names().backstop_stream())
+            .get_stream_no_info(self.space.names().backstop_stream())
             .await
         {
             let _ = stream.delete_consumer(&mention_consumer(member)).await;

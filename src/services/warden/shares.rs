@@ -89,7 +89,7 @@ impl Warden {
             let stream = self
                 .space
                 .jetstream()
-                .get_stream(self.space.names().task_stream())
+                .get_stream_no_info(self.space.names().task_stream())
                 .await
                 .map_err(ServiceError::at("reading TASK"))?;
             let mut subjects = stream
