@@ -130,11 +130,9 @@ where
 mod tests {
     use super::*;
 
-    /// A connection that stays up.
+    /// A connection that stays up (nothing will ever change it).
     fn connected() -> watch::Receiver<ConnectionState> {
-        let (tx, rx) = watch::channel(ConnectionState::Connected);
-        std::mem::forget(tx);
-        rx
+        watch::channel(ConnectionState::Connected).1
     }
 
     #[tokio::test]

@@ -434,15 +434,7 @@ impl Pump {
         // A closed interval is drained by its consumer, which keeps the leave boundary.
         let open = self.current_interval().filter(|i| i.leave_cursor.is_none());
         let Some(open) = open else { return false };
-        let Ok(stream) = self
-            .space
-            .jetstream()
-            .get_stream_no_info(&self.stream)
-            .await
-        else {
-            return false;
-        };
-        let Ok(info) = stream.consumer_info(&self.consumer).await else {
+        let Some((stream, info)) = self.consumer_now().await else {
             return false;
         };
         if info.num_pending > 0 || self.unsent.load(Ordering::Acquire) {
@@ -667,6 +659,21 @@ impl Pump {
         Verdict::Deliver
     }
 
+    /// This pump's consumer as the broker has it now, with its stream's handle (one
+    /// `CONSUMER.INFO`); `None` when the broker cannot say.
+    async fn consumer_now(
+        &self,
+    ) -> Option<(jetstream::stream::Stream<()>, jetstream::consumer::Info)> {
+        let stream = self
+            .space
+            .jetstream()
+            .get_stream_no_info(&self.stream)
+            .await
+            .ok()?;
+        let info = stream.consumer_info(&self.consumer).await.ok()?;
+        Some((stream, info))
+    }
+
     /// After an entry past the leave cursor: once every entry up to it is acknowledged, the
     /// interval is done; its consumer is deleted and it leaves the member's record.
     async fn finish_if_drained(&self, current: Option<&Interval>) -> Flow {
@@ -676,18 +683,10 @@ impl Pump {
         let Some(leave) = interval.leave_cursor else {
             return Flow::Continue;
         };
-        let Ok(stream) = self
-            .space
-            .jetstream()
-            .get_stream_no_info(&self.stream)
-            .await
-        else {
+        let Some((stream, info)) = self.consumer_now().await else {
             return Flow::Continue;
         };
-        let floor = match stream.consumer_info(&self.consumer).await {
-            Ok(info) => info.ack_floor.stream_sequence,
-            Err(_) => return Flow::Continue,
-        };
+        let floor = info.ack_floor.stream_sequence;
         if floor < leave {
             return Flow::Continue;
         }
