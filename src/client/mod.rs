@@ -93,6 +93,11 @@ impl Settled {
 /// duplicate window of two minutes, so that it is stored at most once).
 const PUBLISH_WAIT: Duration = Duration::from_secs(30);
 
+/// How long a closing client waits for a connection that is down to come back before it
+/// gives up what needs the broker (its last acks' confirmation, its final presence): a broker
+/// restarting is back within it; a credential refused, or an appliance gone, is not.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
 /// A publish the stream did not store: a fairness bound (per pair, or the stream's or the
 /// space's storage) is named with what the sender can do; anything else stays a NATS error.
 /// The first pause before a DM or task whose pair is full is sent again; it doubles up to
@@ -434,16 +439,48 @@ impl Client {
 
     /// Publishes the final `offline` presence (§6), leaves nothing durable behind (a
     /// disconnect is not a leave), and drains the connection. Returns what receiving left
-    /// unsettled, as [`Client::stop_receiving`].
+    /// unsettled, as [`Client::stop_receiving`]. A connection down for two seconds (a
+    /// credential refused, an appliance gone) is not waited for: what needs it is given up.
     pub async fn close(self) -> Settled {
         // Stop the heartbeat first, so that no beat lands after the final `offline`.
         let settled = self.stop_receiving().await;
         self.inner.joined.lock().await.clear();
-        if self.inner.announced {
-            presence::publish_offline(&self).await;
+        if self.inner.announced
+            && self
+                .unless_down(presence::publish_offline(&self))
+                .await
+                .is_none()
+        {
+            tracing::debug!("final offline presence not written: the connection is down");
         }
         let _ = tokio::time::timeout(Duration::from_secs(2), self.inner.nats.drain()).await;
         settled
+    }
+
+    /// Runs `work`, which needs the broker, unless the connection is down for
+    /// [`CLOSE_GRACE`] first (`None` then): a close is not held for a request's timeout by a
+    /// broker that refuses this credential now, or is gone.
+    async fn unless_down<T>(&self, work: impl std::future::Future<Output = T>) -> Option<T> {
+        let mut state = self.inner.state.clone();
+        let down = async {
+            loop {
+                if state
+                    .wait_for(|s| *s != ConnectionState::Connected)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                let back = state.wait_for(|s| *s == ConnectionState::Connected);
+                if tokio::time::timeout(CLOSE_GRACE, back).await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            done = work => Some(done),
+            () = down => None,
+        }
     }
 
     /// Stops every background task (heartbeat, roster watch, DM and anycast pulls, backstop,
@@ -471,12 +508,11 @@ impl Client {
             .ok()
             .and_then(|mut b| b.take());
         let mut acks_confirmed = true;
-        if let Some((stop, task)) = batcher {
+        if let Some((stop, mut task)) = batcher {
             stop.cancel();
-            acks_confirmed = matches!(
-                tokio::time::timeout(self.inner.request_timeout, task).await,
-                Ok(Ok(true))
-            );
+            let last = tokio::time::timeout(self.inner.request_timeout, &mut task);
+            acks_confirmed = matches!(self.unless_down(last).await, Some(Ok(Ok(true))));
+            task.abort();
             if !acks_confirmed {
                 tracing::debug!("the last durable acks were not confirmed before stopping");
             }
