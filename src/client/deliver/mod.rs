@@ -59,8 +59,9 @@ enum Ack {
     Stream(Box<jetstream::Message>),
     /// Durable copies: the trusted reader's token, acknowledged through `ctl.manager`.
     Backstop(BackstopToken),
-    /// A live copy on a channel this member holds durably: its ack lets the durable copy of
-    /// the same message be acknowledged (the application handled it), never sooner.
+    /// A live or backfill copy on a channel this member holds durably, or one that mentions
+    /// it: its ack lets the durable copy of the same message be acknowledged (the application
+    /// handled it), never sooner.
     Live(LiveAck),
 }
 
@@ -173,9 +174,12 @@ impl Delivery {
         !matches!(self.ack, Ack::None | Ack::Live(_))
     }
 
-    /// Confirms the message was handled, so that it is not delivered again. A no-op for live
-    /// and backfill copies. Nothing waits for the broker's confirmation: a DM or anycast ack
-    /// is sent on the connection, a durable copy's is batched with others for the trusted
+    /// Confirms the message was handled, so that it is not delivered again. For a live or
+    /// backfill copy nothing is sent, but a durable copy owed to this member of the same
+    /// message (on a channel it holds durably, or a mention's copy) is acknowledged with it,
+    /// never sooner: an application that leaves such copies unacknowledged gets their message
+    /// again in its next session. Nothing waits for the broker's confirmation: a DM or anycast
+    /// ack is sent on the connection, a durable copy's is batched with others for the trusted
     /// reader. An acknowledgement lost to a broken connection means the copy is delivered
     /// again (after `ack_wait`, or on the next connection), which at-least-once allows (§4);
     /// waiting for a confirmation of every ack would cost a round trip per message and
