@@ -6,7 +6,7 @@
 //! Channel copies (live, backfill, and the durable backstop's) are one logical delivery: they
 //! are deduplicated by (sender, `id`). The durable copy owns the ack (§4): it is surfaced with
 //! an ack handle, and when its message was already surfaced (live or backfill) it is
-//! acknowledged at once. DM and anycast copies come from their own consumers and are handed to
+//! acknowledged once the application handled that copy. DM and anycast copies come from their own consumers and are handed to
 //! the application with an explicit ack handle: acked only once handled, nak on a transient
 //! failure.
 //!
@@ -65,25 +65,25 @@ enum Ack {
     Live(LiveAck),
 }
 
-/// What the ack of a live copy settles: the durable copy of the same message (of a durable
-/// channel this member holds, or the mention copy of a post that names it).
+/// What the ack of a live or backfill copy settles: the durable copy of the same message (of a
+/// durable channel this member holds, or the mention copy of a post that names it).
 pub(crate) struct LiveAck {
     handover: std::sync::Arc<Mutex<Handover>>,
     key: String,
-    /// Whether a durable copy comes for certain (a durable channel's): handled before it came,
-    /// it is awaited as the session closes. A mention copy is not certain (the router copies
-    /// only to the one instance a name designates): handled first, it is settled when it
-    /// comes, with nothing waiting for it.
+    /// Whether a durable copy comes for certain (a durable channel's, of a live copy): handled
+    /// before it came, it is awaited as the session closes. A mention copy is not certain (the
+    /// router copies only to the one instance a name designates), nor one of history: handled
+    /// first, it is settled when it comes, with nothing waiting for it.
     awaits: bool,
 }
 
-/// Live copies and their durable copies (on durable channels, and the mention copies of posts
-/// that name this member): a durable copy is acknowledged once the application handled the
-/// live copy of its message, so a message surfaced live but never handled is delivered again
-/// to the next session, and one handled is not.
+/// Live and backfill copies and their durable copies (on durable channels, and the mention
+/// copies of posts that name this member): a durable copy is acknowledged once the application
+/// handled the copy of its message surfaced first, so a message surfaced but never handled is
+/// delivered again to the next session, and one handled is not.
 #[derive(Default)]
 struct Handover {
-    /// Surfaced live, not handled yet; with the durable copy's token once it came.
+    /// Surfaced (live or as history), not handled yet; with the durable copy's token once it came.
     unhandled: std::collections::HashMap<String, Option<BackstopToken>>,
     /// Handled, the durable copy not come yet.
     awaiting: HashSet<String>,

@@ -272,16 +272,17 @@ impl Sink {
             return false;
         }
         let ack = match ack {
-            // A history copy hands its ack over as a live one does, but nothing awaits a
-            // durable copy of it: history may hold what was never owed to this member.
-            Ack::None => match self.hands_over(accepted.route.as_str(), &accepted.message, &key) {
-                Some(awaits) => Ack::Live(LiveAck {
-                    handover: self.handover.clone(),
-                    key,
-                    awaits: awaits && !historical,
-                }),
-                None => Ack::None,
-            },
+            Ack::None => {
+                let route = accepted.route.as_str();
+                match self.hands_over(route, &accepted.message, &key, historical) {
+                    Some(awaits) => Ack::Live(LiveAck {
+                        handover: self.handover.clone(),
+                        key,
+                        awaits,
+                    }),
+                    None => Ack::None,
+                }
+            }
             other => other,
         };
         self.surface(Delivery {
@@ -310,14 +311,21 @@ impl Sink {
         self.surfaced.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Whether a live copy of `key` on `channel` is to hand its ack over to a durable copy of
-    /// its message (this connection reads durable copies): when this member holds the channel
-    /// durably (`Some(true)`: that copy comes for certain), or the message mentions it
-    /// (`Some(false)`: its mention copy may come, §8). If so, it is recorded as surfaced, not
+    /// Whether a live or history copy of `key` on `channel` is to hand its ack over to a
+    /// durable copy of its message (this connection reads durable copies): when this member
+    /// holds the channel durably, or the message mentions it (its mention copy may come, §8);
+    /// `Some(true)` when that copy comes for certain (a live copy on a durable channel: history
+    /// may hold what was never owed to this member). If so, it is recorded as surfaced, not
     /// handled: a copy that comes meanwhile waits for the application to handle it, so that a
-    /// live copy lost before it was handled (a host that stops) leaves the durable one for the
-    /// next session.
-    fn hands_over(&self, channel: &str, message: &CotalMessage, key: &str) -> Option<bool> {
+    /// copy lost before it was handled (a host that stops) leaves the durable one for the next
+    /// session.
+    fn hands_over(
+        &self,
+        channel: &str,
+        message: &CotalMessage,
+        key: &str,
+        historical: bool,
+    ) -> Option<bool> {
         if !self
             .durable_copies
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -341,7 +349,7 @@ impl Sink {
         let recorded = self.handover.lock().is_ok_and(|mut h| {
             h.unhandled.len() < SEEN_CAPACITY && h.unhandled.insert(key.to_owned(), None).is_none()
         });
-        recorded.then_some(durable)
+        recorded.then_some(durable && !historical)
     }
 
     /// The durable copy of a message already surfaced: acknowledged when the application
