@@ -454,6 +454,7 @@ impl Client {
             tracing::debug!("final offline presence not written: the connection is down");
         }
         let _ = tokio::time::timeout(Duration::from_secs(2), self.inner.nats.drain()).await;
+        self.inner.out.close();
         settled
     }
 

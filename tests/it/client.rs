@@ -1316,3 +1316,39 @@ async fn a_history_read_after_an_interrupted_one_reads_from_the_start() {
     assert_eq!(texts, ["m0", "m1", "m2"]);
     c.stop().await;
 }
+
+/// A task reading the deliveries of a client that another task closes is not left waiting:
+/// its reads end once the client is closed (what was queued before is still handed to it:
+/// `client::deliver::sink::tests`).
+#[tokio::test]
+async fn reading_deliveries_ends_when_the_client_is_closed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &[]).await;
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    let mut b = endpoint(&bob, |_| {}).await;
+    a.client
+        .send_text(to(bob.id.as_str()), "before the close")
+        .await
+        .unwrap();
+    let first = delivery(&mut b.deliveries).await;
+    assert_eq!(text(&first), "before the close");
+    first.ack().await.unwrap();
+    let closing = b.client.clone();
+    let reading = tokio::spawn(async move {
+        let mut after = Vec::new();
+        while let Some(d) = b.deliveries.next().await {
+            after.push(text(&d));
+        }
+        after
+    });
+    closing.close().await;
+    let after = tokio::time::timeout(TIMEOUT, reading)
+        .await
+        .expect("the reader's deliveries end once the client is closed")
+        .unwrap();
+    assert!(after.is_empty(), "nothing arrived after: {after:?}");
+    a.client.close().await;
+    c.stop().await;
+}

@@ -310,21 +310,32 @@ pub enum Notice {
     },
 }
 
-/// The receiving end: messages and notices.
+/// The receiving end: messages and notices. Each ends (`None`) once the client is closed
+/// ([`super::Client::close`]) and what was queued before is taken, or once every handle of the
+/// client is dropped.
 pub struct Deliveries {
     messages: mpsc::Receiver<Delivery>,
     notices: mpsc::UnboundedReceiver<Notice>,
+    closed: tokio_util::sync::CancellationToken,
 }
 
 impl Deliveries {
-    /// The next message; `None` once the client is gone.
+    /// The next message; `None` once the client is closed or gone.
     pub async fn next(&mut self) -> Option<Delivery> {
-        self.messages.recv().await
+        tokio::select! {
+            biased;
+            m = self.messages.recv() => m,
+            () = self.closed.cancelled() => self.messages.try_recv().ok(),
+        }
     }
 
-    /// The next notice.
+    /// The next notice; `None` once the client is closed or gone.
     pub async fn next_notice(&mut self) -> Option<Notice> {
-        self.notices.recv().await
+        tokio::select! {
+            biased;
+            n = self.notices.recv() => n,
+            () = self.closed.cancelled() => self.notices.try_recv().ok(),
+        }
     }
 
     /// A notice, if one is waiting.
@@ -332,11 +343,19 @@ impl Deliveries {
         self.notices.try_recv().ok()
     }
 
-    /// The next message or notice, whichever comes first; `None` once the client is gone.
+    /// The next message or notice, whichever comes first; `None` once the client is closed or
+    /// gone.
     pub async fn next_event(&mut self) -> Option<Event> {
         tokio::select! {
+            biased;
             Some(n) = self.notices.recv() => Some(Event::Notice(n)),
             m = self.messages.recv() => m.map(|m| Event::Message(Box::new(m))),
+            () = self.closed.cancelled() => self
+                .notices
+                .try_recv()
+                .map(Event::Notice)
+                .or_else(|_| self.messages.try_recv().map(|m| Event::Message(Box::new(m))))
+                .ok(),
         }
     }
 }

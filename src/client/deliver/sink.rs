@@ -20,6 +20,9 @@ const SEEN_CAPACITY: usize = 65_536;
 pub(crate) struct Sink {
     messages: mpsc::Sender<Delivery>,
     notices: mpsc::UnboundedSender<Notice>,
+    /// Cancelled when the client is closed: the application's [`Deliveries`] end then, once
+    /// what was queued before is taken (the senders live as long as any handle of the client).
+    closed: tokio_util::sync::CancellationToken,
     seen: Mutex<Seen>,
     max_payload: usize,
     own_id: String,
@@ -71,10 +74,12 @@ pub(crate) fn channel(
 ) -> (Sink, Deliveries) {
     let (messages, rx) = mpsc::channel(1024);
     let (notices, notices_rx) = mpsc::unbounded_channel();
+    let closed = tokio_util::sync::CancellationToken::new();
     (
         Sink {
             messages,
             notices,
+            closed: closed.clone(),
             seen: Mutex::new(Seen::default()),
             max_payload,
             own_id,
@@ -89,11 +94,17 @@ pub(crate) fn channel(
         Deliveries {
             messages: rx,
             notices: notices_rx,
+            closed,
         },
     )
 }
 
 impl Sink {
+    /// The client is closed: its [`Deliveries`] end once what is queued is taken.
+    pub(crate) fn close(&self) {
+        self.closed.cancel();
+    }
+
     pub(crate) fn notice(&self, notice: Notice) {
         let _ = self.notices.send(notice);
     }
@@ -453,6 +464,41 @@ mod tests {
             description: None,
             length: payload.len(),
         }
+    }
+
+    #[tokio::test]
+    async fn deliveries_end_once_the_client_is_closed_and_what_was_queued_is_taken() {
+        let (sink, mut deliveries, subject, payload) = bob_and_a_post(&[]);
+        assert!(
+            sink.channel_copy(&live_copy(&subject, &payload), false)
+                .await
+        );
+        sink.notice(Notice::Gap {
+            channel: "general".to_owned(),
+            since: 0,
+        });
+        sink.close();
+        // The sink itself lives on, as it does in a client whose handles are not all dropped.
+        let bound = Duration::from_secs(5);
+        let taken = tokio::time::timeout(bound, async {
+            let first = deliveries.next_event().await;
+            let second = deliveries.next_event().await;
+            (first, second, deliveries.next_event().await)
+        });
+        let (first, second, then) = taken.await.expect("the queue is taken, then it ends");
+        assert!(
+            matches!(first, Some(super::super::Event::Notice(_))),
+            "{first:?}"
+        );
+        assert!(
+            matches!(second, Some(super::super::Event::Message(_))),
+            "{second:?}"
+        );
+        assert!(then.is_none(), "{then:?}");
+        let ended = tokio::time::timeout(bound, async {
+            (deliveries.next().await, deliveries.next_notice().await)
+        });
+        assert!(matches!(ended.await, Ok((None, None))));
     }
 
     #[tokio::test]
