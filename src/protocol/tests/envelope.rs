@@ -177,6 +177,77 @@ fn bare_unknown_part_kind_is_refused_but_extensions_are_kept() {
     assert!(!fields.contains_key("kind"));
 }
 
+/// What a part's kind does not take of `text` and `data` is kept with its unknown fields; a
+/// missing or mistyped field is named by its path; a key given twice keeps its last value. The
+/// same whether the document is read from text in one pass or decoded first.
+#[test]
+fn a_parts_fields_go_where_its_kind_says() {
+    let read = |parts: Value| {
+        let mut m = sample("spec-12-unicast");
+        m["parts"] = parts;
+        let text = serde_json::to_string(&m).unwrap();
+        let subject = format!("cotal.main.inst.{BOB}.{ALICE}");
+        let one_pass = crate::protocol::accept_delivery(&subject, text.as_bytes(), 1 << 20)
+            .map(|a| a.message.parts)
+            .map_err(|e| e.to_string());
+        let decoded = parse(&m)
+            .map(|m| m.parts)
+            .map_err(|e| crate::protocol::Rejection::InvalidEnvelope(e).to_string());
+        assert_eq!(one_pass, decoded, "{text}");
+        decoded
+    };
+    let extra = |part: &Part| match part {
+        Part::Text { extra, .. } | Part::Data { extra, .. } => extra.clone(),
+        Part::Extension { fields, .. } => fields.clone(),
+    };
+    let parts = read(json!([
+        {"kind": "text", "text": "a", "data": 1, "n": 2},
+        {"data": [1], "text": "kept", "kind": "data"},
+        {"text": 5, "data": "d", "url": "x", "kind": "com.acme.x"},
+        {"kind": "text", "text": "first", "text": "last"},
+    ]))
+    .unwrap();
+    assert!(matches!(&parts[0], Part::Text { text, .. } if text == "a"));
+    assert_eq!(
+        extra(&parts[0]),
+        *json!({"data": 1, "n": 2}).as_object().unwrap()
+    );
+    assert!(matches!(&parts[1], Part::Data { data, .. } if *data == json!([1])));
+    assert_eq!(
+        extra(&parts[1]),
+        *json!({"text": "kept"}).as_object().unwrap()
+    );
+    assert_eq!(parts[2].kind(), "com.acme.x");
+    assert_eq!(
+        extra(&parts[2]),
+        *json!({"text": 5, "data": "d", "url": "x"})
+            .as_object()
+            .unwrap()
+    );
+    assert_eq!(parts[3], Part::text("last"));
+    for (parts, field) in [
+        (json!([{"text": "a"}]), "parts[0].kind"),
+        (json!([{"kind": "text", "data": 1}]), "parts[0].text"),
+        (
+            json!([{"kind": "text", "text": "a"}, {"kind": "data"}]),
+            "parts[1].data",
+        ),
+    ] {
+        let refused = read(parts).unwrap_err();
+        assert!(refused.contains(field), "{refused}");
+    }
+    for (parts, field) in [
+        (json!([{"kind": 1}]), "parts[0].kind"),
+        (json!([{"kind": "text", "text": null}]), "parts[0].text"),
+    ] {
+        let refused = read(parts).unwrap_err();
+        assert!(
+            refused.contains(field) && refused.contains("a string"),
+            "{refused}"
+        );
+    }
+}
+
 #[test]
 fn extension_kinds_are_reverse_dns() {
     for ok in ["com.acme.snapshot", "ai.cotal.x", "a.b", "A-1.b-2"] {
