@@ -6,9 +6,9 @@
 //! Channel copies (live, backfill, and the durable backstop's) are one logical delivery: they
 //! are deduplicated by (sender, `id`). The durable copy owns the ack (§4): it is surfaced with
 //! an ack handle, and when its message was already surfaced (live or backfill) it is
-//! acknowledged once the application handled that copy. DM and anycast copies come from their own consumers and are handed to
-//! the application with an explicit ack handle: acked only once handled, nak on a transient
-//! failure.
+//! acknowledged once the application handled that copy. DM and anycast copies come from their
+//! own consumers and are handed to the application with an explicit ack handle: acked only
+//! once handled, nak on a transient failure.
 //!
 //! Here: what the application is handed and how it acknowledges it; `sink` checks,
 //! deduplicates and hands over every copy; `pull` reads the DM and anycast durables.
