@@ -1277,28 +1277,32 @@ async fn a_returning_member_does_not_replay_the_history_it_read() {
     c.stop().await;
 }
 
-/// An online member that surfaces nothing live (it holds the durable membership, not the live
-/// half) follows its channel once its consumer caught up: the entries offered to it are ones it
-/// has not surfaced, so it asks for each, and each arrives as a copy, once, in order, well
-/// before an unconfirmed offer would be handed over again. Its position is saved when its
-/// session ends: the next session gets nothing of it again.
-#[tokio::test]
-async fn a_follower_asks_for_what_it_did_not_surface_live_and_gets_each_once() {
-    // Shorter than the handoff timeout (30 s), after which an offer is handed over as a copy
-    // even if nothing asked for it.
-    const WANTED_WITHIN: Duration = Duration::from_secs(10);
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Cotald::up(tmp.path()).await;
-    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
-    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+/// Shorter than the handoff timeout (30 s), after which an offer is handed over as a copy even
+/// if nothing asked for it.
+const WANTED_WITHIN: Duration = Duration::from_secs(10);
+
+/// Alice, who posts on `general`, and bob, online with the durable membership of `general` and
+/// not its live half (he surfaces nothing live), once bob's consumer caught up on a first
+/// message and he follows the channel's feed.
+struct Following {
+    alice: Connection,
+    bob: Connection,
+    bob_identity: Minted,
+    chat: async_nats::jetstream::stream::Stream,
+    /// The name bob's own consumer of `general` has while he does not follow.
+    bobs_consumer: String,
+}
+
+async fn a_follower(c: &Cotald, dir: &Path) -> Following {
+    let alice = mint(dir, "alice", "main", &["--allow-publish", "general"]).await;
+    let bob = mint(dir, "bob", "main", &["--subscribe", "general"]).await;
     let a = endpoint(&alice, |o| o.presence = false).await;
     join_durable_and_leave_the_room(&bob, "general").await;
     let mut b = endpoint(&bob, |_| {}).await;
     publish(&a, "general", "first", 0..1).await;
     assert_eq!(receive(&mut b, 1).await, ["first0"]);
-
     // Caught up and acknowledged: the interval leaves its consumer for the channel's feed.
-    let js = operator(&c, tmp.path()).await;
+    let js = operator(c, dir).await;
     let stream = js.get_stream("CHAT_main").await.unwrap();
     let consumer = interval_consumer(&bob.id, "general", 1);
     eventually("bob follows the feed", || {
@@ -1306,8 +1310,18 @@ async fn a_follower_asks_for_what_it_did_not_surface_live_and_gets_each_once() {
         async move { stream.consumer_info(consumer).await.is_err().then_some(()) }
     })
     .await;
+    Following {
+        alice: a,
+        bob: b,
+        bob_identity: bob,
+        chat: stream,
+        bobs_consumer: consumer,
+    }
+}
 
-    let sent = publish(&a, "general", "followed", 0..20).await;
+/// What a follower that surfaces nothing live gets of `sent`: each a durable copy it asked for,
+/// acknowledged, in the order received.
+async fn asked_for(b: &mut Connection, sent: &[String]) -> Vec<String> {
     let mut got = Vec::new();
     while got.len() < sent.len() {
         let d = tokio::time::timeout(WANTED_WITHIN, b.deliveries.next())
@@ -1318,14 +1332,84 @@ async fn a_follower_asks_for_what_it_did_not_surface_live_and_gets_each_once() {
         got.push(text(&d));
         d.ack().await.unwrap();
     }
-    assert_eq!(got, sent, "each once, in order");
+    got
+}
+
+/// An online member that surfaces nothing live (it holds the durable membership, not the live
+/// half) follows its channel once its consumer caught up: the entries offered to it are ones it
+/// has not surfaced, so it asks for each, and each arrives as a copy, once, in order, well
+/// before an unconfirmed offer would be handed over again. Its position is saved when its
+/// session ends: the next session gets nothing of it again.
+#[tokio::test]
+async fn a_follower_asks_for_what_it_did_not_surface_live_and_gets_each_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let Following {
+        alice: a,
+        bob: mut b,
+        bob_identity,
+        ..
+    } = a_follower(&c, tmp.path()).await;
+    let sent = publish(&a, "general", "followed", 0..20).await;
+    assert_eq!(asked_for(&mut b, &sent).await, sent, "each once, in order");
     b.client.close().await;
 
-    let mut again = endpoint(&bob, |_| {}).await;
+    let mut again = endpoint(&bob_identity, |_| {}).await;
     publish(&a, "general", "after", 0..1).await;
     assert_eq!(receive(&mut again, 1).await, ["after0"], "nothing again");
     for conn in [a, again] {
         conn.client.close().await;
     }
     c.stop().await;
+}
+
+/// The feed reads its channel through a consumer of its own (headers only, what is new once per
+/// `LINGER`). When the broker loses that consumer (deleted here, as a restart of the broker or
+/// a failover would), the feed reads on through a new one from the entry after the last it
+/// took: its followers miss nothing, get nothing twice, and go on following (their own
+/// consumers are not made again).
+#[tokio::test]
+async fn a_feed_whose_consumer_is_lost_reads_on_and_keeps_its_followers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let Following {
+        alice: a,
+        bob: mut b,
+        chat: mut stream,
+        bobs_consumer: consumer,
+        ..
+    } = a_follower(&c, tmp.path()).await;
+    let before = publish(&a, "general", "before", 0..5).await;
+    assert_eq!(asked_for(&mut b, &before).await, before);
+
+    let feeds = feed_consumers(&mut stream).await;
+    assert_eq!(feeds.len(), 1, "one feed's consumer on general: {feeds:?}");
+    stream.delete_consumer(&feeds[0]).await.unwrap();
+    let sent = publish(&a, "general", "after-loss", 0..20).await;
+    assert_eq!(asked_for(&mut b, &sent).await, sent, "each once, in order");
+
+    let now = feed_consumers(&mut stream).await;
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert_ne!(now, feeds, "read through a new consumer");
+    assert!(
+        stream.consumer_info(&consumer).await.is_err(),
+        "bob still follows: his own consumer was not made again"
+    );
+    for conn in [a, b] {
+        conn.client.close().await;
+    }
+    c.stop().await;
+}
+
+/// The names of the consumers of `general` on CHAT that read headers only (the feed's).
+async fn feed_consumers(stream: &mut async_nats::jetstream::stream::Stream) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut infos = stream.consumers();
+    while let Some(info) = futures_util::StreamExt::next(&mut infos).await {
+        let info = info.unwrap();
+        if info.config.headers_only && info.config.filter_subject == "cotal.main.chat.*.general" {
+            names.push(info.name);
+        }
+    }
+    names
 }

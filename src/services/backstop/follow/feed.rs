@@ -1,27 +1,23 @@
-//! A channel's feed (§8): one task reads the channel once for all of its followers, through an
-//! ordered consumer of subjects and headers only, keeps what some follower has not passed yet,
-//! and every [`LINGER`] offers each follower what is due to it, saves the positions that moved
-//! and sends back to their own consumers the followers that left, fell behind or do not
-//! confirm.
+//! A channel's feed (§8): one task reads the channel once for all of its followers (subjects
+//! and headers only, what is new at each [`LINGER`]: `reader.rs`), keeps what some follower has
+//! not passed yet, and every [`LINGER`] offers each follower what is due to it, saves the
+//! positions that moved and sends back to their own consumers the followers that left, fell
+//! behind or do not confirm.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream;
-use async_nats::jetstream::consumer::{DeliverPolicy, StreamError, pull};
-use async_nats::jetstream::context::GetStreamError;
-use async_nats::jetstream::stream::ConsumerError;
-use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::copies::Carry;
 use super::follower::{Follower, consider, offer};
+use super::reader::Reader;
 use super::{CHECKPOINT_EVERY, Demoted, Feeds, MAX_BUFFER, MAX_OUTSTANDING};
 use crate::ops::{BATCH_KIND, OFFERS};
-use crate::protocol::{Channel, SubjectKind, parse_subject};
-use crate::services::backstop::{BATCH, LINGER};
+use crate::protocol::Channel;
+use crate::services::backstop::LINGER;
 
 /// One channel's feed.
 pub(super) struct Feed {
@@ -146,79 +142,27 @@ pub(super) struct Outbox {
     pub(super) demote: Vec<(String, String, u64, u64)>,
 }
 
-/// Why a feed could not start reading its channel.
-#[derive(Debug, thiserror::Error)]
-enum OpenError {
-    /// The space's CHAT stream could not be looked up.
-    #[error("the channel's stream could not be looked up")]
-    Stream(#[source] GetStreamError),
-    /// The feed's ordered consumer could not be created.
-    #[error("the feed's consumer could not be created")]
-    Consumer(#[source] ConsumerError),
-    /// The consumer's messages could not be read.
-    #[error("the feed's consumer could not be read")]
-    Messages(#[source] StreamError),
-}
-
 impl Feeds {
-    async fn open(&self, channel: &str, start: u64) -> Result<pull::Ordered, OpenError> {
-        let names = self.space.names();
-        self.space
-            .jetstream()
-            .get_stream_no_info(names.chat_stream())
-            .await
-            .map_err(OpenError::Stream)?
-            .create_consumer(pull::OrderedConfig {
-                filter_subject: names.posts_on(channel),
-                headers_only: true,
-                deliver_policy: DeliverPolicy::ByStartSequence {
-                    start_sequence: start,
-                },
-                ..Default::default()
-            })
-            .await
-            .map_err(OpenError::Consumer)?
-            .messages()
-            .await
-            .map_err(OpenError::Messages)
-    }
-
     /// The feed's task: reads the channel from `start`, offers every [`LINGER`], and stops when
     /// no one follows any more (or the reader stops).
     pub(super) async fn read(self: Arc<Self>, feed: Arc<Feed>, start: u64) {
-        let messages = match self.open(&feed.channel, start).await {
-            Ok(m) => Some(m),
-            Err(e) => {
-                tracing::warn!(
-                    channel = feed.channel,
-                    error = crate::ops::error_text(&e),
-                    "feed not opened: its followers go back to their consumers"
-                );
-                None
-            }
-        };
-        if let Some(messages) = messages {
-            let mut ready = messages.ready_chunks(BATCH);
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + LINGER, LINGER);
-            let mut checkpoint = Instant::now();
-            loop {
-                tokio::select! {
-                    () = feed.token.cancelled() => break,
-                    next = ready.next() => match next {
-                        Some(chunk) => self.take(&feed, chunk),
-                        None => break,
-                    },
-                    _ = tick.tick() => {
-                        let save = checkpoint.elapsed() >= CHECKPOINT_EVERY;
-                        if save {
-                            checkpoint = Instant::now();
-                        }
-                        if !self.flush(&feed, save).await {
-                            return;
-                        }
-                    }
+        match Reader::open(&self.space, &feed.channel, start).await {
+            Ok(mut reader) => {
+                let went_on = self.follow_channel(&feed, &mut reader).await;
+                // Stopping with the reader, the appliance may be closing its connection: the
+                // consumer is left to lapse rather than a stop waiting on the broker.
+                if !feed.token.is_cancelled() {
+                    reader.close().await;
+                }
+                if !went_on {
+                    return;
                 }
             }
+            Err(e) => tracing::warn!(
+                channel = feed.channel,
+                error = crate::ops::error_text(&e),
+                "feed not opened: its followers go back to their consumers"
+            ),
         }
         // Stopped with followers: each goes back to its own consumer from where it stood.
         let outbox = {
@@ -238,8 +182,45 @@ impl Feeds {
         self.deliver(&feed, outbox).await;
     }
 
-    /// Takes a chunk of entries (subjects and headers): each considered for every follower.
-    fn take(&self, feed: &Feed, chunk: Vec<Result<jetstream::Message, pull::OrderedError>>) {
+    /// Reads the channel and offers every [`LINGER`] until the feed is cancelled or its
+    /// reader fails (true: its followers are to go back to their consumers) or no one follows
+    /// any more (false).
+    async fn follow_channel(&self, feed: &Feed, reader: &mut Reader) -> bool {
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + LINGER, LINGER);
+        let mut checkpoint = Instant::now();
+        loop {
+            tokio::select! {
+                () = feed.token.cancelled() => return true,
+                () = reader.quiet_ends(), if reader.quiet() => {}
+                _ = tick.tick() => {
+                    match reader.read().await {
+                        Ok(entries) => self.take(feed, entries),
+                        Err(e) => {
+                            tracing::warn!(
+                                channel = feed.channel,
+                                error = crate::ops::error_text(&e),
+                                "feed stopped: its followers go back to their consumers"
+                            );
+                            return true;
+                        }
+                    }
+                    let save = checkpoint.elapsed() >= CHECKPOINT_EVERY;
+                    if save {
+                        checkpoint = Instant::now();
+                    }
+                    if !self.flush(feed, save).await {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes entries read (subjects and headers): each considered for every follower.
+    fn take(&self, feed: &Feed, entries: Vec<Entry>) {
+        if entries.is_empty() {
+            return;
+        }
         let Ok(mut state) = feed.state.lock() else {
             return;
         };
@@ -248,32 +229,7 @@ impl Feeds {
             follower.refresh(&self.identities, &self.members, member, &feed.name);
         }
         let now = Instant::now();
-        for msg in chunk {
-            let msg = match msg {
-                Ok(msg) => msg,
-                Err(e) => {
-                    tracing::debug!(channel = feed.channel, error = %e, "feed read error");
-                    continue;
-                }
-            };
-            let Ok(info) = msg.info() else { continue };
-            let seq = info.stream_sequence;
-            let subject = msg.subject.as_str();
-            let sender = parse_subject(subject)
-                .ok()
-                .filter(|p| p.kind == SubjectKind::Chat)
-                .map(|p| p.sender.to_owned());
-            let id = msg
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
-                .map(|id| id.as_str().to_owned());
-            let entry = Entry {
-                seq,
-                subject: subject.to_owned(),
-                sender,
-                id,
-            };
+        for entry in entries {
             for (member, follower) in state.followers.iter_mut() {
                 consider(follower, member, &entry, now);
             }

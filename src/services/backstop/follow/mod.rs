@@ -8,9 +8,9 @@
 //! path at team scale*). So once a member's consumer has caught up, the member *follows* the
 //! channel's [`Feed`] instead, and its consumer is deleted:
 //!
-//! - **One read per channel, headers only.** The feed reads the channel once, through an
-//!   ordered consumer that delivers subject and headers without the payload, for every
-//!   follower: what an offer needs is the sender (from the subject, §3) and the message's
+//! - **One read per channel, headers only.** The feed reads the channel once for every
+//!   follower, subject and headers without the payload, and all that is new in one request
+//!   when it is about to offer (`reader.rs`): what an offer needs is the sender (from the subject, §3) and the message's
 //!   `Nats-Msg-Id` (which publishers set to its `id`, §8). Content is fetched by sequence only
 //!   for what a member asks for, and validated then (§5 receive checks; an anomaly is handed
 //!   to no one and counts as handled, as on a member's own consumer).
@@ -33,13 +33,14 @@
 //!   crash of the appliance forgets at most the confirmations since the last save: those
 //!   entries are delivered again, so at-least-once holds.
 //!
-//! The feed's task, which reads the channel and offers (`feed.rs`), and each follower's
-//! bookkeeping (`follower.rs`) are apart from the registry of feeds here; what is handed over
+//! The feed's task, which reads the channel (`reader.rs`) and offers (`feed.rs`), and each
+//! follower's bookkeeping (`follower.rs`) are apart from the registry of feeds here; what is handed over
 //! as content goes through `copies.rs`.
 
 mod copies;
 mod feed;
 mod follower;
+mod reader;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
