@@ -437,7 +437,7 @@ impl Pump {
         let Some((stream, info)) = self.consumer_now().await else {
             return false;
         };
-        if info.num_pending > 0 || self.unsent.load(Ordering::Acquire) {
+        if info.num_pending > follow::HAND_OVER_PENDING || self.unsent.load(Ordering::Acquire) {
             return false;
         }
         let position = info

@@ -350,7 +350,7 @@ fn stops(channel: &str, member: &str, follower: &Follower) -> Option<bool> {
         Some(i) if i.leave_cursor.is_some() => return Some(true),
         Some(_) => {}
     }
-    let unconfirmed = follower.unconfirmed();
+    let unconfirmed = follower.unconfirmed(Instant::now());
     if unconfirmed > MAX_OUTSTANDING {
         tracing::debug!(
             member,

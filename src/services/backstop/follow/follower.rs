@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
-use super::Handoff;
+use super::{CONFIRM_WITHIN, Handoff, LIVE_FIRST};
 use super::feed::{Entry, Outbox};
 use crate::ops::OfferBatch;
 use crate::protocol::{Channel, is_covered};
@@ -54,9 +54,13 @@ impl Follower {
         }
     }
 
-    /// Offers sent and not confirmed: what arrived since the last offers is not counted.
-    pub(super) fn unconfirmed(&self) -> usize {
-        self.outstanding.len().saturating_sub(self.fresh.len())
+    /// Offers not confirmed [`CONFIRM_WITHIN`] after their entry was read; what is not offered
+    /// yet is younger than that.
+    pub(super) fn unconfirmed(&self, now: Instant) -> usize {
+        self.outstanding
+            .values()
+            .filter(|read| now.duration_since(**read) >= CONFIRM_WITHIN)
+            .count()
     }
 
     /// Every entry up to this sequence is confirmed or was not due.
@@ -115,8 +119,9 @@ pub(super) fn consider(follower: &mut Follower, member: &str, entry: &Entry, now
     }
 }
 
-/// Fills `outbox` with the follower's fresh offers, and the entries to hand over as copies:
-/// those without an id the offers can carry, and offers that waited too long.
+/// Fills `outbox` with the follower's fresh offers of what was read at least [`LIVE_FIRST`]
+/// ago (the rest waits for the next), and the entries to hand over as copies: those without an
+/// id the offers can carry, and offers that waited too long.
 pub(super) fn offer(
     follower: &mut Follower,
     member: &str,
@@ -127,7 +132,16 @@ pub(super) fn offer(
     let now = Instant::now();
     let mut carried = Vec::new();
     let mut batch = OfferBatch::default();
-    for seq in std::mem::take(&mut follower.fresh) {
+    let (ripe, young) = std::mem::take(&mut follower.fresh)
+        .into_iter()
+        .partition::<Vec<u64>, _>(|seq| {
+            follower
+                .outstanding
+                .get(seq)
+                .is_none_or(|read| now.duration_since(*read) >= LIVE_FIRST)
+        });
+    follower.fresh = young;
+    for seq in ripe {
         let Some(entry) = find(buffer, seq) else {
             continue;
         };
@@ -200,9 +214,8 @@ mod tests {
     use crate::services::backstop::WINDOW;
     use crate::services::backstop::follow::MAX_OUTSTANDING;
 
-    #[test]
-    fn a_burst_not_offered_yet_is_not_counted_as_unconfirmed() {
-        let mut follower = Follower {
+    fn follower() -> Follower {
+        Follower {
             session: "s".into(),
             generation: 1,
             inbox: "_INBOX_x.backstop".into(),
@@ -214,21 +227,54 @@ mod tests {
             outstanding: BTreeMap::new(),
             fresh: Vec::new(),
             saved: 0,
-        };
+        }
+    }
+
+    #[test]
+    fn offers_count_as_unconfirmed_only_once_a_member_had_time_to_confirm_them() {
+        let mut follower = follower();
         let now = Instant::now();
-        // A burst of four windows arrived since the last offers: due, not offered yet.
+        // A burst of four windows read just now and offered.
         for seq in 1..=4 * WINDOW as u64 {
             follower.processed = seq;
-            follower.fresh.push(seq);
             follower.outstanding.insert(seq, now);
         }
-        assert_eq!(follower.unconfirmed(), 0);
+        assert_eq!(follower.unconfirmed(now), 0, "a member that keeps up is not behind");
         assert_eq!(follower.position(), 0);
-        // Offered and never confirmed: that member goes back to its consumer.
-        follower.fresh.clear();
-        assert!(follower.unconfirmed() > MAX_OUTSTANDING);
+        // Never confirmed: that member goes back to its consumer.
+        assert!(follower.unconfirmed(now + CONFIRM_WITHIN) > MAX_OUTSTANDING);
         // Confirmed up to the last: its position is the last entry.
         follower.outstanding.clear();
         assert_eq!(follower.position(), 4 * WINDOW as u64);
+    }
+
+    #[test]
+    fn an_entry_is_offered_once_its_live_copy_had_time_to_arrive() {
+        let mut follower = follower();
+        let now = Instant::now();
+        let earlier = now - LIVE_FIRST;
+        let buffer: VecDeque<Entry> = (1..=4)
+            .map(|seq| Entry {
+                seq,
+                subject: "cotal.main.chat.UALICE.general".into(),
+                sender: Some("UALICE".into()),
+                id: Some(format!("id{seq}")),
+            })
+            .collect();
+        for (seq, read) in [(1, earlier), (2, earlier), (3, now), (4, now)] {
+            follower.fresh.push(seq);
+            follower.outstanding.insert(seq, read);
+        }
+        let mut outbox = Outbox::default();
+        offer(&mut follower, "UBOB", &buffer, 1 << 20, &mut outbox);
+        let offered: Vec<String> = outbox
+            .offers
+            .iter()
+            .flat_map(|(_, body)| crate::ops::offers(body).unwrap())
+            .map(|o| o.id.to_owned())
+            .collect();
+        assert_eq!(offered, ["id1", "id2"]);
+        assert_eq!(follower.fresh, [3, 4], "read just now: offered the next time");
+        assert!(outbox.carry.is_empty());
     }
 }

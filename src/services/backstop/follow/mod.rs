@@ -28,7 +28,8 @@
 //!   registry (`delivered`) every [`CHECKPOINT_EVERY`] and when the follower stops following;
 //!   its consumer is made again from there: when its session ends and it comes back, when it
 //!   leaves the channel, or when it falls behind (more than [`MAX_OUTSTANDING`] offers
-//!   unconfirmed, or the feed would have to hold more than [`MAX_BUFFER`] entries for it).
+//!   unconfirmed for [`CONFIRM_WITHIN`], or the feed would have to hold more than
+//!   [`MAX_BUFFER`] entries for it).
 //!   An unconfirmed offer is handed over again as a copy after [`super::HANDOFF_TIMEOUT`]. A
 //!   crash of the appliance forgets at most the confirmations since the last save: those
 //!   entries are delivered again, so at-least-once holds.
@@ -57,15 +58,30 @@ use crate::protocol::Channel;
 use crate::space::members::Members;
 use crate::space::{Identities, Space};
 
-/// A follower with this many offers sent and unconfirmed goes back to its own consumer (the
-/// window its consumer would have had). What arrived since the last offers is not counted: a
-/// burst is offered at the next flush, and a member that keeps up confirms it well before the
-/// one after.
+/// A follower with more than this many offers unconfirmed for [`CONFIRM_WITHIN`] goes back to
+/// its own consumer (the window its consumer would have had).
 const MAX_OUTSTANDING: usize = WINDOW as usize;
+/// How long an offer may wait for its confirmation before it counts against
+/// [`MAX_OUTSTANDING`]. A member that keeps up confirms a batch of offers within a
+/// [`super::LINGER`] or two, however large the batch: a busy channel's offers (thousands per
+/// batch at the bench's rates) are not a member falling behind.
+const CONFIRM_WITHIN: Duration = Duration::from_secs(1);
+/// How long an entry waits before it is offered: its live copy, published at the same moment,
+/// has had that long to reach the member and be surfaced, so the member confirms it rather than
+/// ask for its content. The feed reads at each [`super::LINGER`], and offers what it read the
+/// time before.
+const LIVE_FIRST: Duration = Duration::from_millis(100);
 /// The most entries a feed holds for its slowest follower before that follower goes back to
-/// its own consumer: a burst of 40,000 msg/s over one [`super::LINGER`] (a few MiB of subjects
-/// and ids); a follower that does not confirm stops at [`MAX_OUTSTANDING`] long before.
-const MAX_BUFFER: usize = 16 * WINDOW as usize;
+/// its own consumer: two seconds of the bench's 16,000 msg/s (subjects and ids, a few MiB at
+/// most), room for offers a [`super::LINGER`] late and their confirmations a little later.
+const MAX_BUFFER: usize = 64 * WINDOW as usize;
+/// A pump that caught up hands its interval over to the feed when, a [`super::LINGER`] later, no
+/// more than this is pending on its consumer: what a busy channel stored while the pump waited
+/// (about 3,000 entries at the bench's 16,000 msg/s). The feed reads them from the pump's
+/// position on and offers them with the rest; a member on a channel that busy would otherwise
+/// stay on its consumer, whose copies cost the broker and the appliance the most per message.
+/// A larger backlog is the pump's to read (the catch-up path).
+pub(super) const HAND_OVER_PENDING: u64 = 8 * WINDOW as u64;
 /// How often a follower's position, or a pump's, is saved while it moves.
 pub(super) const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
 
