@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
-use super::{CONFIRM_WITHIN, Handoff, LIVE_FIRST};
 use super::feed::{Entry, Outbox};
+use super::{CONFIRM_WITHIN, Handoff, LIVE_FIRST};
 use crate::ops::OfferBatch;
 use crate::protocol::{Channel, is_covered};
 use crate::services::backstop::{Acl, HANDOFF_TIMEOUT};
@@ -239,7 +239,11 @@ mod tests {
             follower.processed = seq;
             follower.outstanding.insert(seq, now);
         }
-        assert_eq!(follower.unconfirmed(now), 0, "a member that keeps up is not behind");
+        assert_eq!(
+            follower.unconfirmed(now),
+            0,
+            "a member that keeps up is not behind"
+        );
         assert_eq!(follower.position(), 0);
         // Never confirmed: that member goes back to its consumer.
         assert!(follower.unconfirmed(now + CONFIRM_WITHIN) > MAX_OUTSTANDING);
@@ -274,7 +278,11 @@ mod tests {
             .map(|o| o.id.to_owned())
             .collect();
         assert_eq!(offered, ["id1", "id2"]);
-        assert_eq!(follower.fresh, [3, 4], "read just now: offered the next time");
+        assert_eq!(
+            follower.fresh,
+            [3, 4],
+            "read just now: offered the next time"
+        );
         assert!(outbox.carry.is_empty());
     }
 }

@@ -10,10 +10,11 @@
 //!
 //! - **One read per channel, headers only.** The feed reads the channel once for every
 //!   follower, subject and headers without the payload, and all that is new in one request
-//!   when it is about to offer (`reader.rs`): what an offer needs is the sender (from the subject, §3) and the message's
-//!   `Nats-Msg-Id` (which publishers set to its `id`, §8). Content is fetched by sequence only
-//!   for what a member asks for, and validated then (§5 receive checks; an anomaly is handed
-//!   to no one and counts as handled, as on a member's own consumer).
+//!   when it is about to offer (`reader.rs`): what an offer needs is the sender (from the
+//!   subject, §3) and the message's `Nats-Msg-Id` (which publishers set to its `id`, §8).
+//!   Content is fetched by sequence only for what a member asks for, and validated then (§5
+//!   receive checks; an anomaly is handed to no one and counts as handled, as on a member's
+//!   own consumer).
 //! - **Re-authorized per member, per entry** (§9 item 5), as on the member's own consumer:
 //!   against its *current* identity record and read ACL, and its membership interval (a
 //!   post-leave entry is not due); and again before any content leaves for it.
@@ -35,8 +36,8 @@
 //!   entries are delivered again, so at-least-once holds.
 //!
 //! The feed's task, which reads the channel (`reader.rs`) and offers (`feed.rs`), and each
-//! follower's bookkeeping (`follower.rs`) are apart from the registry of feeds here; what is handed over
-//! as content goes through `copies.rs`.
+//! follower's bookkeeping (`follower.rs`) are apart from the registry of feeds here; what is
+//! handed over as content goes through `copies.rs`.
 
 mod copies;
 mod feed;
@@ -72,12 +73,12 @@ const CONFIRM_WITHIN: Duration = Duration::from_secs(1);
 /// time before.
 const LIVE_FIRST: Duration = Duration::from_millis(100);
 /// The most entries a feed holds for its slowest follower before that follower goes back to
-/// its own consumer: two seconds of the bench's 16,000 msg/s (subjects and ids, a few MiB at
+/// its own consumer: two seconds of the bench's 16,000 msg/s (subjects and ids, about 8 MiB at
 /// most), room for offers a [`super::LINGER`] late and their confirmations a little later.
 const MAX_BUFFER: usize = 64 * WINDOW as usize;
 /// A pump that caught up hands its interval over to the feed when, a [`super::LINGER`] later, no
 /// more than this is pending on its consumer: what a busy channel stored while the pump waited
-/// (about 3,000 entries at the bench's 16,000 msg/s). The feed reads them from the pump's
+/// (up to 1,000 entries in the bench, at 16,000 msg/s). The feed reads them from the pump's
 /// position on and offers them with the rest; a member on a channel that busy would otherwise
 /// stay on its consumer, whose copies cost the broker and the appliance the most per message.
 /// A larger backlog is the pump's to read (the catch-up path).
