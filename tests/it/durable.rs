@@ -1413,3 +1413,40 @@ async fn feed_consumers(stream: &mut async_nats::jetstream::stream::Stream) -> V
     }
     names
 }
+
+/// A follower across a kill -9 of the broker, which takes the feed's consumer (in its memory)
+/// and every connection with it: every message posted after the restart reaches the follower,
+/// each once.
+#[tokio::test]
+async fn a_follower_misses_nothing_across_kill_9_of_the_broker() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Cotald::up(tmp.path()).await;
+    let Following {
+        alice: a,
+        bob: mut b,
+        ..
+    } = a_follower(&c, tmp.path()).await;
+    let before = publish(&a, "general", "before", 0..5).await;
+    assert_eq!(asked_for(&mut b, &before).await, before);
+
+    let broker = c.state().broker_pid;
+    // SAFETY: plain syscall on the broker child.
+    assert_eq!(unsafe { libc::kill(broker as i32, libc::SIGKILL) }, 0);
+    c.wait_stderr("nats-server restarted").await;
+    let sent = publish(&a, "general", "after", 0..20).await;
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    while !sent.iter().all(|t| seen.contains_key(t)) {
+        let d = tokio::time::timeout(WANTED_WITHIN, b.deliveries.next())
+            .await
+            .expect("a copy within the bound")
+            .expect("deliveries open");
+        *seen.entry(text(&d)).or_default() += 1;
+        d.ack().await.unwrap();
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "surfaced twice: {twice:?}");
+    for conn in [a, b] {
+        conn.client.close().await;
+    }
+    c.stop().await;
+}
