@@ -1364,8 +1364,8 @@ async fn a_follower_asks_for_what_it_did_not_surface_live_and_gets_each_once() {
 }
 
 /// The feed reads its channel through a consumer of its own (headers only, what is new once per
-/// `LINGER`). When the broker loses that consumer (deleted here, as a restart of the broker or
-/// a failover would), the feed reads on through a new one from the entry after the last it
+/// `LINGER`). When that consumer is gone (deleted here from outside, while the feed's
+/// connection stays up), the feed reads on through a new one from the entry after the last it
 /// took: its followers miss nothing, get nothing twice, and go on following (their own
 /// consumers are not made again).
 #[tokio::test]
