@@ -159,14 +159,9 @@ impl Reader {
         Ok(entries)
     }
 
-    /// Deletes the consumer (it would otherwise lapse after [`INACTIVE`]).
+    /// Deletes the consumer.
     pub(super) async fn close(self) {
-        let name = &self.consumer.cached_info().name;
-        if let Ok(Err(e)) =
-            tokio::time::timeout(ANSWER_WITHIN, self.stream.delete_consumer(name)).await
-        {
-            tracing::debug!(consumer = name, error = %e, "feed's consumer not deleted; it lapses");
-        }
+        delete(&self.stream, &self.consumer).await;
     }
 
     /// One request for what is new, into `entries`: how many deliveries it brought, and
@@ -233,10 +228,24 @@ impl Reader {
             from = self.last + 1,
             "the feed reads its channel through a new consumer"
         );
-        // Best effort: a consumer left behind lapses after `INACTIVE`.
-        let name = &old.cached_info().name;
-        let _ = tokio::time::timeout(ANSWER_WITHIN, self.stream.delete_consumer(name)).await;
+        delete(&self.stream, &old).await;
         Ok(())
+    }
+}
+
+/// Deletes a consumer of the feed's, as far as the broker answers: one it could not delete
+/// lapses after [`INACTIVE`].
+async fn delete(stream: &Stream<()>, consumer: &Consumer<pull::Config>) {
+    let name = &consumer.cached_info().name;
+    match tokio::time::timeout(ANSWER_WITHIN, stream.delete_consumer(name)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            tracing::debug!(consumer = name, error = %e, "feed's consumer not deleted; it lapses")
+        }
+        Err(_) => tracing::debug!(
+            consumer = name,
+            "feed's consumer not deleted in time; it lapses"
+        ),
     }
 }
 
