@@ -59,12 +59,19 @@ impl SpaceServices {
         view_dialed: Option<async_nats::Client>,
     ) -> Result<SpaceServices, DaemonError> {
         let name = space.name();
-        let members = Arc::new(
-            Members::open(space)
-                .await
-                .map_err(|e| service_error(name, e))?,
-        );
         let presence = Arc::new(PresenceView::default());
+        // The registry is read while the two watches start: none needs another.
+        let link_watch = set.start(Arc::new(LinkWatch::new(space.clone())));
+        let presence_watch = set.start(Arc::new(PresenceWatch::new(
+            space.clone(),
+            presence.clone(),
+        )));
+        let (members, link_watch, presence_watch) =
+            tokio::join!(Members::open(space), link_watch, presence_watch);
+        link_watch
+            .and(presence_watch)
+            .map_err(|e| service_error(name, e))?;
+        let members = Arc::new(members.map_err(|e| service_error(name, e))?);
         let backstop = Arc::new(Backstop::new(
             space.clone(),
             identities.clone(),
@@ -85,15 +92,6 @@ impl SpaceServices {
             backstop.clone(),
             receipts,
         ));
-        set.start(Arc::new(LinkWatch::new(space.clone())))
-            .await
-            .map_err(|e| service_error(name, e))?;
-        set.start(Arc::new(PresenceWatch::new(
-            space.clone(),
-            presence.clone(),
-        )))
-        .await
-        .map_err(|e| service_error(name, e))?;
         Ok(SpaceServices {
             space: space.clone(),
             identities: identities.clone(),
@@ -137,7 +135,11 @@ impl SpaceServices {
         let starter: Starter = Arc::new(move |leased: Arc<ServiceSet>| {
             let parts = self.clone();
             let account = account.clone();
-            Box::pin(async move { parts.start_leased(&leased, account).await })
+            Box::pin(async move {
+                // The registry may have changed under another node's lease.
+                parts.reload_members().await?;
+                parts.start_leased(&leased, account).await
+            })
         });
         let keeper = Arc::new(LeaseKeeper::new(space, node.to_owned(), replicas, starter));
         if let Err(e) = set.start(keeper.clone()).await {
@@ -150,18 +152,9 @@ impl SpaceServices {
         })
     }
 
-    /// Starts the leased services in `set`, all at once but the manager, which starts once the
-    /// reader it needs runs (one after the other, each waiting for its consumers and its
-    /// round trips to the broker, they took most of a start's time). Each is started even
-    /// when another fails to (it keeps being retried by the set): a warden waiting for a
-    /// stream leader must not keep the manager from serving. The first failure is returned,
-    /// the reader's and the manager's first.
-    async fn start_leased(
-        self,
-        set: &ServiceSet,
-        account: Arc<dyn AccountPush>,
-    ) -> Result<(), ServiceError> {
-        // Retried: a takeover often coincides with the registry's stream electing a leader.
+    /// Reads the members registry again, for a node taking the space's lease over. Retried:
+    /// a takeover often coincides with the registry's stream electing a leader.
+    async fn reload_members(&self) -> Result<(), ServiceError> {
         let mut backoff = Backoff::default();
         let mut attempts = 0;
         while let Err(e) = self.members.reload().await {
@@ -171,6 +164,21 @@ impl SpaceServices {
             }
             tokio::time::sleep(backoff.next_delay()).await;
         }
+        Ok(())
+    }
+
+    /// Starts the leased services in `set`, all at once but the manager, which starts once the
+    /// reader it needs runs (one after the other, each waiting for its consumers and its
+    /// round trips to the broker, they took most of a start's time). Each is started even
+    /// when another fails to (it keeps being retried by the set): a warden waiting for a
+    /// stream leader must not keep the manager from serving. The first failure is returned,
+    /// the reader's and the manager's first. On a single node they start right after the
+    /// registry was read ([`SpaceServices::build`]), which nothing wrote since.
+    async fn start_leased(
+        self,
+        set: &ServiceSet,
+        account: Arc<dyn AccountPush>,
+    ) -> Result<(), ServiceError> {
         let (space, identities) = (&self.space, &self.identities);
         let mentions = Mentions::new(
             space.clone(),

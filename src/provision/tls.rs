@@ -19,7 +19,7 @@ use time::{Duration, OffsetDateTime};
 
 use super::ProvisionError;
 use super::files::read_private;
-use crate::files::{private_dir, write_atomic};
+use crate::files::{private_dir, write_atomic, write_replacing};
 
 const CA_NAME: &str = "cotald local CA";
 
@@ -138,10 +138,12 @@ fn issue_server(
     let key = KeyPair::generate()?;
     let cert = params.signed_by(&key, &issuer)?;
 
+    // Not synced: issued anew at every start, before the broker reads them, so what a crash
+    // leaves of them is never read (two syncs were a millisecond of every start).
     let server_cert = dir.join("server.pem");
     let server_key = dir.join("server.key");
-    write_atomic(&server_key, key.serialize_pem().as_bytes(), 0o600)?;
-    write_atomic(&server_cert, cert.pem().as_bytes(), 0o644)?;
+    write_replacing(&server_key, key.serialize_pem().as_bytes(), 0o600)?;
+    write_replacing(&server_cert, cert.pem().as_bytes(), 0o644)?;
     Ok(TlsFiles {
         ca_cert: dir.join("ca.pem"),
         server_cert,

@@ -320,9 +320,11 @@ impl Service for ConsumerGuard {
             SpaceNames::kv_stream(&names.channels_bucket()),
         ];
         let (mut audits, mut deleted) = self.subscribe(&buckets).await?;
-        for bucket in &buckets {
-            self.delete_durables(bucket).await?;
-        }
+        // Both buckets at once (startup time).
+        tokio::try_join!(
+            self.delete_durables(&buckets[0]),
+            self.delete_durables(&buckets[1])
+        )?;
         ctx.report(Health::Running);
 
         let mut tally = Tally::default();

@@ -487,16 +487,12 @@ impl Service for Manager {
             .queue_subscribe(subject, MANAGER_SERVICE.to_owned())
             .await
             .map_err(ServiceError::at("subscribing to ctl.manager"))?;
-        // The subscription is registered once the server answered a round trip after it.
-        self.space
-            .nats()
-            .flush()
-            .await
-            .map_err(ServiceError::at("subscribing to ctl.manager"))?;
-        self.space
-            .chat_frontier()
-            .await
-            .map_err(ServiceError::at("reaching JetStream"))?;
+        // The subscription is registered once the server answered a round trip after it;
+        // JetStream is asked meanwhile.
+        let nats = self.space.nats();
+        let (flushed, reached) = tokio::join!(nats.flush(), self.space.chat_frontier());
+        flushed.map_err(ServiceError::at("subscribing to ctl.manager"))?;
+        reached.map_err(ServiceError::at("reaching JetStream"))?;
         ctx.report(Health::Running);
         let handlers = TaskTracker::new();
         let outcome = loop {

@@ -35,6 +35,9 @@ use crate::protocol::{EpochMillis, InstanceId};
 use crate::space::Space;
 use crate::space::members::Members;
 
+/// What a failed write of the feed was doing.
+const WRITING: &str = "writing the membership feed";
+
 /// How often the feed is refreshed without an event.
 pub const POLL: Duration = Duration::from_secs(10);
 /// Events arriving within this window are handled by one refresh.
@@ -200,6 +203,9 @@ impl MembershipFeed {
             }
         }
         let observed_at = EpochMillis::now().as_u64().unwrap_or_default();
+        // Every entry that changed is written at once, each under its own key (a first
+        // refresh rewrites all that an earlier run left).
+        let mut writes = Vec::new();
         for (id, (live, durable)) in &now {
             if written.get(id) == Some(&(live.clone(), durable.clone())) {
                 continue;
@@ -211,15 +217,21 @@ impl MembershipFeed {
             };
             let value =
                 serde_json::to_vec(&entry).map_err(ServiceError::at("encoding an entry"))?;
-            kv.put(id, value.into())
-                .await
-                .map_err(ServiceError::at("writing the membership feed"))?;
+            let write = kv.put(id, value.into());
+            writes.push(
+                write
+                    .map(|r| r.map(drop).map_err(ServiceError::at(WRITING)))
+                    .boxed(),
+            );
         }
         for id in written.keys().filter(|id| !now.contains_key(*id)) {
-            kv.delete(id)
-                .await
-                .map_err(ServiceError::at("writing the membership feed"))?;
+            writes.push(
+                kv.delete(id)
+                    .map(|r| r.map_err(ServiceError::at(WRITING)))
+                    .boxed(),
+            );
         }
+        futures_util::future::try_join_all(writes).await?;
         *written = now;
         Ok(())
     }

@@ -110,7 +110,8 @@ async fn ensure_stream(
     expected: jetstream::stream::Config,
 ) -> Result<(Option<String>, Vec<Drift>), BootstrapError> {
     let err = |action, e: BoxError| failed(names, action, &expected.name, e);
-    let mut existing = match js.get_stream(&expected.name).await {
+    // The stream's info comes with it: one round trip per stream.
+    let existing = match js.get_stream(&expected.name).await {
         Ok(existing) => existing,
         Err(e) if is_not_found(&e) => {
             js.create_stream(expected.clone())
@@ -120,12 +121,8 @@ async fn ensure_stream(
         }
         Err(e) => return Err(err("reading", e.into())),
     };
-    let info = existing
-        .info()
-        .await
-        .map_err(|e| err("reading", e.into()))?;
     // What the stream is now, as this run leaves it.
-    let mut current = info.config.clone();
+    let mut current = existing.cached_info().config.clone();
     if current.num_replicas != expected.num_replicas {
         // A cluster's replicas changed: JetStream moves the stream in place. Its byte limit
         // changes with it: the account's quota counts every replica, so each one's share is
@@ -174,12 +171,19 @@ async fn seed_registry(
         .get_key_value(&bucket)
         .await
         .map_err(|e| failed(names, "opening", &bucket, e))?;
-    for (key, value) in registry {
+    // Every entry is read at once (startup time); each is then written or compared.
+    let reads = registry.iter().map(|(key, _)| {
+        let (kv, bucket) = (&kv, &bucket);
+        async move {
+            let object = format!("{bucket}/{key}");
+            kv.get(key)
+                .await
+                .map_err(|e| failed(names, "reading", &object, e))
+        }
+    });
+    let stored = futures_util::future::try_join_all(reads).await?;
+    for ((key, value), stored) in registry.iter().zip(stored) {
         let object = format!("{bucket}/{key}");
-        let stored = kv
-            .get(key)
-            .await
-            .map_err(|e| failed(names, "reading", &object, e))?;
         match stored {
             None => {
                 let bytes = serde_json::to_vec(value).unwrap_or_default();

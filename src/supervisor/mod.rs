@@ -444,9 +444,11 @@ struct Launched {
 }
 
 impl Running {
-    /// Writes the config and starts the child, its output pumped into `log`.
+    /// Writes the config and starts the child, its output pumped into `log`. The config is
+    /// not synced: it is rendered anew before every start of the child, so a crash leaves
+    /// nothing of it that is read again.
     fn launch(spec: &BrokerSpec, log: &Arc<Mutex<BrokerLog>>) -> Result<Launched, SupervisorError> {
-        crate::files::write_atomic(&spec.conf_path, spec.conf.render().as_bytes(), 0o600)?;
+        crate::files::write_replacing(&spec.conf_path, spec.conf.render().as_bytes(), 0o600)?;
         // A crashed child leaves its ports file behind, and pids repeat (containers): only the
         // file this child writes may count.
         remove_ports_files(&spec.conf.ports_file_dir);
