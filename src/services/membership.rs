@@ -17,8 +17,14 @@
 //! the members registry, and every [`POLL`] (subscriptions change without an event). An
 //! entry is written only when its `live` or `durable` set changed; an instance with neither is
 //! deleted.
+//!
+//! **Cheap for the broker.** A `CONNZ` that names each connection's user makes the broker
+//! decode and verify every connection's JWT; the feed asks for one only at its first refresh
+//! and when a connection is listed whose user it has not heard of. Otherwise it names the
+//! connections itself, from the connect and disconnect events it hears anyway
+//! (`ConnectionUsers`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -97,30 +103,58 @@ impl BrokerView {
 }
 
 /// The live channel patterns per instance of `space`, from the broker's connections of its
-/// account, asked over `reader` (a [`BrokerView`] connection).
+/// account, asked over `reader` (a [`BrokerView`] connection), each connection's user named
+/// by the broker.
 pub async fn live_subscriptions(
     space: &Space,
     reader: &async_nats::Client,
 ) -> Result<BTreeMap<String, BTreeSet<String>>, ServiceError> {
+    let listed = connz(space, reader, NAMED).await?;
+    let users = listed.connections.iter().map(|c| &c.authorized_user);
+    Ok(live_of(space, users.zip(&listed.connections)))
+}
+
+/// A `CONNZ` that lists every connection with its subscriptions, and (`named`) its user.
+/// Naming costs the broker an ed25519 verification per connection listed: it decodes each
+/// connection's JWT, which a burst of a thousand connects asking once per debounce made about
+/// 13 % of the broker's CPU while they connected (`space_1000`, `docs/benchmarks.md`).
+#[derive(Clone, Copy)]
+struct Named(bool);
+const NAMED: Named = Named(true);
+const UNNAMED: Named = Named(false);
+
+/// One server's answer to `CONNZ`.
+#[derive(Deserialize)]
+struct Connz {
+    #[serde(default)]
+    server_id: String,
+    #[serde(default)]
+    connections: Vec<Conn>,
+}
+
+/// A connection listed by `CONNZ`.
+#[derive(Deserialize)]
+struct Conn {
+    cid: u64,
+    #[serde(default)]
+    authorized_user: String,
+    #[serde(default)]
+    subscriptions_list: Vec<String>,
+}
+
+/// Asks for the connections of `space`'s account.
+async fn connz(
+    space: &Space,
+    reader: &async_nats::Client,
+    Named(named): Named,
+) -> Result<Connz, ServiceError> {
     #[derive(Deserialize)]
     struct Reply {
         data: Option<Connz>,
         error: Option<serde_json::Value>,
     }
-    #[derive(Deserialize)]
-    struct Connz {
-        #[serde(default)]
-        connections: Vec<Conn>,
-    }
-    #[derive(Deserialize)]
-    struct Conn {
-        #[serde(default)]
-        authorized_user: String,
-        #[serde(default)]
-        subscriptions_list: Vec<String>,
-    }
     let subject = crate::binding::system::account_connz(space.account());
-    let body = serde_json::json!({"subscriptions": true, "auth": true, "limit": CONNZ_LIMIT});
+    let body = serde_json::json!({"subscriptions": true, "auth": named, "limit": CONNZ_LIMIT});
     let reply = reader
         .request(subject, body.to_string().into())
         .await
@@ -134,10 +168,20 @@ pub async fn live_subscriptions(
             "the broker refused the connection list: {error}"
         )));
     }
+    reply
+        .data
+        .ok_or_else(|| ServiceError::msg("the broker's connection list said nothing"))
+}
+
+/// The live channel patterns per instance, from connections and the user of each.
+fn live_of<'a>(
+    space: &Space,
+    connections: impl Iterator<Item = (&'a String, &'a Conn)>,
+) -> BTreeMap<String, BTreeSet<String>> {
     let chat = space.names().any_sender_prefix();
     let mut live: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for conn in reply.data.map(|d| d.connections).unwrap_or_default() {
-        if InstanceId::from_user_nkey(&conn.authorized_user).is_err() {
+    for (user, conn) in connections {
+        if InstanceId::from_user_nkey(user).is_err() {
             continue;
         }
         let patterns = conn
@@ -145,11 +189,88 @@ pub async fn live_subscriptions(
             .iter()
             .filter_map(|s| s.strip_prefix(&chat))
             .map(str::to_owned);
-        live.entry(conn.authorized_user)
-            .or_default()
-            .extend(patterns);
+        live.entry(user.clone()).or_default().extend(patterns);
     }
-    Ok(live)
+    live
+}
+
+/// The user of each connection of the account, by server and connection id: learned from the
+/// connect and disconnect events the feed hears anyway, so that its refreshes can ask for an
+/// unnamed `CONNZ`. A connection's connect event leaves the server before the answer of a
+/// `CONNZ` that lists it, but in the moment between its authentication and its event, so a
+/// connection listed without a known user is rare: the refresh then asks for a named `CONNZ`
+/// and learns every user from it.
+#[derive(Default)]
+struct ConnectionUsers(HashMap<(String, u64), String>);
+
+impl ConnectionUsers {
+    /// Takes a connect or disconnect event of the account; anything else is ignored.
+    fn hear(&mut self, event: &async_nats::Message) {
+        #[derive(Deserialize)]
+        struct Event {
+            server: EventServer,
+            client: EventClient,
+        }
+        #[derive(Deserialize)]
+        struct EventServer {
+            id: String,
+        }
+        #[derive(Deserialize)]
+        struct EventClient {
+            id: u64,
+            #[serde(default)]
+            user: String,
+        }
+        let connected = event.subject.as_str().ends_with(".CONNECT");
+        let Ok(event) = serde_json::from_slice::<Event>(&event.payload) else {
+            return;
+        };
+        let key = (event.server.id, event.client.id);
+        if connected {
+            self.0.insert(key, event.client.user);
+        } else {
+            self.0.remove(&key);
+        }
+    }
+
+    /// The connections of `listed` with their users, when every one is known.
+    fn name<'a>(&self, listed: &'a Connz) -> Option<Vec<(&String, &'a Conn)>> {
+        listed
+            .connections
+            .iter()
+            .map(|c| Some((self.0.get(&(listed.server_id.clone(), c.cid))?, c)))
+            .collect()
+    }
+
+    /// Forgets the connections of `listed`'s server that are gone though no disconnect event
+    /// said so (one lost): connection ids only grow, so one below the highest listed that is
+    /// not listed has ended.
+    fn forget_gone(&mut self, listed: &Connz) {
+        let ids: HashSet<u64> = listed.connections.iter().map(|c| c.cid).collect();
+        let highest = ids.iter().max().copied().unwrap_or(0);
+        self.0.retain(|(server, cid), _| {
+            server != &listed.server_id || *cid > highest || ids.contains(cid)
+        });
+    }
+
+    /// Learns every user a named `CONNZ` lists.
+    fn learn(&mut self, named: &Connz) {
+        self.forget_gone(named);
+        for c in &named.connections {
+            let key = (named.server_id.clone(), c.cid);
+            self.0.insert(key, c.authorized_user.clone());
+        }
+    }
+}
+
+/// The account's connect and disconnect events.
+type Events = futures_util::stream::Select<async_nats::Subscriber, async_nats::Subscriber>;
+
+/// Takes every event already received.
+fn hear_pending(users: &mut ConnectionUsers, events: &mut Events) {
+    while let Some(Some(event)) = events.next().now_or_never() {
+        users.hear(&event);
+    }
 }
 
 /// What the feed says of each instance it has an entry for: its live and durable sets.
@@ -187,9 +308,10 @@ impl MembershipFeed {
         reader: &async_nats::Client,
         kv: &Store,
         written: &mut Written,
+        heard: (&mut ConnectionUsers, &mut Events),
     ) -> Result<(), ServiceError> {
         let mut now = Written::new();
-        for (id, patterns) in live_subscriptions(&self.space, reader).await? {
+        for (id, patterns) in self.live_now(reader, heard).await? {
             if !patterns.is_empty() {
                 now.entry(id).or_default().0 = patterns.into_iter().collect();
             }
@@ -234,6 +356,37 @@ impl MembershipFeed {
         futures_util::future::try_join_all(writes).await?;
         *written = now;
         Ok(())
+    }
+
+    /// The live channel patterns per instance: an unnamed `CONNZ` whose connections are named
+    /// from the events heard (those heard meanwhile taken first), else (the first refresh, or a
+    /// connection listed before its event came) a named one, which `users` learns from.
+    async fn live_now(
+        &self,
+        reader: &async_nats::Client,
+        (users, events): (&mut ConnectionUsers, &mut Events),
+    ) -> Result<BTreeMap<String, BTreeSet<String>>, ServiceError> {
+        if !users.0.is_empty() {
+            let listed = connz(&self.space, reader, UNNAMED).await?;
+            // Forgotten before the events that came with the answer are taken: a connection
+            // whose event came after the server listed the others is not forgotten by it.
+            users.forget_gone(&listed);
+            hear_pending(users, events);
+            if let Some(named) = users.name(&listed) {
+                return Ok(live_of(&self.space, named.into_iter()));
+            }
+            tracing::debug!(
+                space = self.space.name(),
+                "a connection listed before its connect event came: asking for a named list"
+            );
+        }
+        let named = connz(&self.space, reader, NAMED).await?;
+        users.learn(&named);
+        let connections = named.connections.iter();
+        Ok(live_of(
+            &self.space,
+            connections.map(|c| (&c.authorized_user, c)),
+        ))
     }
 
     /// The feed's bucket, and the entries an earlier run left in it: compared like any other,
@@ -290,18 +443,20 @@ impl Service for MembershipFeed {
         let mut poll = tokio::time::interval(POLL);
         poll.tick().await;
         let mut first = true;
+        let mut users = ConnectionUsers::default();
         loop {
             let registry = changed.notified();
             tokio::pin!(registry);
             registry.as_mut().enable();
-            self.refresh(&reader, &kv, &mut written).await?;
+            self.refresh(&reader, &kv, &mut written, (&mut users, &mut events))
+                .await?;
             if first {
                 ctx.report(Health::Running);
                 first = false;
             }
             tokio::select! {
                 () = ctx.cancelled() => break,
-                _ = events.next() => {}
+                Some(event) = events.next() => users.hear(&event),
                 () = &mut registry => {}
                 _ = poll.tick() => {}
             }
@@ -313,9 +468,96 @@ impl Service for MembershipFeed {
                 () = ctx.cancelled() => break,
                 () = tokio::time::sleep(DEBOUNCE) => {}
             }
-            while let Some(Some(_)) = events.next().now_or_never() {}
+            hear_pending(&mut users, &mut events);
         }
         let _ = reader.drain().await;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(kind: &str, server: &str, cid: u64, user: &str) -> async_nats::Message {
+        let payload = serde_json::json!({
+            "type": format!("io.nats.server.advisory.v1.client_{}", kind.to_lowercase()),
+            "server": {"name": "n", "id": server},
+            "client": {"id": cid, "user": user, "acc": "A"},
+        });
+        async_nats::Message {
+            subject: format!("$SYS.ACCOUNT.A.{kind}").into(),
+            reply: None,
+            payload: payload.to_string().into(),
+            headers: None,
+            status: None,
+            description: None,
+            length: 0,
+        }
+    }
+
+    fn listed(server: &str, cids: &[u64]) -> Connz {
+        Connz {
+            server_id: server.into(),
+            connections: cids
+                .iter()
+                .map(|&cid| Conn {
+                    cid,
+                    authorized_user: String::new(),
+                    subscriptions_list: Vec::new(),
+                })
+                .collect(),
+        }
+    }
+
+    fn names(users: &ConnectionUsers, connz: &Connz) -> Option<Vec<String>> {
+        let named = users.name(connz)?;
+        Some(named.into_iter().map(|(u, _)| u.clone()).collect())
+    }
+
+    #[test]
+    fn connections_are_named_from_their_events_until_they_disconnect() {
+        let mut users = ConnectionUsers::default();
+        users.hear(&event("CONNECT", "S1", 5, "UA"));
+        users.hear(&event("CONNECT", "S1", 7, "UB"));
+        users.hear(&event("CONNECT", "S2", 5, "UC"));
+        assert_eq!(
+            names(&users, &listed("S1", &[5, 7])),
+            Some(vec!["UA".into(), "UB".into()])
+        );
+        assert_eq!(names(&users, &listed("S2", &[5])), Some(vec!["UC".into()]));
+        users.hear(&event("DISCONNECT", "S1", 5, "UA"));
+        assert_eq!(
+            names(&users, &listed("S1", &[5, 7])),
+            None,
+            "a connection whose user is not known asks for a named list"
+        );
+        let mut garbage = event("CONNECT", "S1", 9, "UD");
+        garbage.payload = "{not json".into();
+        users.hear(&garbage);
+        assert_eq!(names(&users, &listed("S1", &[9])), None);
+    }
+
+    #[test]
+    fn a_connection_gone_without_its_event_is_forgotten_and_a_later_one_is_kept() {
+        let mut users = ConnectionUsers::default();
+        for (cid, user) in [(3, "UA"), (4, "UB"), (9, "UC")] {
+            users.hear(&event("CONNECT", "S1", cid, user));
+        }
+        users.hear(&event("CONNECT", "S2", 1, "UD"));
+        // 3 ended unheard; 9 connected after the server listed the others.
+        users.forget_gone(&listed("S1", &[4, 6]));
+        let known: BTreeSet<_> = users.0.keys().cloned().collect();
+        let expected: BTreeSet<_> = [("S1", 4), ("S1", 9), ("S2", 1)]
+            .map(|(s, c)| (s.to_owned(), c))
+            .into();
+        assert_eq!(known, expected);
+        let mut named = listed("S1", &[4, 6]);
+        named.connections[1].authorized_user = "UE".into();
+        users.learn(&named);
+        assert_eq!(
+            users.0.get(&("S1".into(), 6)).map(String::as_str),
+            Some("UE")
+        );
     }
 }
