@@ -53,15 +53,29 @@ pub async fn bootstrap(
     registry: &[(String, serde_json::Value)],
 ) -> Result<BootstrapReport, BootstrapError> {
     let mut report = BootstrapReport::default();
-    // One round trip per stream, all in flight at once (startup time).
+    // One round trip per stream, all in flight at once (startup time), and the channel
+    // registry's bucket opened meanwhile: at a first start it is not made yet, and is opened
+    // again once it is.
     let checks = streams::all(names, retention)
         .into_iter()
         .map(|expected| ensure_stream(js, names, expected));
-    for (created, drift) in futures_util::future::try_join_all(checks).await? {
+    let bucket = names.channels_bucket();
+    let (checked, opened) = tokio::join!(
+        futures_util::future::try_join_all(checks),
+        js.get_key_value(&bucket)
+    );
+    for (created, drift) in checked? {
         report.created.extend(created);
         report.drift.extend(drift);
     }
-    seed_registry(js, names, registry, &mut report).await?;
+    let kv = match opened {
+        Ok(kv) => kv,
+        Err(_) => js
+            .get_key_value(&bucket)
+            .await
+            .map_err(|e| failed(names, "opening", &bucket, e))?,
+    };
+    seed_registry(&kv, names, registry, &mut report).await?;
     for d in &report.drift {
         tracing::warn!(space = names.space(), drift = %d, "stream config drift (not changed)");
     }
@@ -161,25 +175,18 @@ async fn ensure_stream(
 /// Writes the registry entries that are absent; one that differs from `registry` is kept as
 /// stored and reported.
 async fn seed_registry(
-    js: &jetstream::Context,
+    kv: &jetstream::kv::Store,
     names: &SpaceNames,
     registry: &[(String, serde_json::Value)],
     report: &mut BootstrapReport,
 ) -> Result<(), BootstrapError> {
-    let bucket = names.channels_bucket();
-    let kv = js
-        .get_key_value(&bucket)
-        .await
-        .map_err(|e| failed(names, "opening", &bucket, e))?;
+    let bucket = &kv.name;
     // Every entry is read at once (startup time); each is then written or compared.
-    let reads = registry.iter().map(|(key, _)| {
-        let (kv, bucket) = (&kv, &bucket);
-        async move {
-            let object = format!("{bucket}/{key}");
-            kv.get(key)
-                .await
-                .map_err(|e| failed(names, "reading", &object, e))
-        }
+    let reads = registry.iter().map(|(key, _)| async move {
+        let object = format!("{bucket}/{key}");
+        kv.get(key)
+            .await
+            .map_err(|e| failed(names, "reading", &object, e))
     });
     let stored = futures_util::future::try_join_all(reads).await?;
     for ((key, value), stored) in registry.iter().zip(stored) {
