@@ -13,7 +13,7 @@ use crate::binding::Creds;
 /// Why dialing the broker failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DialError {
-    /// The credential's seed is not a user's nkey seed.
+    /// The credential's seed is not a valid nkey seed.
     #[error("the credential cannot be loaded")]
     Credentials(#[source] nkeys::error::Error),
     /// The connection failed (unreachable, TLS, authorization).
