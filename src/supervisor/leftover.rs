@@ -15,6 +15,12 @@
 //! that took the pid meanwhile. The leftover gets SIGTERM (it may flush), then SIGKILL after
 //! [`STOP_DEADLINE`]: it is already the remains of a crash, and `up` must not hang on it.
 //!
+//! A broker killed with its cotald a moment ago may still be in its exit: its command line is
+//! gone (it can no longer be told to be ours) while its files, its listening sockets among
+//! them, are still being closed, so an `up` right after the kill found the port taken. A
+//! recorded pid whose process is exiting is therefore waited for (never signalled), at most
+//! [`KILL_WAIT`].
+//!
 //! Where there is no `/proc` and no pidfd (macOS, the BSDs), a recorded pid cannot be told
 //! from a process that reused it, so nothing is signalled: a live recorded pid is reported,
 //! and a start that then finds its port taken says so (the lifeline of `parent_death.rs`
@@ -44,10 +50,21 @@ const KILL_WAIT: Duration = Duration::from_secs(5);
 #[cfg(any(target_os = "linux", target_os = "android"))]
 pub(super) async fn end_leftovers(ports_dir: &Path, executable: &Path, conf: &Path) {
     for pid in recorded_pids(ports_dir) {
-        if pid == std::process::id() || !is_our_broker(pid, executable, conf) {
+        if pid == std::process::id() {
             continue;
         }
-        if let Err(e) = end(pid, executable, conf).await {
+        let ended = if is_our_broker(pid, executable, conf) {
+            end(pid, executable, conf).await
+        } else if is_exiting(pid) {
+            // A broker killed with its cotald (the parent-death signal) is still closing its
+            // files, its listening sockets among them, after its command line is gone: it
+            // cannot be told to be ours any more, yet holds the ports a moment longer. Nothing
+            // is sent to it; only its end is awaited.
+            exited(pid).await
+        } else {
+            continue;
+        };
+        if let Err(e) = ended {
             tracing::warn!(
                 pid,
                 error = %e,
@@ -55,6 +72,62 @@ pub(super) async fn end_leftovers(ports_dir: &Path, executable: &Path, conf: &Pa
             );
         }
     }
+}
+
+#[cfg(any(target_os = "linux", target_os = "android"))]
+/// `PF_EXITING` of `/proc/<pid>/stat`'s flags: the process has begun its exit.
+const PF_EXITING: u64 = 0x4;
+
+#[cfg(any(target_os = "linux", target_os = "android"))]
+/// Whether `pid` is a process in its exit: `PF_EXITING` in its flags, or already a zombie.
+fn is_exiting(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The fields after the command name, which is in parentheses and may hold anything: the
+    // state (field 3 of proc(5)) first, the flags (field 9) seventh.
+    let Some((_, fields)) = stat.rsplit_once(')') else {
+        return false;
+    };
+    let fields: Vec<&str> = fields.split_whitespace().collect();
+    let zombie = matches!(fields.first(), Some(&"Z" | &"X"));
+    let flags: u64 = fields.get(6).and_then(|f| f.parse().ok()).unwrap_or(0);
+    zombie || flags & PF_EXITING != 0
+}
+
+#[cfg(any(target_os = "linux", target_os = "android"))]
+/// Waits, through a pidfd, until `pid` has exited (its files closed), at most [`KILL_WAIT`].
+async fn exited(pid: u32) -> std::io::Result<()> {
+    let Some(exited) = pin(pid)? else {
+        return Ok(());
+    };
+    let _exited = tokio::time::timeout(KILL_WAIT, exited.readable())
+        .await
+        .map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("still exiting after {KILL_WAIT:?}"),
+            )
+        })??;
+    Ok(())
+}
+
+#[cfg(any(target_os = "linux", target_os = "android"))]
+/// A pidfd of `pid`, readable once it has exited; `None` when there is no such process.
+fn pin(pid: u32) -> std::io::Result<Option<AsyncFd<OwnedFd>>> {
+    use rustix::process::{Pid, PidfdFlags};
+    let Some(pinned) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
+        return Ok(None);
+    };
+    let pidfd = match rustix::process::pidfd_open(pinned, PidfdFlags::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::SRCH) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    // SAFETY: the AsyncFd owns the descriptor from here on; an OwnedFd always names it.
+    let registered =
+        unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }?;
+    Ok(Some(registered))
 }
 
 /// Reports the live pids that brokers of this data dir recorded: without `/proc` they cannot be
@@ -143,20 +216,12 @@ fn canonical(path: &Path) -> PathBuf {
 /// SIGTERM, then SIGKILL after [`STOP_DEADLINE`], through a pidfd. A pid that is gone, or
 /// turns out not to be ours once pinned, is left alone.
 async fn end(pid: u32, executable: &Path, conf: &Path) -> std::io::Result<()> {
-    use rustix::process::{Pid, PidfdFlags};
-    let Some(pinned) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
+    let Some(exited) = pin(pid)? else {
         return Ok(());
-    };
-    let pidfd = match rustix::process::pidfd_open(pinned, PidfdFlags::empty()) {
-        Ok(fd) => fd,
-        Err(rustix::io::Errno::SRCH) => return Ok(()),
-        Err(e) => return Err(e.into()),
     };
     if !is_our_broker(pid, executable, conf) {
         return Ok(());
     }
-    // SAFETY: the AsyncFd owns the descriptor from here on; an OwnedFd always names it.
-    let exited = unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }?;
     tracing::warn!(
         pid,
         conf = %conf.display(),
@@ -215,6 +280,25 @@ mod tests {
         assert!(!is_our_broker(me, Path::new("/usr/bin/nats-server"), &conf));
         // No such process (pid 0 has no /proc entry).
         assert!(!is_our_broker(0, &exe, &conf));
+    }
+
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[test]
+    fn a_process_in_its_exit_is_exiting_and_a_running_one_is_not() {
+        use rustix::process::{Pid, WaitId, WaitIdOptions, waitid};
+        assert!(!is_exiting(std::process::id()), "this test is running");
+        assert!(!is_exiting(0), "no such process");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = Pid::from_raw(child.id() as i32).unwrap();
+        // Waits for its exit without reaping it: a zombie until `wait` below.
+        waitid(
+            WaitId::Pid(pid),
+            WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
+        )
+        .unwrap();
+        assert!(is_exiting(child.id()), "an exited, unreaped child");
+        child.wait().unwrap();
+        assert!(!is_exiting(child.id()), "reaped: no such process");
     }
 
     #[test]
