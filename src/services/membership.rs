@@ -201,7 +201,7 @@ fn live_of<'a>(
 /// connection listed without a known user is rare: the refresh then asks for a named `CONNZ`
 /// and learns every user from it.
 #[derive(Default)]
-struct ConnectionUsers(HashMap<(String, u64), String>);
+struct ConnectionUsers(HashMap<String, HashMap<u64, String>>);
 
 impl ConnectionUsers {
     /// Takes a connect or disconnect event of the account; anything else is ignored.
@@ -225,20 +225,26 @@ impl ConnectionUsers {
         let Ok(event) = serde_json::from_slice::<Event>(&event.payload) else {
             return;
         };
-        let key = (event.server.id, event.client.id);
+        let server = self.0.entry(event.server.id).or_default();
         if connected {
-            self.0.insert(key, event.client.user);
+            server.insert(event.client.id, event.client.user);
         } else {
-            self.0.remove(&key);
+            server.remove(&event.client.id);
         }
+    }
+
+    /// Whether no connection is known (nothing was named yet).
+    fn is_empty(&self) -> bool {
+        self.0.values().all(HashMap::is_empty)
     }
 
     /// The connections of `listed` with their users, when every one is known.
     fn name<'a>(&self, listed: &'a Connz) -> Option<Vec<(&String, &'a Conn)>> {
+        let server = self.0.get(&listed.server_id)?;
         listed
             .connections
             .iter()
-            .map(|c| Some((self.0.get(&(listed.server_id.clone(), c.cid))?, c)))
+            .map(|c| Some((server.get(&c.cid)?, c)))
             .collect()
     }
 
@@ -246,19 +252,20 @@ impl ConnectionUsers {
     /// said so (one lost): connection ids only grow, so one below the highest listed that is
     /// not listed has ended.
     fn forget_gone(&mut self, listed: &Connz) {
+        let Some(server) = self.0.get_mut(&listed.server_id) else {
+            return;
+        };
         let ids: HashSet<u64> = listed.connections.iter().map(|c| c.cid).collect();
         let highest = ids.iter().max().copied().unwrap_or(0);
-        self.0.retain(|(server, cid), _| {
-            server != &listed.server_id || *cid > highest || ids.contains(cid)
-        });
+        server.retain(|cid, _| *cid > highest || ids.contains(cid));
     }
 
     /// Learns every user a named `CONNZ` lists.
     fn learn(&mut self, named: &Connz) {
         self.forget_gone(named);
+        let server = self.0.entry(named.server_id.clone()).or_default();
         for c in &named.connections {
-            let key = (named.server_id.clone(), c.cid);
-            self.0.insert(key, c.authorized_user.clone());
+            server.insert(c.cid, c.authorized_user.clone());
         }
     }
 }
@@ -366,7 +373,7 @@ impl MembershipFeed {
         reader: &async_nats::Client,
         (users, events): (&mut ConnectionUsers, &mut Events),
     ) -> Result<BTreeMap<String, BTreeSet<String>>, ServiceError> {
-        if !users.0.is_empty() {
+        if !users.is_empty() {
             let listed = connz(&self.space, reader, UNNAMED).await?;
             // Forgotten before the events that came with the answer are taken: a connection
             // whose event came after the server listed the others is not forgotten by it.
@@ -547,7 +554,11 @@ mod tests {
         users.hear(&event("CONNECT", "S2", 1, "UD"));
         // 3 ended unheard; 9 connected after the server listed the others.
         users.forget_gone(&listed("S1", &[4, 6]));
-        let known: BTreeSet<_> = users.0.keys().cloned().collect();
+        let known: BTreeSet<_> = users
+            .0
+            .iter()
+            .flat_map(|(server, cids)| cids.keys().map(|cid| (server.clone(), *cid)))
+            .collect();
         let expected: BTreeSet<_> = [("S1", 4), ("S1", 9), ("S2", 1)]
             .map(|(s, c)| (s.to_owned(), c))
             .into();
@@ -555,9 +566,6 @@ mod tests {
         let mut named = listed("S1", &[4, 6]);
         named.connections[1].authorized_user = "UE".into();
         users.learn(&named);
-        assert_eq!(
-            users.0.get(&("S1".into(), 6)).map(String::as_str),
-            Some("UE")
-        );
+        assert_eq!(users.0["S1"].get(&6).map(String::as_str), Some("UE"));
     }
 }

@@ -98,15 +98,22 @@ fn is_exiting(pid: u32) -> bool {
 #[cfg(any(target_os = "linux", target_os = "android"))]
 /// Waits, through a pidfd, until `pid` has exited (its files closed), at most [`KILL_WAIT`].
 async fn exited(pid: u32) -> std::io::Result<()> {
-    let Some(exited) = pin(pid)? else {
-        return Ok(());
-    };
-    let _exited = tokio::time::timeout(KILL_WAIT, exited.readable())
+    match pin(pid)? {
+        Some(exited) => gone(&exited, "still exiting").await,
+        None => Ok(()),
+    }
+}
+
+#[cfg(any(target_os = "linux", target_os = "android"))]
+/// Waits until the process of `pidfd` has exited, at most [`KILL_WAIT`]; after that, an error
+/// saying it is `still` there.
+async fn gone(pidfd: &AsyncFd<OwnedFd>, still: &str) -> std::io::Result<()> {
+    let _exited = tokio::time::timeout(KILL_WAIT, pidfd.readable())
         .await
         .map_err(|_| {
             std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
-                format!("still exiting after {KILL_WAIT:?}"),
+                format!("{still} (waited {KILL_WAIT:?})"),
             )
         })??;
     Ok(())
@@ -241,14 +248,7 @@ async fn end(pid: u32, executable: &Path, conf: &Path) -> std::io::Result<()> {
         "the nats-server left running ignored SIGTERM; killing it"
     );
     send(&exited, Signal::KILL)?;
-    let _exited = tokio::time::timeout(KILL_WAIT, exited.readable())
-        .await
-        .map_err(|_| {
-            std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("still there {KILL_WAIT:?} after SIGKILL"),
-            )
-        })??;
+    gone(&exited, "still there after SIGKILL").await?;
     tracing::info!(pid, "the nats-server left running was killed");
     Ok(())
 }
