@@ -28,6 +28,11 @@ pub fn is_token_char(c: char) -> bool {
 /// Maps every character outside `[A-Za-z0-9_-]` to `_` (§3). The result may be empty only if
 /// the input is; [`Token::sanitize`] refuses that case.
 pub fn sanitize(raw: &str) -> String {
+    // Every subject a client builds sanitizes its own id and a peer's: almost always a token
+    // already, copied whole.
+    if raw.bytes().all(|b| is_token_char(char::from(b))) {
+        return raw.to_owned();
+    }
     raw.chars()
         .map(|c| if is_token_char(c) { c } else { '_' })
         .collect()

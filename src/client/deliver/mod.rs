@@ -20,9 +20,11 @@ use std::time::Duration;
 use async_nats::jetstream::{self, AckKind};
 use tokio::sync::mpsc;
 
+use self::key::{Digested, MessageKey};
 use super::{ClientError, nats_err};
 use crate::protocol::{CotalMessage, DeliveryKind, RejectReason};
 
+mod key;
 mod pull;
 mod sink;
 
@@ -69,7 +71,7 @@ enum Ack {
 /// durable channel this member holds, or the mention copy of a post that names it).
 pub(crate) struct LiveAck {
     handover: std::sync::Arc<Mutex<Handover>>,
-    key: String,
+    key: MessageKey,
     /// Whether a durable copy comes for certain (a durable channel's, of a live copy): handled
     /// before it came, it is awaited as the session closes. A mention copy is not certain (the
     /// router copies only to the one instance a name designates), nor one of history: handled
@@ -84,9 +86,9 @@ pub(crate) struct LiveAck {
 #[derive(Default)]
 struct Handover {
     /// Surfaced (live or as history), not handled yet; with the durable copy's token once it came.
-    unhandled: std::collections::HashMap<String, Option<BackstopToken>>,
+    unhandled: std::collections::HashMap<MessageKey, Option<BackstopToken>, Digested>,
     /// Handled, the durable copy not come yet.
-    awaiting: HashSet<String>,
+    awaiting: HashSet<MessageKey, Digested>,
 }
 
 /// What a durable copy's acknowledgement settles, and where acknowledgements are batched.

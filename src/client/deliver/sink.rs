@@ -9,6 +9,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, AckKind};
 use tokio::sync::mpsc;
 
+use super::key::{Digested, Keying, MessageKey};
 use super::{Ack, Anomaly, BackstopToken, Deliveries, Delivery, Handover, LiveAck, Notice};
 use crate::binding::frame::accept_delivery;
 use crate::protocol::{CotalMessage, DeliveryKind, RejectReason, parse_subject};
@@ -24,6 +25,8 @@ pub(crate) struct Sink {
     /// what was queued before is taken (the senders live as long as any handle of the client).
     closed: tokio_util::sync::CancellationToken,
     seen: Mutex<Seen>,
+    /// What the messages in `seen` and `handover` are known by.
+    keying: Keying,
     max_payload: usize,
     own_id: String,
     /// The names a mention of this member is written with (lower case, §5): its card's and
@@ -45,23 +48,22 @@ pub(crate) struct Sink {
 
 #[derive(Default)]
 struct Seen {
-    ids: HashSet<String>,
-    order: VecDeque<String>,
+    keys: HashSet<MessageKey, Digested>,
+    order: VecDeque<MessageKey>,
 }
 
 impl Seen {
-    /// Records `id`; false when it was already there.
-    fn first(&mut self, id: &str) -> bool {
-        if self.ids.contains(id) {
+    /// Records `key`; false when it was already there.
+    fn first(&mut self, key: MessageKey) -> bool {
+        if !self.keys.insert(key) {
             return false;
         }
         if self.order.len() == SEEN_CAPACITY
             && let Some(old) = self.order.pop_front()
         {
-            self.ids.remove(&old);
+            self.keys.remove(&old);
         }
-        self.ids.insert(id.to_owned());
-        self.order.push_back(id.to_owned());
+        self.order.push_back(key);
         true
     }
 }
@@ -81,6 +83,7 @@ pub(crate) fn channel(
             notices,
             closed: closed.clone(),
             seen: Mutex::new(Seen::default()),
+            keying: Keying::default(),
             max_payload,
             own_id,
             own_names: crate::protocol::normalize_mentions(own_names),
@@ -218,11 +221,11 @@ impl Sink {
             token.ack();
             return None;
         }
-        let key = format!("{} {id}", parsed.sender);
-        if !self.seen.lock().is_ok_and(|s| s.ids.contains(&key)) {
+        let key = self.keying.key(&parsed.sender, id);
+        if !self.seen.lock().is_ok_and(|s| s.keys.contains(&key)) {
             return Some(token);
         }
-        self.durable_duplicate(&key, token);
+        self.durable_duplicate(key, token);
         None
     }
 
@@ -272,12 +275,12 @@ impl Sink {
         }
         self.roster
             .know(&accepted.sender, &accepted.message.from.name);
-        let key = format!("{} {}", accepted.sender, accepted.message.id);
-        let first = self.seen.lock().map(|mut s| s.first(&key)).unwrap_or(true);
+        let key = self.keying.key(&accepted.sender, &accepted.message.id);
+        let first = self.seen.lock().map(|mut s| s.first(key)).unwrap_or(true);
         let durable = matches!(ack, Ack::Backstop(_));
         if !first {
             match ack {
-                Ack::Backstop(token) => self.durable_duplicate(&key, token),
+                Ack::Backstop(token) => self.durable_duplicate(key, token),
                 other => settle(other),
             }
             return false;
@@ -285,7 +288,7 @@ impl Sink {
         let ack = match ack {
             Ack::None => {
                 let route = accepted.route.as_str();
-                match self.hands_over(route, &accepted.message, &key, historical) {
+                match self.hands_over(route, &accepted.message, key, historical) {
                     Some(awaits) => Ack::Live(LiveAck {
                         handover: self.handover.clone(),
                         key,
@@ -334,7 +337,7 @@ impl Sink {
         &self,
         channel: &str,
         message: &CotalMessage,
-        key: &str,
+        key: MessageKey,
         historical: bool,
     ) -> Option<bool> {
         if !self
@@ -358,20 +361,20 @@ impl Sink {
             return None;
         }
         let recorded = self.handover.lock().is_ok_and(|mut h| {
-            h.unhandled.len() < SEEN_CAPACITY && h.unhandled.insert(key.to_owned(), None).is_none()
+            h.unhandled.len() < SEEN_CAPACITY && h.unhandled.insert(key, None).is_none()
         });
         recorded.then_some(durable && !historical)
     }
 
     /// The durable copy of a message already surfaced: acknowledged when the application
     /// handled it (or it was not surfaced live on a durable channel), kept until then.
-    fn durable_duplicate(&self, key: &str, token: BackstopToken) {
+    fn durable_duplicate(&self, key: MessageKey, token: BackstopToken) {
         let mut handover = self.handover.lock().unwrap_or_else(|e| e.into_inner());
-        if handover.awaiting.remove(key) {
+        if handover.awaiting.remove(&key) {
             token.ack();
             drop(handover);
             self.settled.notify_waiters();
-        } else if let Some(slot) = handover.unhandled.get_mut(key) {
+        } else if let Some(slot) = handover.unhandled.get_mut(&key) {
             *slot = Some(token);
         } else {
             token.ack();
@@ -570,13 +573,19 @@ mod tests {
 
     #[test]
     fn seen_window_is_bounded_and_remembers_recent_ids() {
+        let keying = Keying::default();
         let mut seen = Seen::default();
-        assert!(seen.first("a"));
-        assert!(!seen.first("a"));
+        assert!(seen.first(keying.key("alice", "a")));
+        assert!(!seen.first(keying.key("alice", "a")));
+        assert!(seen.first(keying.key("bob", "a")), "another sender's id");
         for i in 0..SEEN_CAPACITY {
-            seen.first(&i.to_string());
+            seen.first(keying.key("carol", &i.to_string()));
         }
-        assert_eq!(seen.ids.len(), SEEN_CAPACITY);
-        assert!(seen.first("a"), "evicted once the window is full");
+        assert_eq!(seen.keys.len(), SEEN_CAPACITY);
+        assert_eq!(seen.order.len(), SEEN_CAPACITY);
+        assert!(
+            seen.first(keying.key("alice", "a")),
+            "evicted once the window is full"
+        );
     }
 }
