@@ -12,7 +12,6 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
 use async_nats::jetstream::consumer::DeliverPolicy;
-use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use super::deliver::{Acked, BackstopToken};
@@ -158,10 +157,9 @@ impl Client {
             self.history_messages(subject, start).await?;
         let mut taken = 0;
         while pending > 0 {
-            let next = tokio::time::timeout(HISTORY_IDLE, messages.next()).await;
-            let msg = match next {
-                Ok(Some(msg)) => msg.map_err(nats_err(what()))?,
-                Ok(None) | Err(_) => {
+            let msg = match messages.next().await {
+                Some(msg) => msg.map_err(nats_err(what()))?,
+                None => {
                     return Err(ClientError::Timeout {
                         what: what(),
                         timeout: HISTORY_IDLE,

@@ -331,7 +331,10 @@ pub fn parse_subject(subject: &str) -> Result<ParsedSubject<'_>, SubjectParseErr
         if token.is_empty() {
             return Err(SubjectParseError::EmptyToken { index });
         }
-        if let Some(found) = token.chars().find(|c| !is_token_char(*c)) {
+        // Byte by byte first: every copy received is parsed, and a token is ASCII as a rule.
+        if !token.bytes().all(|b| is_token_char(char::from(b)))
+            && let Some(found) = token.chars().find(|c| !is_token_char(*c))
+        {
             return Err(SubjectParseError::InvalidToken { index, found });
         }
     }

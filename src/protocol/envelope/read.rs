@@ -98,27 +98,33 @@ fn array(value: Value) -> Found<Vec<Value>> {
     }
 }
 
-/// Reads typed fields out of a JSON object, leaving unknown ones behind.
-struct Fields<'p> {
+/// Reads typed fields out of a content part's JSON object, leaving unknown ones behind.
+struct Fields {
     map: Map<String, Value>,
-    path: &'p str,
+    /// The part's index in `parts`, named by errors only.
+    index: usize,
 }
 
-impl<'p> Fields<'p> {
-    fn new(value: Value, path: &'p str) -> Result<Self, EnvelopeError> {
+impl Fields {
+    fn new(value: Value, index: usize) -> Result<Self, EnvelopeError> {
         match value {
-            Value::Object(map) => Ok(Self { map, path }),
+            Value::Object(map) => Ok(Self { map, index }),
             _ => Err(EnvelopeError::NotAnObject {
-                field: path.to_owned(),
+                field: Self::path_of(index),
             }),
         }
     }
 
+    fn path_of(index: usize) -> String {
+        format!("parts[{index}]")
+    }
+
     fn required(&mut self, name: &str) -> Result<Value, EnvelopeError> {
+        let index = self.index;
         self.map
             .remove(name)
             .ok_or_else(|| EnvelopeError::MissingField {
-                field: field_path(self.path, name),
+                field: field_path(&Self::path_of(index), name),
             })
     }
 
@@ -130,7 +136,7 @@ impl<'p> Fields<'p> {
     }
 
     fn wrong(&self, name: &str, expected: &'static str) -> EnvelopeError {
-        wrong(self.path, name, expected)
+        wrong(&Self::path_of(self.index), name, expected)
     }
 
     fn rest(self) -> Map<String, Value> {
@@ -141,8 +147,7 @@ impl<'p> Fields<'p> {
 /// A content part from a decoded value (§5, §11): its `kind` first, then what that kind asks
 /// for; everything else is kept (an extension part keeps every field but `kind`).
 fn part(value: Value, index: usize) -> Result<Part, EnvelopeError> {
-    let path = format!("parts[{index}]");
-    let mut f = Fields::new(value, &path)?;
+    let mut f = Fields::new(value, index)?;
     let kind = f.string("kind")?;
     match kind.as_str() {
         "text" => Ok(Part::Text {
@@ -378,22 +383,26 @@ impl MessageFields {
     /// (routing, `id`, `ts`, `space`, `from`, `mentions`, `parts`, `replyTo`, `contextId`).
     fn into_message(self) -> Result<CotalMessage, EnvelopeError> {
         const PATH: &str = "message";
-        let found: Vec<&'static str> = [
-            ("channel", &self.channel),
-            ("to", &self.to),
-            ("toService", &self.to_service),
-        ]
-        .into_iter()
-        .filter(|(_, field)| field.is_present())
-        .map(|(name, _)| name)
-        .collect();
-        let routing = match found.as_slice() {
-            ["channel"] => Routing::Channel(self.channel.required(PATH, "channel", "a string")?),
-            ["to"] => Routing::To(self.to.required(PATH, "to", "a string")?),
-            ["toService"] => {
+        let present = (
+            self.channel.is_present(),
+            self.to.is_present(),
+            self.to_service.is_present(),
+        );
+        let routing = match present {
+            (true, false, false) => {
+                Routing::Channel(self.channel.required(PATH, "channel", "a string")?)
+            }
+            (false, true, false) => Routing::To(self.to.required(PATH, "to", "a string")?),
+            (false, false, true) => {
                 Routing::ToService(self.to_service.required(PATH, "toService", "a string")?)
             }
-            _ => return Err(EnvelopeError::Routing { found }),
+            (channel, to, to_service) => {
+                let found = [("channel", channel), ("to", to), ("toService", to_service)]
+                    .into_iter()
+                    .filter_map(|(name, present)| present.then_some(name))
+                    .collect();
+                return Err(EnvelopeError::Routing { found });
+            }
         };
         let id = self.id.required(PATH, "id", "a string")?;
         let ts = EpochMillis(self.ts.required(PATH, "ts", "a number")?);
