@@ -381,8 +381,16 @@ impl BenchDir {
 }
 
 impl Drop for BenchDir {
+    /// Removes the dir. A run stopped by a signal is dropped with its appliances, each killed
+    /// then; their brokers die a moment later (their parent-death signal) and may write once
+    /// more meanwhile, so the removal is tried again, for at most a second.
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        for _ in 0..20 {
+            if std::fs::remove_dir_all(&self.0).is_ok() || !self.0.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 

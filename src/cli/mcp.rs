@@ -45,24 +45,11 @@ pub(super) async fn run(args: McpArgs) -> anyhow::Result<ExitCode> {
     let mut opts = endpoint.options.clone();
     // Peers that are away are still addressed by name (cotal_dm), as `cotald send --to`.
     opts.known = endpoint.directory();
-    crate::mcp::serve_stdio(opts, shutdown()?)
+    // SIGINT or SIGTERM (a host ending its server): the endpoint says `offline` before it exits.
+    crate::mcp::serve_stdio(opts, super::stop_signal()?)
         .await
         .context("cotald mcp")?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Resolves on SIGINT or SIGTERM (a host ending its server), so that the endpoint says
-/// `offline` before it exits.
-fn shutdown() -> anyhow::Result<impl Future<Output = ()>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-    })
 }
 
 fn print_config(args: &McpArgs, format: ConfigFormat) -> anyhow::Result<ExitCode> {

@@ -409,12 +409,16 @@ pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
             Command::Restore(args) => backup::restore(args).await,
             #[cfg(feature = "bench")]
             Command::Bench(args) => {
-                let report = crate::bench::run(&args).await?;
+                let stop = stop_signal()?;
+                let report = tokio::select! {
+                    report = crate::bench::run(&args) => report?,
+                    () = stop => anyhow::bail!(STOPPED),
+                };
                 stdout(|out| crate::bench::write(out, &report, args.json))?;
                 Ok(ExitCode::SUCCESS)
             }
             #[cfg(feature = "bench")]
-            Command::Soak(args) => crate::bench::soak::run(args).await,
+            Command::Soak(args) => crate::bench::soak::run(args, stop_signal()?).await,
             Command::Completions(args) => shell::completions(args),
             Command::Man(args) => shell::man(args),
             Command::Identities(args) => identities::run(args).await,
@@ -434,6 +438,26 @@ pub fn run(cli: Cli, embedded: BrokerBinary) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// What `bench` says when a signal stops it: the appliances it started are killed and their
+/// temporary data dirs removed as the run is dropped, not left running.
+#[cfg(feature = "bench")]
+const STOPPED: &str =
+    "stopped by a signal: the appliances it started are stopped and their data removed";
+
+/// Resolves on SIGINT or SIGTERM.
+fn stop_signal() -> anyhow::Result<impl Future<Output = ()>> {
+    use anyhow::Context;
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }
 
 /// Stdout was closed under a write: its reader (`cotald status | head -1`) has what it wanted,

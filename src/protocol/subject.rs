@@ -144,7 +144,11 @@ impl SpaceSubjects {
     }
 
     fn join(&self, kind: &str, tokens: &[&str]) -> String {
-        let mut s = format!("{}.{kind}", self.prefix);
+        let len = tokens.iter().map(|t| t.len() + 1).sum::<usize>();
+        let mut s = String::with_capacity(self.prefix.len() + 1 + kind.len() + len);
+        s.push_str(&self.prefix);
+        s.push('.');
+        s.push_str(kind);
         for t in tokens {
             s.push('.');
             s.push_str(t);

@@ -56,9 +56,10 @@ pub struct SoakArgs {
     link: Option<PathBuf>,
 }
 
-/// Runs the soak and prints its report; exit 0 only when nothing failed.
-pub async fn run(args: SoakArgs) -> anyhow::Result<ExitCode> {
-    let report = team::Soak::run(&args).await?;
+/// Runs the soak and prints its report; exit 0 only when nothing failed. `stop` (a signal)
+/// ends it early, cleaned up as at its end.
+pub async fn run(args: SoakArgs, stop: impl Future<Output = ()>) -> anyhow::Result<ExitCode> {
+    let report = team::Soak::run(&args, stop).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -84,8 +84,13 @@ pub(super) struct Soak {
 }
 
 impl Soak {
-    /// The whole soak; its report.
-    pub(super) async fn run(args: &SoakArgs) -> anyhow::Result<Report> {
+    /// The whole soak; its report. When `stop` resolves first (a signal), the traffic ends
+    /// there and the soak finishes as it would at its end (sessions closed, the appliance
+    /// stopped, its data dir removed unless kept), with no report.
+    pub(super) async fn run(
+        args: &SoakArgs,
+        stop: impl Future<Output = ()>,
+    ) -> anyhow::Result<Report> {
         let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
         eprintln!(
             "soak: {} agents, {:?}, {:.0} msg/h, seed {seed}",
@@ -94,7 +99,10 @@ impl Soak {
             args.rate * 3600.0
         );
         let mut soak = Soak::start(args, seed).await?;
-        let outcome = soak.drive(args, seed).await;
+        let outcome = tokio::select! {
+            outcome = soak.drive(args, seed) => outcome,
+            () = stop => Err(anyhow::anyhow!("stopped by a signal before its end: no verdict")),
+        };
         soak.finish(args).await;
         outcome
     }
