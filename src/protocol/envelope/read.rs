@@ -8,9 +8,9 @@
 //! takes, that was most of the cost of a check. A document already decoded
 //! ([`CotalMessage::from_value`]) is sorted into the same places, and the rules are applied by
 //! the same code, so a document is accepted or refused, and for the same reason, however it
-//! was read. As in a decoded document, a key given twice keeps its last value. A content part,
-//! small and shaped by its `kind`, which may come last, is read as a JSON value and taken apart
-//! ([`Fields`]); its rules live here with the others.
+//! was read. As in a decoded document, a key given twice keeps its last value. A content part
+//! is read into its fields in the same pass; as its `kind` may come last, its `text` and `data`
+//! are kept as found until the kind says where they go ([`PartFields`]).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -98,71 +98,99 @@ fn array(value: Value) -> Found<Vec<Value>> {
     }
 }
 
-/// Reads typed fields out of a content part's JSON object, leaving unknown ones behind.
-struct Fields {
-    map: Map<String, Value>,
-    /// The part's index in `parts`, named by errors only.
-    index: usize,
+/// The fields of a content part (§5, §11) as found: its `kind` first decides what `text` and
+/// `data` are (the field its kind asks for, or one kept with the unknown fields), so both are
+/// kept as found until then.
+#[derive(Default)]
+struct PartFields {
+    kind: Option<Value>,
+    text: Option<Value>,
+    data: Option<Value>,
+    extra: Map<String, Value>,
 }
 
-impl Fields {
-    fn new(value: Value, index: usize) -> Result<Self, EnvelopeError> {
-        match value {
-            Value::Object(map) => Ok(Self { map, index }),
-            _ => Err(EnvelopeError::NotAnObject {
-                field: Self::path_of(index),
-            }),
+impl Entries for PartFields {
+    fn set(&mut self, key: Cow<'_, str>, value: Value) {
+        match &*key {
+            "kind" => self.kind = Some(value),
+            "text" => self.text = Some(value),
+            "data" => self.data = Some(value),
+            _ => {
+                self.extra.insert(key.into_owned(), value);
+            }
         }
-    }
-
-    fn path_of(index: usize) -> String {
-        format!("parts[{index}]")
-    }
-
-    fn required(&mut self, name: &str) -> Result<Value, EnvelopeError> {
-        let index = self.index;
-        self.map
-            .remove(name)
-            .ok_or_else(|| EnvelopeError::MissingField {
-                field: field_path(&Self::path_of(index), name),
-            })
-    }
-
-    fn string(&mut self, name: &str) -> Result<String, EnvelopeError> {
-        match self.required(name)? {
-            Value::String(s) => Ok(s),
-            _ => Err(self.wrong(name, "a string")),
-        }
-    }
-
-    fn wrong(&self, name: &str, expected: &'static str) -> EnvelopeError {
-        wrong(&Self::path_of(self.index), name, expected)
-    }
-
-    fn rest(self) -> Map<String, Value> {
-        self.map
     }
 }
 
-/// A content part from a decoded value (§5, §11): its `kind` first, then what that kind asks
-/// for; everything else is kept (an extension part keeps every field but `kind`).
-fn part(value: Value, index: usize) -> Result<Part, EnvelopeError> {
-    let mut f = Fields::new(value, index)?;
-    let kind = f.string("kind")?;
-    match kind.as_str() {
-        "text" => Ok(Part::Text {
-            text: f.string("text")?,
-            extra: f.rest(),
+impl PartFields {
+    /// The part at `index` of `parts`: its `kind`, then what that kind asks for; everything
+    /// else is kept (an extension part keeps every field but `kind`).
+    fn into_part(self, index: usize) -> Result<Part, EnvelopeError> {
+        let path = || format!("parts[{index}]");
+        let kind = match self.kind {
+            Some(Value::String(kind)) => kind,
+            Some(_) => return Err(wrong(&path(), "kind", "a string")),
+            None => {
+                return Err(EnvelopeError::MissingField {
+                    field: field_path(&path(), "kind"),
+                });
+            }
+        };
+        let mut extra = self.extra;
+        let mut keep = |name: &str, value: Option<Value>| {
+            if let Some(value) = value {
+                extra.insert(name.to_owned(), value);
+            }
+        };
+        match kind.as_str() {
+            "text" => {
+                keep("data", self.data);
+                let text = match self.text {
+                    Some(Value::String(text)) => text,
+                    Some(_) => return Err(wrong(&path(), "text", "a string")),
+                    None => {
+                        return Err(EnvelopeError::MissingField {
+                            field: field_path(&path(), "text"),
+                        });
+                    }
+                };
+                Ok(Part::Text { text, extra })
+            }
+            "data" => {
+                keep("text", self.text);
+                let data = self.data.ok_or_else(|| EnvelopeError::MissingField {
+                    field: field_path(&path(), "data"),
+                })?;
+                Ok(Part::Data { data, extra })
+            }
+            other if is_extension_kind(other) => {
+                keep("text", self.text);
+                keep("data", self.data);
+                Ok(Part::Extension {
+                    kind: ExtensionKind(kind),
+                    fields: extra,
+                })
+            }
+            _ => Err(EnvelopeError::UnknownPartKind { index, kind }),
+        }
+    }
+}
+
+/// A content part as found in `parts` at `index`.
+fn part(found: ObjectOr<PartFields>, index: usize) -> Result<Part, EnvelopeError> {
+    match found {
+        ObjectOr::Object(fields) => fields.into_part(index),
+        ObjectOr::Other => Err(EnvelopeError::NotAnObject {
+            field: format!("parts[{index}]"),
         }),
-        "data" => Ok(Part::Data {
-            data: f.required("data")?,
-            extra: f.rest(),
-        }),
-        other if is_extension_kind(other) => Ok(Part::Extension {
-            kind: ExtensionKind(kind),
-            fields: f.rest(),
-        }),
-        _ => Err(EnvelopeError::UnknownPartKind { index, kind }),
+    }
+}
+
+/// A decoded value sorted as it would have been read.
+fn object_or<T: Entries>(value: Value) -> ObjectOr<T> {
+    match value {
+        Value::Object(map) => ObjectOr::Object(T::from_map(map)),
+        _ => ObjectOr::Other,
     }
 }
 
@@ -273,6 +301,67 @@ impl<'de, T: Entries> Visitor<'de> for ObjectOrVisitor<T> {
     }
 }
 
+/// A JSON value read as an array of `T` when it is one; any other value is read whole, as a
+/// decoded document would be, and dropped.
+enum ArrayOr<T> {
+    Array(Vec<T>),
+    Other,
+}
+
+impl<T> From<ArrayOr<T>> for Found<Vec<T>> {
+    fn from(value: ArrayOr<T>) -> Self {
+        match value {
+            ArrayOr::Array(items) => Found::Typed(items),
+            ArrayOr::Other => Found::Mistyped,
+        }
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for ArrayOr<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(ArrayOrVisitor(PhantomData))
+    }
+}
+
+struct ArrayOrVisitor<T>(PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for ArrayOrVisitor<T> {
+    type Value = ArrayOr<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(16));
+        while let Some(item) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(ArrayOr::Array(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        while map.next_entry::<Key<'de>, Value>()?.is_some() {}
+        Ok(ArrayOr::Other)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(ArrayOr::Other)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(ArrayOr::Other)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(ArrayOr::Other)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(ArrayOr::Other)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(ArrayOr::Other)
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(ArrayOr::Other)
+    }
+}
+
 /// The fields of an endpoint reference (`from`, §5).
 #[derive(Default)]
 struct EndpointFields {
@@ -327,7 +416,7 @@ struct MessageFields {
     to: Found<String>,
     to_service: Found<String>,
     mentions: Found<Vec<Value>>,
-    parts: Found<Vec<Value>>,
+    parts: Found<Vec<ObjectOr<PartFields>>>,
     reply_to: Found<String>,
     context_id: Found<String>,
     extra: Map<String, Value>,
@@ -354,7 +443,12 @@ impl Entries for MessageFields {
             "to" => self.to = string(value),
             "toService" => self.to_service = string(value),
             "mentions" => self.mentions = array(value),
-            "parts" => self.parts = array(value),
+            "parts" => {
+                self.parts = match value {
+                    Value::Array(items) => Found::Typed(items.into_iter().map(object_or).collect()),
+                    _ => Found::Mistyped,
+                }
+            }
             "replyTo" => self.reply_to = string(value),
             "contextId" => self.context_id = string(value),
             _ => {
@@ -369,6 +463,8 @@ impl Entries for MessageFields {
         while let Some(Key(key)) = map.next_key()? {
             if key == "from" {
                 fields.from = map.next_value::<ObjectOr<EndpointFields>>()?.into();
+            } else if key == "parts" {
+                fields.parts = map.next_value::<ArrayOr<ObjectOr<PartFields>>>()?.into();
             } else {
                 let value = map.next_value()?;
                 fields.set(key, value);
@@ -439,7 +535,7 @@ impl MessageFields {
             .required(PATH, "parts", "an array")?
             .into_iter()
             .enumerate()
-            .map(|(i, v)| part(v, i))
+            .map(|(i, found)| part(found, i))
             .collect::<Result<_, _>>()?;
         Ok(CotalMessage {
             id,
