@@ -221,7 +221,7 @@ impl Sink {
             token.ack();
             return None;
         }
-        let key = self.keying.key(&parsed.sender, id);
+        let key = self.keying.key(parsed.sender, id);
         if !self.seen.lock().is_ok_and(|s| s.keys.contains(&key)) {
             return Some(token);
         }
