@@ -19,7 +19,6 @@ use crate::protocol::{Channel, ChannelPattern, CotalMessage, resolve};
 pub(super) struct IdleRead {
     messages: pull::Stream,
     idle: std::pin::Pin<Box<tokio::time::Sleep>>,
-    heard: tokio::time::Instant,
 }
 
 impl IdleRead {
@@ -27,23 +26,22 @@ impl IdleRead {
         IdleRead {
             messages,
             idle: Box::pin(tokio::time::sleep(HISTORY_IDLE)),
-            heard: tokio::time::Instant::now(),
         }
     }
 
-    /// The next message; `None` when the read ended or nothing came for [`HISTORY_IDLE`].
+    /// The next message; `None` when the read ended or nothing came for [`HISTORY_IDLE`] of
+    /// this wait (the time the caller took over the last message does not count: an
+    /// application slow to take what was surfaced does not end the read).
     pub(super) async fn next(
         &mut self,
     ) -> Option<Result<async_nats::jetstream::Message, pull::MessagesError>> {
+        let since = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 biased;
-                next = self.messages.next() => {
-                    self.heard = tokio::time::Instant::now();
-                    return next;
-                }
+                next = self.messages.next() => return next,
                 () = &mut self.idle => {
-                    let quiet_until = self.heard + HISTORY_IDLE;
+                    let quiet_until = since + HISTORY_IDLE;
                     if quiet_until <= tokio::time::Instant::now() {
                         return None;
                     }
