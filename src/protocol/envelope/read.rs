@@ -266,6 +266,31 @@ impl<'de, T: Entries> Deserialize<'de> for ObjectOr<T> {
     }
 }
 
+/// The visits of a scalar (`null`, a boolean, a number, a string) for a visitor that reads one
+/// as `$other`: a value of a type the caller does not take apart.
+macro_rules! other_scalars {
+    ($other:expr) => {
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+    };
+}
+
 struct ObjectOrVisitor<T>(PhantomData<T>);
 
 impl<'de, T: Entries> Visitor<'de> for ObjectOrVisitor<T> {
@@ -281,24 +306,7 @@ impl<'de, T: Entries> Visitor<'de> for ObjectOrVisitor<T> {
         while seq.next_element::<Value>()?.is_some() {}
         Ok(ObjectOr::Other)
     }
-    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(ObjectOr::Other)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(ObjectOr::Other)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(ObjectOr::Other)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(ObjectOr::Other)
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(ObjectOr::Other)
-    }
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(ObjectOr::Other)
-    }
+    other_scalars!(ObjectOr::Other);
 }
 
 /// A JSON value read as an array of `T` when it is one; any other value is read whole, as a
@@ -342,24 +350,7 @@ impl<'de, T: Deserialize<'de>> Visitor<'de> for ArrayOrVisitor<T> {
         while map.next_entry::<Key<'de>, Value>()?.is_some() {}
         Ok(ArrayOr::Other)
     }
-    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(ArrayOr::Other)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(ArrayOr::Other)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(ArrayOr::Other)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(ArrayOr::Other)
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(ArrayOr::Other)
-    }
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(ArrayOr::Other)
-    }
+    other_scalars!(ArrayOr::Other);
 }
 
 /// The fields of an endpoint reference (`from`, §5).
@@ -433,12 +424,7 @@ impl Entries for MessageFields {
                 }
             }
             "space" => self.space = string(value),
-            "from" => {
-                self.from = match value {
-                    Value::Object(map) => Found::Typed(EndpointFields::from_map(map)),
-                    _ => Found::Mistyped,
-                }
-            }
+            "from" => self.from = object_or::<EndpointFields>(value).into(),
             "channel" => self.channel = string(value),
             "to" => self.to = string(value),
             "toService" => self.to_service = string(value),
