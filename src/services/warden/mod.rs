@@ -403,6 +403,9 @@ struct Watch {
     /// Until the feed has caught up with what DM held, holds kept from an earlier run of the
     /// warden are not reviewed (they would look read).
     replayed: bool,
+    /// DM's last sequence when the warden started: what DM stores after it was published
+    /// after the core subscriptions began, so its publish is seen there too.
+    dm_seen_after: u64,
     /// Whether the broker has yet to be told of a change of the holds.
     unpushed: bool,
     /// When DM was last checked for being nearly full.
@@ -488,6 +491,7 @@ impl Warden {
             dm_shares,
             task_shares,
             replayed: dm.state.messages == 0,
+            dm_seen_after: dm.state.last_sequence,
             unpushed: !self.space.holds().is_empty(),
             fullness_checked: None,
             pairs: HashMap::new(),
@@ -515,7 +519,8 @@ impl Warden {
             Verdict::Task(_) | Verdict::Keep => return,
         };
         let sender = msg.subject.as_str().rsplit('.').next().unwrap_or_default();
-        w.dm_shares.stored(&target, sender, seq, size);
+        w.dm_shares
+            .stored(&target, sender, seq, size, seq > w.dm_seen_after);
         if self.judge_share(Held::Dms, &mut w.dm_shares, sender).await {
             w.unpushed = !self.push_holds().await;
         }

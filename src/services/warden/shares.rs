@@ -27,7 +27,10 @@ pub(super) struct Shares {
     /// DM's stored feed trails the publishes by some milliseconds, in which a fast sender
     /// stores megabytes, and TASK is measured only now and then. DM's is cleared every
     /// [`TRIM_EVERY`] (refused publishes never reach the ledger), TASK's when measured.
-    pub(super) in_flight: HashMap<String, u64>,
+    /// Below zero when DM's feed delivered a DM before the warden took its publish from the
+    /// core subscription (the two wait side by side and either may be taken first): that
+    /// publish, when taken, is counted once, not twice; meanwhile the DM counts as stored.
+    pub(super) in_flight: HashMap<String, i64>,
     /// When each sender past its share may be judged again.
     pub(super) judged: HashMap<String, Instant>,
     /// The store's byte limit (0: none, and no share).
@@ -37,21 +40,24 @@ pub(super) struct Shares {
 impl Shares {
     /// `bytes` from `sender` were published.
     pub(super) fn published(&mut self, sender: &str, bytes: u64) {
-        *self.in_flight.entry(sender.to_owned()).or_default() += bytes;
+        *self.in_flight.entry(sender.to_owned()).or_default() += signed(bytes);
     }
 
-    /// DM stored `bytes` from `sender` to `target` at `seq`.
-    pub(super) fn stored(&mut self, target: &str, sender: &str, seq: u64, bytes: u64) {
+    /// DM stored `bytes` from `sender` to `target` at `seq`; `seen` when its publish was, or
+    /// is yet to be, taken from the core subscription (published since the warden
+    /// subscribed), and so moves from in flight to the ledger.
+    pub(super) fn stored(&mut self, target: &str, sender: &str, seq: u64, bytes: u64, seen: bool) {
         self.ledger.stored(target, sender, seq, bytes);
-        if let Some(in_flight) = self.in_flight.get_mut(sender) {
-            *in_flight = in_flight.saturating_sub(bytes);
+        if seen {
+            *self.in_flight.entry(sender.to_owned()).or_default() -= signed(bytes);
         }
     }
 
     /// What `sender` holds, or is about to, as far as is known without asking the broker.
     pub(super) fn estimate(&self, sender: &str) -> u64 {
         let counted = self.ledger.unread(sender) + self.measured.get(sender).copied().unwrap_or(0);
-        counted + self.in_flight.get(sender).copied().unwrap_or(0)
+        let in_flight = self.in_flight.get(sender).copied().unwrap_or(0).max(0);
+        counted + in_flight.unsigned_abs()
     }
 
     pub(super) fn share(&self) -> u64 {
@@ -68,6 +74,11 @@ impl Shares {
             store: self.store,
         }
     }
+}
+
+/// A message's size as a signed count of bytes (sizes are far below `i64::MAX`).
+fn signed(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
 impl Warden {
@@ -202,5 +213,35 @@ impl Warden {
                 false
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dm_is_counted_once_whichever_of_its_publish_and_its_storing_is_taken_first() {
+        let mut dm = Shares::default();
+        // Published, then stored: in flight, then in the ledger.
+        dm.published("UMAL", 100);
+        assert_eq!(dm.estimate("UMAL"), 100);
+        dm.stored("UBOB", "UMAL", 1, 100, true);
+        assert_eq!(dm.estimate("UMAL"), 100);
+        // Stored first: counted as stored at once; its publish, taken after, adds nothing.
+        dm.stored("UBOB", "UMAL", 2, 100, true);
+        assert_eq!(dm.estimate("UMAL"), 200);
+        dm.published("UMAL", 100);
+        assert_eq!(dm.estimate("UMAL"), 200);
+        dm.published("UMAL", 100);
+        assert_eq!(dm.estimate("UMAL"), 300, "one more in flight");
+        dm.stored("UBOB", "UMAL", 3, 100, true);
+        assert_eq!(dm.estimate("UMAL"), 300);
+        // Stored before the warden subscribed: no publish of it will be seen.
+        dm.stored("UBOB", "UMAL", 4, 100, false);
+        assert_eq!(dm.estimate("UMAL"), 400);
+        // A refused publish stays in flight until the review clears it.
+        dm.published("UMAL", 100);
+        assert_eq!(dm.estimate("UMAL"), 500);
     }
 }
