@@ -177,7 +177,7 @@ pub(super) async fn catch_up(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<
         Better::Higher,
         figures,
         "a new connection + pull consumer of the same range, fetch 256 + ack",
-        ">= 0.8",
+        ">= 0.9",
     );
     split.report(&mut result);
     Ok(vec![result])
@@ -265,7 +265,7 @@ pub(super) async fn replay(bench: &Bench, sizes: Sizes) -> anyhow::Result<Vec<Ca
         Better::Higher,
         figures,
         "an ordered consumer of the same range on an open connection",
-        ">= 0.8",
+        ">= 0.9",
     );
     split.report(&mut result);
     Ok(vec![result])

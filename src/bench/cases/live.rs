@@ -56,7 +56,7 @@ pub(super) const DEFAULT_PROFILE: Flavor = Flavor {
         "default_profile_latency_p99",
         "default_profile_serial",
     ],
-    goals: [">= 0.85", "<= 1.3", "<= 2.0", ">= 0.9"],
+    goals: [">= 0.9", "<= 1.1", "<= 2.0", ">= 0.95"],
 };
 
 /// A channel's publisher and subscriber, and the raw pair beside them.

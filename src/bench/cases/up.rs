@@ -36,7 +36,7 @@ pub(in crate::bench) async fn startup(
             Better::Lower,
             (warm, alone),
             baseline,
-            "as low as it goes",
+            "<= 3.0",
         ),
     ])
 }
