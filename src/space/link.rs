@@ -99,6 +99,21 @@ impl Link {
         self.state.subscribe()
     }
 
+    /// Another connection as the same user, named `<name>-<purpose>`, for a service whose
+    /// traffic must not wait behind the shared connection's (or hold it up); not tracked: its
+    /// owner drops it, and dials again when it closed for good.
+    pub(super) async fn dial_another(
+        &self,
+        purpose: &str,
+    ) -> Result<async_nats::Client, DialError> {
+        let name = format!("{}-{purpose}", self.name);
+        Ok(
+            crate::client::nats_options(&self.creds, &name, Some(&self.ca), true)?
+                .connect(format!("tls://{}", self.addr))
+                .await?,
+        )
+    }
+
     /// Replaces a connection that closed for good with a new one.
     pub(super) async fn redial(&self) -> Result<(), DialError> {
         let fresh = connect(&self.creds, &self.name, &self.ca, self.addr, &self.state).await?;

@@ -207,6 +207,19 @@ impl Space {
         self.link.state()
     }
 
+    /// A connection of its own as the provisioner, for `purpose` (the warden's view of every
+    /// DM and task published, whose payloads must not delay the shared connection's replies).
+    pub async fn dial_another(&self, purpose: &str) -> Result<async_nats::Client, SpaceError> {
+        self.link
+            .dial_another(purpose)
+            .await
+            .map_err(|source| SpaceError::Connect {
+                space: self.name().to_owned(),
+                addr: self.link.addr(),
+                source,
+            })
+    }
+
     /// Dials the broker again in place of a connection that closed for good.
     pub async fn redial(&self) -> Result<(), SpaceError> {
         self.link

@@ -27,10 +27,15 @@
 //! `ledger` of unread bytes per sender; TASK, a work queue, admits no such consumer, so a
 //! sender's tasks are measured from the stream's per-subject counts), and sweeps the streams'
 //! subjects when it starts and every [`SWEEP_INTERVAL`], which catches what was stored while it
-//! was not running and identities revoked since.
+//! was not running and identities revoked since. The core subscriptions carry every payload,
+//! so they have a connection of their own: a flood queued there delays neither DM's stored
+//! feed nor the warden's questions to the broker, and while tasks are being published TASK's
+//! size is asked every [`PULSE`], so a task flood is judged by what the stream holds, not by
+//! how much of it the appliance has read.
 
 mod ledger;
 mod shares;
+mod verdict;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -51,6 +56,7 @@ use crate::binding::{SpaceNames, dm_durable};
 use crate::space::{Held, Identities, Space};
 use ledger::Ledger;
 use shares::Shares;
+use verdict::{Addressable, Verdict, judge};
 
 /// How often every DM and TASK subject is checked (and full pairs trimmed) besides the live
 /// checks.
@@ -77,6 +83,12 @@ const TRIM_RETRY_FIRST: Duration = Duration::from_millis(10);
 /// A sender estimated past its share but measured under it is measured again after this: a
 /// flood goes on meanwhile, and a second of it can fill the store.
 const REMEASURE_AFTER: Duration = Duration::from_millis(100);
+/// While tasks are being published, TASK's size is asked this often: the tasks seen on the
+/// core subscription trail a flood by as much as the appliance has yet to read of it, the
+/// stream's own count does not.
+const PULSE: Duration = Duration::from_millis(25);
+/// Tasks count as being published for this long after the last one seen.
+const PULSE_FOR: Duration = Duration::from_secs(1);
 
 /// One sender may have this part of DM's (TASK's) byte limit stored unread (untaken): an
 /// eighth, so that a sender past it is held while seven others at their share still fit.
@@ -115,33 +127,6 @@ impl Warden {
     }
 }
 
-/// Who may be addressed: the agents and persons (admins, the machine operator) minted and not
-/// revoked, who read their own `dm_<id>`, and the agents' roles.
-#[derive(Default)]
-struct Addressable {
-    version: Option<u64>,
-    inboxes: HashSet<String>,
-    roles: HashSet<String>,
-}
-
-impl Addressable {
-    fn refresh(&mut self, identities: &Identities) {
-        let version = identities.version();
-        if self.version == Some(version) {
-            return;
-        }
-        self.inboxes.clear();
-        self.roles.clear();
-        for record in identities.active().into_iter().chain(identities.builtins()) {
-            if record.has_inbox() {
-                self.roles.extend(record.role.clone());
-                self.inboxes.insert(record.id);
-            }
-        }
-        self.version = Some(version);
-    }
-}
-
 /// A stream's byte limit (0: none).
 fn byte_limit(info: &stream::Info) -> u64 {
     info.config.max_bytes.max(0) as u64
@@ -159,52 +144,6 @@ fn stored_entry(msg: &async_nats::jetstream::Message) -> Option<(u64, u64, u64)>
         .parse()
         .ok()?;
     Some((info.stream_sequence, size, info.pending))
-}
-
-/// A routing token that can be used inside a purge filter as itself.
-fn literal(token: &str) -> bool {
-    !token.is_empty() && !token.contains(['*', '>'])
-}
-
-/// What the warden does about one DM or task subject it saw.
-#[derive(Debug, PartialEq, Eq)]
-enum Verdict {
-    /// Nobody can read it: purge everything to this target (the filter).
-    Purge(String),
-    /// A real DM pair (target, subject).
-    Pair(String, String),
-    /// A task to a role some agent holds (its pair's subject).
-    Task(String),
-    /// Nothing to do.
-    Keep,
-}
-
-fn judge(names: &SpaceNames, subject: &str, addressable: &Addressable) -> Verdict {
-    let prefix = names.prefix();
-    let Some(rest) = subject
-        .strip_prefix(prefix.as_str())
-        .and_then(|r| r.strip_prefix('.'))
-    else {
-        return Verdict::Keep;
-    };
-    let tokens: Vec<&str> = rest.split('.').collect();
-    match tokens.as_slice() {
-        ["inst", target, sender] if literal(target) && literal(sender) => {
-            if addressable.inboxes.contains(*target) {
-                Verdict::Pair((*target).to_owned(), subject.to_owned())
-            } else {
-                Verdict::Purge(names.dms_to(target))
-            }
-        }
-        ["svc", role, sender] if literal(role) && literal(sender) => {
-            if addressable.roles.contains(*role) {
-                Verdict::Task(subject.to_owned())
-            } else {
-                Verdict::Purge(names.tasks_for(role))
-            }
-        }
-        _ => Verdict::Keep,
-    }
 }
 
 impl Warden {
@@ -404,7 +343,8 @@ struct Watch {
     /// warden are not reviewed (they would look read).
     replayed: bool,
     /// DM's last sequence when the warden started: what DM stores after it was published
-    /// after the core subscriptions began, so its publish is seen there too.
+    /// once the core subscriptions began (they are made alongside), so its publish is seen
+    /// there too.
     dm_seen_after: u64,
     /// Whether the broker has yet to be told of a change of the holds.
     unpushed: bool,
@@ -415,6 +355,10 @@ struct Watch {
     /// Purged within the current window, and waiting for its end.
     recent: BTreeSet<String>,
     purges: BTreeSet<String>,
+    /// When a task was last seen published (TASK's size is asked while it is recent).
+    task_seen: Option<Instant>,
+    /// TASK's size when its pairs were last listed, or its lowest since.
+    task_listed: u64,
 }
 
 /// A DM pair as the warden counts it.
@@ -446,6 +390,40 @@ impl Pair {
 }
 
 impl Warden {
+    /// Every DM and task published, on a connection of the warden's own (the connection is
+    /// kept as long as the subscriptions).
+    async fn tap(
+        &self,
+    ) -> Result<
+        (
+            async_nats::Client,
+            async_nats::Subscriber,
+            async_nats::Subscriber,
+        ),
+        ServiceError,
+    > {
+        let names = self.space.names();
+        let tap = self
+            .space
+            .dial_another("warden")
+            .await
+            .map_err(ServiceError::at(
+                "connecting for the DMs and tasks published",
+            ))?;
+        let dms = tap
+            .subscribe(names.dms())
+            .await
+            .map_err(ServiceError::at("subscribing to DMs"))?;
+        let tasks = tap
+            .subscribe(names.tasks())
+            .await
+            .map_err(ServiceError::at("subscribing to tasks"))?;
+        tap.flush()
+            .await
+            .map_err(ServiceError::at("subscribing to DMs and tasks"))?;
+        Ok((tap, dms, tasks))
+    }
+
     /// Every DM that DM stores, from the first it holds: sequence, pair and size, no payload.
     async fn follow_dm(&self) -> Result<pull::Ordered, ServiceError> {
         self.space
@@ -497,6 +475,10 @@ impl Warden {
             pairs: HashMap::new(),
             recent: BTreeSet::new(),
             purges: BTreeSet::new(),
+            task_seen: None,
+            // The first pulse lists TASK's pairs if it holds more than a share already (tasks
+            // stored while the warden was not running).
+            task_listed: 0,
         })
     }
 
@@ -537,6 +519,45 @@ impl Warden {
         }
         if w.unpushed {
             w.unpushed = !self.push_holds().await;
+        }
+    }
+
+    /// Every [`PULSE`] while tasks are being published: TASK's size; once it grew by half a
+    /// share since its pairs were last listed, every sender past its share by the stream's
+    /// counts is judged.
+    async fn on_pulse(&self, w: &mut Watch) {
+        if w.task_seen.is_none_or(|seen| seen.elapsed() > PULSE_FOR) {
+            return;
+        }
+        let bytes = match self.stream_info(&self.space.names().task_stream()).await {
+            Ok(task) => task.state.bytes,
+            Err(e) => {
+                tracing::debug!(space = self.space.name(), error = %e, "TASK not read");
+                return;
+            }
+        };
+        let share = w.task_shares.share();
+        w.task_listed = w.task_listed.min(bytes);
+        if bytes <= share || bytes < w.task_listed.saturating_add(share / 2) {
+            return;
+        }
+        w.task_listed = bytes;
+        w.addressable.refresh(&self.identities);
+        let (names, addressable) = (&w.names, &w.addressable);
+        // Tasks to a role nobody holds are purged, not counted.
+        let counted = |pair: &str| matches!(judge(names, pair, addressable), Verdict::Task(_));
+        let past = self
+            .task_senders_past_share(&mut w.task_shares, counted)
+            .await;
+        for sender in past {
+            // The stream's own count: judged now, whenever it was last.
+            w.task_shares.judged.remove(&sender);
+            if self
+                .judge_share(Held::Tasks, &mut w.task_shares, &sender)
+                .await
+            {
+                w.unpushed = !self.push_holds().await;
+            }
         }
     }
 
@@ -582,6 +603,7 @@ impl Warden {
             }
             Verdict::Pair(target, subject) => self.on_dm(w, &target, subject, size).await,
             Verdict::Task(subject) => {
+                w.task_seen = Some(Instant::now());
                 let sender = subject.rsplit('.').next().unwrap_or_default();
                 w.task_shares.tasks.published(&subject, size);
                 w.task_shares.published(sender, size);
@@ -628,25 +650,18 @@ impl Service for Warden {
     }
 
     async fn run(&self, ctx: Context) -> Result<(), ServiceError> {
-        let nats = self.space.nats();
-        let names = self.space.names();
-        let mut dms = nats
-            .subscribe(names.dms())
-            .await
-            .map_err(ServiceError::at("subscribing to DMs"))?;
-        let mut tasks = nats
-            .subscribe(names.tasks())
-            .await
-            .map_err(ServiceError::at("subscribing to tasks"))?;
-        nats.flush()
-            .await
-            .map_err(ServiceError::at("subscribing to DMs and tasks"))?;
-        // Neither needs the other: their round trips at once (startup time).
-        let (mut stored, mut w) = tokio::try_join!(self.follow_dm(), self.watch())?;
+        // None needs another: their round trips at once (startup time). A DM stored before
+        // the core subscriptions began is one whose publish the warden does not see; its
+        // stored entry, counted all the same, leaves in flight below zero until the next
+        // review clears it.
+        let ((_tap, mut dms, mut tasks), mut stored, mut w) =
+            tokio::try_join!(self.tap(), self.follow_dm(), self.watch())?;
         let mut review = tokio::time::interval(TRIM_EVERY);
         let mut batch = tokio::time::interval(PURGE_BATCH);
         let mut sweep = tokio::time::interval(SWEEP_INTERVAL);
         sweep.reset();
+        let mut pulse = tokio::time::interval(PULSE);
+        pulse.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ctx.report(Health::Running);
         loop {
             let (subject, size) = tokio::select! {
@@ -681,6 +696,10 @@ impl Service for Warden {
                     self.on_sweep(&mut w).await?;
                     continue;
                 }
+                _ = pulse.tick() => {
+                    self.on_pulse(&mut w).await;
+                    continue;
+                }
             };
             self.on_published(&mut w, subject.as_str(), size).await;
         }
@@ -690,14 +709,6 @@ impl Service for Warden {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn addressable() -> Addressable {
-        Addressable {
-            version: Some(0),
-            inboxes: ["UBOB".to_owned()].into(),
-            roles: ["reviewer".to_owned()].into(),
-        }
-    }
 
     #[test]
     fn a_trim_that_removes_nothing_waits_longer_each_time_and_one_that_removes_resets() {
@@ -725,45 +736,5 @@ mod tests {
         pair.held = TRIM_AT;
         assert!(pair.due());
         assert_eq!(waits(&mut pair, None), Some(TRIM_EVERY));
-    }
-
-    #[test]
-    fn dms_and_tasks_nobody_can_read_are_purged_by_target() {
-        let a = addressable();
-        let p = &SpaceNames::new("main");
-        assert_eq!(
-            judge(p, "cotal.main.inst.UBOB.UMAL", &a),
-            Verdict::Pair("UBOB".into(), "cotal.main.inst.UBOB.UMAL".into())
-        );
-        assert_eq!(
-            judge(p, "cotal.main.inst.UNOBODY.UMAL", &a),
-            Verdict::Purge("cotal.main.inst.UNOBODY.*".into())
-        );
-        assert_eq!(
-            judge(p, "cotal.main.svc.reviewer.UMAL", &a),
-            Verdict::Task("cotal.main.svc.reviewer.UMAL".into())
-        );
-        assert_eq!(
-            judge(p, "cotal.main.svc.ghost.UMAL", &a),
-            Verdict::Purge("cotal.main.svc.ghost.*".into())
-        );
-    }
-
-    #[test]
-    fn a_wildcard_token_never_becomes_a_purge_filter() {
-        let a = addressable();
-        for subject in [
-            "cotal.main.inst.*.UMAL",
-            "cotal.main.inst.>",
-            "cotal.main.svc.*.UMAL",
-            "cotal.main.inst.UX.UMAL.extra",
-            "cotal.other.inst.UX.UMAL",
-        ] {
-            assert_eq!(
-                judge(&SpaceNames::new("main"), subject, &a),
-                Verdict::Keep,
-                "{subject}"
-            );
-        }
     }
 }

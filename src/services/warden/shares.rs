@@ -92,32 +92,15 @@ impl Warden {
             return shares.estimate(sender);
         }
         let measured = async {
-            let state = self
-                .stream_info(&self.space.names().task_stream())
-                .await?
-                .state;
-            let mean = state.bytes.checked_div(state.messages).unwrap_or(0);
-            let stream = self
-                .space
-                .jetstream()
-                .get_stream_no_info(self.space.names().task_stream())
-                .await
-                .map_err(ServiceError::at("reading TASK"))?;
-            let mut subjects = stream
-                .info_with_subjects(self.space.names().tasks_from(sender))
-                .await
-                .map_err(ServiceError::at("listing TASK's subjects"))?;
-            let (mut bytes, mut listed) = (0, HashSet::new());
-            while let Some(entry) = subjects.next().await {
-                let (pair, count) = entry.map_err(ServiceError::at("listing TASK's subjects"))?;
-                bytes += shares.tasks.held(&pair, count as u64, mean);
-                listed.insert(pair);
-            }
+            let pairs = self
+                .task_pairs(self.space.names().tasks_from(sender), shares)
+                .await?;
+            let listed: HashSet<&str> = pairs.iter().map(|(pair, _)| pair.as_str()).collect();
             let own = format!(".{sender}");
             shares
                 .tasks
                 .retain(|pair| !pair.ends_with(&own) || listed.contains(pair));
-            Ok::<_, ServiceError>(bytes)
+            Ok::<_, ServiceError>(pairs.iter().map(|(_, bytes)| bytes).sum())
         };
         match measured.await {
             Ok(bytes) => {
@@ -131,6 +114,68 @@ impl Warden {
                 shares.estimate(sender)
             }
         }
+    }
+
+    /// The task pairs TASK holds under `filter`, each with the bytes of what it holds (the
+    /// sizes its last tasks were published with, or the stream's mean).
+    async fn task_pairs(
+        &self,
+        filter: String,
+        shares: &mut Shares,
+    ) -> Result<Vec<(String, u64)>, ServiceError> {
+        let state = self
+            .stream_info(&self.space.names().task_stream())
+            .await?
+            .state;
+        let mean = state.bytes.checked_div(state.messages).unwrap_or(0);
+        let stream = self
+            .space
+            .jetstream()
+            .get_stream_no_info(self.space.names().task_stream())
+            .await
+            .map_err(ServiceError::at("reading TASK"))?;
+        let mut subjects = stream
+            .info_with_subjects(filter)
+            .await
+            .map_err(ServiceError::at("listing TASK's subjects"))?;
+        let mut pairs = Vec::new();
+        while let Some(entry) = subjects.next().await {
+            let (pair, count) = entry.map_err(ServiceError::at("listing TASK's subjects"))?;
+            let bytes = shares.tasks.held(&pair, count as u64, mean);
+            pairs.push((pair, bytes));
+        }
+        Ok(pairs)
+    }
+
+    /// What every sender holds in TASK, by the stream's counts (all its pairs listed, those
+    /// `counted`), kept as measured; returns the senders past their share.
+    pub(super) async fn task_senders_past_share(
+        &self,
+        shares: &mut Shares,
+        counted: impl Fn(&str) -> bool,
+    ) -> Vec<String> {
+        let pairs = match self.task_pairs(self.space.names().tasks(), shares).await {
+            Ok(pairs) => pairs,
+            Err(e) => {
+                tracing::debug!(space = self.space.name(), error = %e, "TASK's pairs not listed");
+                return Vec::new();
+            }
+        };
+        let mut by_sender: HashMap<String, u64> = HashMap::new();
+        for (pair, bytes) in pairs.into_iter().filter(|(pair, _)| counted(pair)) {
+            let sender = pair.rsplit('.').next().unwrap_or_default().to_owned();
+            *by_sender.entry(sender).or_default() += bytes;
+        }
+        let share = shares.share();
+        let mut past = Vec::new();
+        for (sender, bytes) in by_sender {
+            shares.in_flight.remove(&sender);
+            if bytes > share {
+                past.push(sender.clone());
+            }
+            shares.measured.insert(sender, bytes);
+        }
+        past
     }
 
     /// Holds `sender` from sending `held` when it is past its share, not held, not judged
