@@ -260,6 +260,25 @@ async fn flood_past_share(
     stored
 }
 
+/// Sends with `send` until it is refused for its sender's share (bounded, a pause between
+/// sends); returns how many were accepted first.
+async fn until_held<T, F>(mut send: impl FnMut() -> F) -> usize
+where
+    T: std::fmt::Debug,
+    F: std::future::Future<Output = Result<T, ClientError>>,
+{
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let mut accepted = 0;
+    loop {
+        match send().await {
+            Err(e) if e.to_string().contains("more than your share") => return accepted,
+            Ok(_) if tokio::time::Instant::now() < deadline => accepted += 1,
+            other => panic!("not held again after the restart: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Sends with `send` until it is accepted (bounded), a refusal of the store followed by a
 /// pause; returns how many were refused first.
 async fn until_accepted<T, F>(mut send: impl FnMut() -> F) -> (T, usize)
@@ -325,20 +344,7 @@ async fn one_sender_cannot_fill_dm_through_many_real_targets() {
     let mut op = operator(&c).await;
     let cc = endpoint(&carol, |o| o.presence = false).await;
     let mc = endpoint(&mallory, |o| o.presence = false).await;
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    let mut accepted = 0;
-    loop {
-        match mc
-            .client
-            .send_text(to(&carol.id), "after the restart")
-            .await
-        {
-            Err(e) if e.to_string().contains("more than your share") => break,
-            Ok(_) if tokio::time::Instant::now() < deadline => accepted += 1,
-            other => panic!("not held again after the restart: {other:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let accepted = until_held(|| mc.client.send_text(to(&carol.id), "after the restart")).await;
     eprintln!("after a restart: held again ({accepted} small DMs accepted before)");
 
     // Carol still reaches Bob, and Bob gets both her DMs.
@@ -505,20 +511,11 @@ async fn one_sender_cannot_fill_task_through_many_real_roles() {
     let c = up_roomy(tmp.path()).await;
     let cc = endpoint(&carol, |o| o.presence = false).await;
     let mc = endpoint(&mallory, |o| o.presence = false).await;
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    let mut accepted = 0;
-    loop {
-        match mc
-            .client
+    let after = || {
+        mc.client
             .send_text(Routing::to_service("r1"), "after the restart")
-            .await
-        {
-            Err(e) if e.to_string().contains("more than your share") => break,
-            Ok(_) if tokio::time::Instant::now() < deadline => accepted += 1,
-            other => panic!("not held again after the restart: {other:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
+    let accepted = until_held(after).await;
     eprintln!("after a restart: held again ({accepted} small tasks accepted before)");
     let (later, _) = cc
         .client
