@@ -30,8 +30,8 @@
 //! was not running and identities revoked since. The core subscriptions carry every payload,
 //! so they have a connection of their own: a flood queued there delays neither DM's stored
 //! feed nor the warden's questions to the broker, and while tasks are being published TASK's
-//! size is asked every [`PULSE`], so a task flood is judged by what the stream holds, not by
-//! how much of it the appliance has read.
+//! size is asked every 25 ms (`PULSE`), so a task flood is judged by what the stream holds,
+//! not by how much of it the appliance has read.
 
 mod ledger;
 mod shares;
