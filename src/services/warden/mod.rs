@@ -529,14 +529,14 @@ impl Warden {
         if w.task_seen.is_none_or(|seen| seen.elapsed() > PULSE_FOR) {
             return;
         }
-        let bytes = match self.stream_info(&self.space.names().task_stream()).await {
-            Ok(task) => task.state.bytes,
+        let state = match self.stream_info(&self.space.names().task_stream()).await {
+            Ok(task) => task.state,
             Err(e) => {
                 tracing::debug!(space = self.space.name(), error = %e, "TASK not read");
                 return;
             }
         };
-        let share = w.task_shares.share();
+        let (bytes, share) = (state.bytes, w.task_shares.share());
         w.task_listed = w.task_listed.min(bytes);
         if bytes <= share || bytes < w.task_listed.saturating_add(share / 2) {
             return;
@@ -547,7 +547,7 @@ impl Warden {
         // Tasks to a role nobody holds are purged, not counted.
         let counted = |pair: &str| matches!(judge(names, pair, addressable), Verdict::Task(_));
         let past = self
-            .task_senders_past_share(&mut w.task_shares, counted)
+            .task_senders_past_share(&state, &mut w.task_shares, counted)
             .await;
         for sender in past {
             // The stream's own count: judged now, whenever it was last.

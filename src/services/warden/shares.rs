@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use async_nats::jetstream::stream;
 use futures_util::StreamExt;
 use tokio::time::Instant;
 
@@ -56,8 +57,8 @@ impl Shares {
     /// What `sender` holds, or is about to, as far as is known without asking the broker.
     pub(super) fn estimate(&self, sender: &str) -> u64 {
         let counted = self.ledger.unread(sender) + self.measured.get(sender).copied().unwrap_or(0);
-        let in_flight = self.in_flight.get(sender).copied().unwrap_or(0).max(0);
-        counted + in_flight.unsigned_abs()
+        let in_flight = self.in_flight.get(sender).copied().unwrap_or(0);
+        counted + u64::try_from(in_flight).unwrap_or(0)
     }
 
     pub(super) fn share(&self) -> u64 {
@@ -92,9 +93,9 @@ impl Warden {
             return shares.estimate(sender);
         }
         let measured = async {
-            let pairs = self
-                .task_pairs(self.space.names().tasks_from(sender), shares)
-                .await?;
+            let task = self.stream_info(&self.space.names().task_stream()).await?;
+            let filter = self.space.names().tasks_from(sender);
+            let pairs = self.task_pairs(filter, &task.state, shares).await?;
             let listed: HashSet<&str> = pairs.iter().map(|(pair, _)| pair.as_str()).collect();
             let own = format!(".{sender}");
             shares
@@ -116,17 +117,15 @@ impl Warden {
         }
     }
 
-    /// The task pairs TASK holds under `filter`, each with the bytes of what it holds (the
-    /// sizes its last tasks were published with, or the stream's mean).
+    /// The task pairs TASK (its `state` as just read) holds under `filter`, each with the
+    /// bytes of what it holds (the sizes its last tasks were published with, or the stream's
+    /// mean).
     async fn task_pairs(
         &self,
         filter: String,
+        state: &stream::State,
         shares: &mut Shares,
     ) -> Result<Vec<(String, u64)>, ServiceError> {
-        let state = self
-            .stream_info(&self.space.names().task_stream())
-            .await?
-            .state;
         let mean = state.bytes.checked_div(state.messages).unwrap_or(0);
         let stream = self
             .space
@@ -147,14 +146,17 @@ impl Warden {
         Ok(pairs)
     }
 
-    /// What every sender holds in TASK, by the stream's counts (all its pairs listed, those
-    /// `counted`), kept as measured; returns the senders past their share.
+    /// What every sender holds in TASK (its `state` as just read), by the stream's counts (all
+    /// its pairs listed, those `counted`), kept as measured; returns the senders past their
+    /// share.
     pub(super) async fn task_senders_past_share(
         &self,
+        state: &stream::State,
         shares: &mut Shares,
         counted: impl Fn(&str) -> bool,
     ) -> Vec<String> {
-        let pairs = match self.task_pairs(self.space.names().tasks(), shares).await {
+        let filter = self.space.names().tasks();
+        let pairs = match self.task_pairs(filter, state, shares).await {
             Ok(pairs) => pairs,
             Err(e) => {
                 tracing::debug!(space = self.space.name(), error = %e, "TASK's pairs not listed");
