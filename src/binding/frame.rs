@@ -91,7 +91,7 @@ mod tests {
             1 << 20,
         )
         .unwrap();
-        assert_eq!(accepted.sender, ALICE);
+        assert_eq!(accepted.sender(), ALICE);
         assert!(accept_delivery(&subject(), None, None, &body(), 1 << 20).is_ok());
     }
 

@@ -261,9 +261,9 @@ fn publish_refused(subject: &str) -> String {
 pub(crate) fn nats_err<E: Into<BoxError>>(
     action: impl Into<String>,
 ) -> impl FnOnce(E) -> ClientError {
-    let action = action.into();
+    // The action becomes text only on an error: a static one costs a success nothing.
     move |e| ClientError::Nats {
-        action,
+        action: action.into(),
         source: e.into(),
     }
 }

@@ -268,7 +268,7 @@ impl Client {
                             .payload(payload.clone()),
                     )
                     .await
-                    .map_err(nats_err(format!("publish on {subject}")))?;
+                    .map_err(|e| nats_err(format!("publish on {subject}"))(e))?;
                 let refusal = match ack.await {
                     Ok(ack) => return Ok(ack),
                     // No answer, or no JetStream to answer yet (a broker that paused or is

@@ -158,7 +158,7 @@ impl Client {
         let mut taken = 0;
         while pending > 0 {
             let msg = match messages.next().await {
-                Some(msg) => msg.map_err(nats_err(what()))?,
+                Some(msg) => msg.map_err(|e| nats_err(what())(e))?,
                 None => {
                     return Err(ClientError::Timeout {
                         what: what(),

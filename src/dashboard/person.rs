@@ -90,14 +90,14 @@ impl Kept {
         if accepted.kind != DeliveryKind::Dm {
             return false;
         }
-        let key = (accepted.sender.clone(), accepted.message.id.clone());
+        let key = (accepted.sender().to_owned(), accepted.message.id.clone());
         if !self.seen.insert(key) {
             return false;
         }
         // `inst.<target>.<sender>`: the route is the target.
         let incoming = accepted.route == me;
         let peer = match incoming {
-            true => accepted.sender,
+            true => accepted.message.from.id.clone(),
             false => accepted.route,
         };
         if self.items.len() == KEEP

@@ -169,12 +169,18 @@ impl Rejection {
 pub struct AcceptedDelivery {
     /// How it was addressed, from the subject (§4).
     pub kind: DeliveryKind,
-    /// The subject's sender token (equal to `message.from.id`).
-    pub sender: String,
     /// The subject's route: the channel for `chat`, the target for `inst`, the role for `svc`.
     pub route: String,
     /// The parsed message.
     pub message: CotalMessage,
+}
+
+impl AcceptedDelivery {
+    /// The subject's sender token: the checks found it equal to `message.from.id` (§5), which
+    /// holds it.
+    pub fn sender(&self) -> &str {
+        &self.message.from.id
+    }
 }
 
 /// A control request that passed every receive check.
@@ -247,7 +253,6 @@ pub fn accept_delivery(
         .map_err(Rejection::InvalidEnvelope)?;
     Ok(AcceptedDelivery {
         kind,
-        sender: parsed.sender.to_owned(),
         route: parsed.rest.to_owned(),
         message,
     })

@@ -325,32 +325,58 @@ pub enum SubjectParseError {
 /// Locates kind, sender and rest of a delivery or control subject (§3).
 ///
 /// Every token must be non-empty and in sanitized form; a subject of any other shape has no
-/// sender.
+/// sender. Every copy received is parsed here: one pass over the bytes, which records where
+/// the first five tokens are and allocates nothing (a subject is ASCII as a rule; the first
+/// byte outside `[A-Za-z0-9_-.]` ends the pass and names its character).
 pub fn parse_subject(subject: &str) -> Result<ParsedSubject<'_>, SubjectParseError> {
-    let tokens: Vec<&str> = subject.split('.').collect();
-    if tokens.first() != Some(&ROOT) {
+    let root_dot = ROOT.len();
+    if !subject.starts_with(ROOT)
+        || subject.len() > root_dot && subject.as_bytes()[root_dot] != b'.'
+    {
         return Err(SubjectParseError::NotCotal);
     }
-    for (index, token) in tokens.iter().enumerate() {
-        if token.is_empty() {
-            return Err(SubjectParseError::EmptyToken { index });
-        }
-        // Byte by byte first: every copy received is parsed, and a token is ASCII as a rule.
-        if !token.bytes().all(|b| is_token_char(char::from(b)))
-            && let Some(found) = token.chars().find(|c| !is_token_char(*c))
-        {
-            return Err(SubjectParseError::InvalidToken { index, found });
+    // Token 0 is the root; the bounds of tokens 1..=4 as they are found, and how many tokens.
+    let mut tokens = [(0, root_dot); 5];
+    let mut count = 1;
+    if subject.len() > root_dot {
+        let bytes = subject.as_bytes();
+        let mut start = root_dot + 1;
+        for at in root_dot + 1..=bytes.len() {
+            match bytes.get(at) {
+                None | Some(b'.') => {
+                    if at == start {
+                        return Err(SubjectParseError::EmptyToken { index: count });
+                    }
+                    if let Some(bounds) = tokens.get_mut(count) {
+                        *bounds = (start, at);
+                    }
+                    count += 1;
+                    start = at + 1;
+                }
+                Some(&b) if is_token_char(char::from(b)) => {}
+                // Every byte before `at` is ASCII: `at` starts a character.
+                Some(_) => {
+                    let found = subject[at..].chars().next().unwrap_or_default();
+                    return Err(SubjectParseError::InvalidToken {
+                        index: count,
+                        found,
+                    });
+                }
+            }
         }
     }
-    let kind_token = *tokens.get(2).ok_or(SubjectParseError::MissingKind)?;
-    let kind = match kind_token {
+    let token = |index: usize| &subject[tokens[index].0..tokens[index].1];
+    if count < 3 {
+        return Err(SubjectParseError::MissingKind);
+    }
+    let kind = match token(2) {
         "chat" => SubjectKind::Chat,
         "inst" => SubjectKind::Inst,
         "svc" => SubjectKind::Svc,
         "ctl" => SubjectKind::Ctl,
-        "trace" | "control" => {
+        kind @ ("trace" | "control") => {
             return Err(SubjectParseError::NoSenderKind {
-                kind: kind_token.to_owned(),
+                kind: kind.to_owned(),
             });
         }
         other => {
@@ -359,37 +385,27 @@ pub fn parse_subject(subject: &str) -> Result<ParsedSubject<'_>, SubjectParseErr
             });
         }
     };
-    let space = tokens[1];
     match kind {
-        SubjectKind::Chat => {
-            if tokens.len() < 5 {
-                return Err(SubjectParseError::ChatTooShort {
-                    tokens: tokens.len(),
-                });
-            }
-            // Tokens 0..=3 and their dots precede the channel.
-            let channel_start: usize = tokens[..4].iter().map(|t| t.len() + 1).sum();
-            Ok(ParsedSubject {
+        SubjectKind::Chat if count < 5 => Err(SubjectParseError::ChatTooShort { tokens: count }),
+        SubjectKind::Chat => Ok(ParsedSubject {
+            kind,
+            space: token(1),
+            sender: token(3),
+            // The channel is tokens 4 and after, with their dots.
+            rest: &subject[tokens[4].0..],
+        }),
+        SubjectKind::Inst | SubjectKind::Svc | SubjectKind::Ctl if count != 5 => {
+            Err(SubjectParseError::WrongTokenCount {
                 kind,
-                space,
-                sender: tokens[3],
-                rest: &subject[channel_start..],
+                tokens: count,
             })
         }
-        SubjectKind::Inst | SubjectKind::Svc | SubjectKind::Ctl => {
-            if tokens.len() != 5 {
-                return Err(SubjectParseError::WrongTokenCount {
-                    kind,
-                    tokens: tokens.len(),
-                });
-            }
-            Ok(ParsedSubject {
-                kind,
-                space,
-                sender: tokens[4],
-                rest: tokens[3],
-            })
-        }
+        SubjectKind::Inst | SubjectKind::Svc | SubjectKind::Ctl => Ok(ParsedSubject {
+            kind,
+            space: token(1),
+            sender: token(4),
+            rest: token(3),
+        }),
     }
 }
 

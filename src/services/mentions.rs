@@ -142,7 +142,7 @@ impl Mentions {
             return false;
         }
         for name in &accepted.message.mentions {
-            let Some(target) = self.copy_target(name, channel, &accepted.sender) else {
+            let Some(target) = self.copy_target(name, channel, accepted.sender()) else {
                 continue;
             };
             if let Err(e) = self.store(msg, &accepted.message.id, &target).await {

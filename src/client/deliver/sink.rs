@@ -269,13 +269,13 @@ impl Sink {
                 return false;
             }
         };
-        if accepted.sender == self.own_id {
+        if accepted.sender() == self.own_id {
             settle(ack);
             return false;
         }
         self.roster
-            .know(&accepted.sender, &accepted.message.from.name);
-        let key = self.keying.key(&accepted.sender, &accepted.message.id);
+            .know(accepted.sender(), &accepted.message.from.name);
+        let key = self.keying.key(accepted.sender(), &accepted.message.id);
         let first = self.seen.lock().map(|mut s| s.first(key)).unwrap_or(true);
         let durable = matches!(ack, Ack::Backstop(_));
         if !first {
@@ -392,7 +392,7 @@ impl Sink {
             self.max_payload,
         ) {
             Ok(a) if a.kind != DeliveryKind::Channel => {
-                self.roster.know(&a.sender, &a.message.from.name);
+                self.roster.know(a.sender(), &a.message.from.name);
                 self.surface(Delivery {
                     message: a.message,
                     kind: a.kind,

@@ -5,8 +5,9 @@ use proptest::prelude::*;
 use super::ALICE;
 use crate::protocol::subject::is_token_char;
 use crate::protocol::{
-    Channel, ChannelPattern, CotalMessage, Host, JoinLink, LinkAuth, Rejection, ReplayWindow,
-    SpaceSubjects, SubjectKind, accept_control_request, accept_delivery, parse_subject, sanitize,
+    Channel, ChannelPattern, CotalMessage, Host, JoinLink, LinkAuth, ParsedSubject, Rejection,
+    ReplayWindow, SpaceSubjects, SubjectKind, SubjectParseError, accept_control_request,
+    accept_delivery, parse_subject, sanitize,
 };
 
 /// Any non-empty string without `.` (one raw token or segment).
@@ -41,6 +42,50 @@ fn subjectish() -> impl Strategy<Value = String> {
         0..9,
     )
     .prop_map(|tokens| tokens.join("."))
+}
+
+/// §3's rules for a subject with a sender as written, token by token: the model the one pass
+/// of [`parse_subject`] is held to.
+fn parse_subject_as_written(subject: &str) -> Result<ParsedSubject<'_>, SubjectParseError> {
+    let tokens: Vec<&str> = subject.split('.').collect();
+    if tokens[0] != "cotal" {
+        return Err(SubjectParseError::NotCotal);
+    }
+    for (index, token) in tokens.iter().enumerate() {
+        if token.is_empty() {
+            return Err(SubjectParseError::EmptyToken { index });
+        }
+        if let Some(found) = token.chars().find(|c| !is_token_char(*c)) {
+            return Err(SubjectParseError::InvalidToken { index, found });
+        }
+    }
+    let kind = match *tokens.get(2).ok_or(SubjectParseError::MissingKind)? {
+        "chat" => SubjectKind::Chat,
+        "inst" => SubjectKind::Inst,
+        "svc" => SubjectKind::Svc,
+        "ctl" => SubjectKind::Ctl,
+        kind @ ("trace" | "control") => {
+            return Err(SubjectParseError::NoSenderKind { kind: kind.into() });
+        }
+        kind => return Err(SubjectParseError::UnknownKind { kind: kind.into() }),
+    };
+    let (space, n) = (tokens[1], tokens.len());
+    match kind {
+        SubjectKind::Chat if n < 5 => Err(SubjectParseError::ChatTooShort { tokens: n }),
+        SubjectKind::Chat => Ok(ParsedSubject {
+            kind,
+            space,
+            sender: tokens[3],
+            rest: &subject[tokens[..4].iter().map(|t| t.len() + 1).sum::<usize>()..],
+        }),
+        _ if n != 5 => Err(SubjectParseError::WrongTokenCount { kind, tokens: n }),
+        _ => Ok(ParsedSubject {
+            kind,
+            space,
+            sender: tokens[4],
+            rest: tokens[3],
+        }),
+    }
 }
 
 proptest! {
@@ -106,6 +151,13 @@ proptest! {
     #[test]
     fn parse_subject_never_panics(subject in ".*") {
         let _ = parse_subject(&subject);
+    }
+
+    #[test]
+    fn parse_subject_follows_the_rules_as_written(
+        subject in prop_oneof![subjectish(), ".*", "cotal[.a-z$é>*]{0,24}"],
+    ) {
+        prop_assert_eq!(parse_subject(&subject), parse_subject_as_written(&subject));
     }
 
     #[test]

@@ -21,7 +21,7 @@ fn unicast() -> Vec<u8> {
 fn accepted_delivery_carries_subject_facts() {
     let d = accept_delivery(&format!("cotal.main.inst.{BOB}.{ALICE}"), &unicast(), MAX).unwrap();
     assert_eq!(d.kind, DeliveryKind::Dm);
-    assert_eq!(d.sender, ALICE);
+    assert_eq!(d.sender(), ALICE);
     assert_eq!(d.route, BOB);
     assert_eq!(d.message.id, "m1");
 }

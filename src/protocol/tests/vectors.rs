@@ -106,7 +106,7 @@ fn receive_vectors() {
         match (&result, case.get("accept")) {
             (Ok(d), Some(expect)) => {
                 assert_eq!(d.kind.as_str(), str_of(&expect["kind"]), "{name}");
-                assert_eq!(d.sender, str_of(&expect["sender"]), "{name}");
+                assert_eq!(d.sender(), str_of(&expect["sender"]), "{name}");
                 assert_eq!(d.route, str_of(&expect["route"]), "{name}");
             }
             (Err(e), None) => {
