@@ -52,8 +52,21 @@ impl IdleRead {
     }
 }
 
-/// History fetch batch size.
-const HISTORY_BATCH: usize = 256;
+/// How many messages one pull of a history read asks for; with [`history_batch_bytes`], so a
+/// history of large messages is not held whole in memory. A late joiner reads its history
+/// through these pulls, and the broker spends less per message the fewer times its delivery
+/// to the reader starts anew (`docs/benchmarks.md`: 256 cost it a microsecond per message more
+/// than an ordered consumer's 500).
+const HISTORY_BATCH: usize = 4096;
+/// At most how many bytes one pull of a history read asks for, as a rule.
+const HISTORY_BATCH_BYTES: usize = 8 << 20;
+
+/// The bytes one pull of a history read asks for: [`HISTORY_BATCH_BYTES`], or room for four of
+/// the largest messages the broker takes when that is more (a message larger than what a pull
+/// asks for is never delivered to it, and would be asked for again, forever).
+fn history_batch_bytes(max_payload: usize) -> usize {
+    HISTORY_BATCH_BYTES.max(max_payload.saturating_mul(4))
+}
 /// A history read ends when a pull brings nothing for this long.
 pub(super) const HISTORY_IDLE: Duration = Duration::from_secs(2);
 
@@ -61,9 +74,10 @@ pub(super) const HISTORY_IDLE: Duration = Duration::from_secs(2);
 /// a dying connection are lost too, and the broker's clock is not ours.
 const GAP_MARGIN: Duration = Duration::from_secs(5);
 
-/// The error of a history read of `subject`.
-fn fail<E: Into<super::BoxError>>(subject: &str) -> impl FnOnce(E) -> ClientError {
-    nats_err(format!("history of {subject}"))
+/// The error of a history read of `subject`, its words written only when it fails (a read
+/// passes every message through it).
+fn fail<E: Into<super::BoxError>>(subject: &str) -> impl FnOnce(E) -> ClientError + '_ {
+    move |e| nats_err(format!("history of {subject}"))(e)
 }
 
 /// Closes the live gap of reconnects: when the connection comes back, every joined channel is
@@ -218,9 +232,11 @@ impl Client {
     ) -> Result<(Stream<()>, String, u64, IdleRead), ClientError> {
         let (stream, name, consumer) = self.history_consumer(subject, deliver_policy).await?;
         let pending = consumer.cached_info().num_pending;
+        let max_payload = self.inner.nats.server_info().max_payload;
         let messages = consumer
             .stream()
             .max_messages_per_batch(HISTORY_BATCH)
+            .max_bytes_per_batch(history_batch_bytes(max_payload))
             .messages()
             .await
             .map_err(fail(subject))?;
@@ -242,45 +258,35 @@ impl Client {
         if frontier == 0 || limit == 0 {
             return Ok(Vec::new());
         }
-        let (stream, name, consumer) = self.history_consumer(&subject, start(frontier)).await?;
+        let (stream, name, mut pending, mut messages) =
+            self.history_messages(&subject, start(frontier)).await?;
         let max_payload = self.inner.nats.server_info().max_payload;
-        let mut pending = consumer.cached_info().num_pending;
-        'read: while pending > 0 {
-            let mut batch = consumer
-                .fetch()
-                .max_messages(HISTORY_BATCH.min(pending as usize).max(1))
-                .expires(Duration::from_secs(2))
-                .messages()
-                .await
-                .map_err(fail(&subject))?;
-            let mut got = 0;
-            while let Some(msg) = batch.next().await {
-                let msg = msg.map_err(fail(&subject))?;
-                got += 1;
-                let Ok(info) = msg.info() else { continue };
-                if info.stream_sequence > frontier {
-                    break 'read;
-                }
-                pending = info.pending;
-                // What fails the receive checks is not shown, as it would not be delivered.
-                if let Ok(accepted) = crate::binding::frame::accept_delivery(
-                    msg.subject.as_str(),
-                    msg.headers.as_ref(),
-                    msg.status,
-                    &msg.payload,
-                    max_payload,
-                ) && accepted.kind == crate::protocol::DeliveryKind::Channel
-                {
-                    if kept.len() == limit {
-                        kept.pop_front();
-                    }
-                    kept.push_back(accepted.message);
-                }
-            }
-            if got == 0 {
+        while pending > 0 {
+            let Some(msg) = messages.next().await else {
+                break;
+            };
+            let msg = msg.map_err(fail(&subject))?;
+            let Ok(info) = msg.info() else { continue };
+            if info.stream_sequence > frontier {
                 break;
             }
+            pending = info.pending;
+            // What fails the receive checks is not shown, as it would not be delivered.
+            if let Ok(accepted) = crate::binding::frame::accept_delivery(
+                msg.subject.as_str(),
+                msg.headers.as_ref(),
+                msg.status,
+                &msg.payload,
+                max_payload,
+            ) && accepted.kind == crate::protocol::DeliveryKind::Channel
+            {
+                if kept.len() == limit {
+                    kept.pop_front();
+                }
+                kept.push_back(accepted.message);
+            }
         }
+        drop(messages);
         let _ = stream.delete_consumer(&name).await;
         Ok(kept.into())
     }

@@ -1317,6 +1317,51 @@ async fn a_history_read_after_an_interrupted_one_reads_from_the_start() {
     c.stop().await;
 }
 
+/// A history of more bytes than one pull of a history read asks for, of messages near the
+/// largest the broker takes, is read whole: by a join's replay and by a history read.
+#[tokio::test]
+async fn a_history_of_large_messages_is_read_whole() {
+    const LARGE: usize = 1000 * 1024;
+    const N: usize = 12;
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let agent = ["--subscribe", "general", "--allow-publish", "general"];
+    let alice = mint(tmp.path(), "alice", "main", &agent).await;
+    let bob = mint(tmp.path(), "bob", "main", &agent).await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    let mut b = endpoint(&bob, |o| o.presence = false).await;
+    for i in 0..N {
+        let body = format!("{i:02}{}", "x".repeat(LARGE - 2));
+        a.client.send_text(channel("general"), &body).await.unwrap();
+    }
+    let join = b.client.join("general", Replay::AsConfigured);
+    let surfaced = async {
+        let mut texts = Vec::new();
+        while texts.len() < N {
+            let d = delivery(&mut b.deliveries).await;
+            assert!(d.historical, "only history was published: {d:?}");
+            texts.push(text(&d));
+        }
+        texts
+    };
+    let (report, texts) = tokio::join!(join, surfaced);
+    assert_eq!(report.unwrap().backfilled, N);
+    let order: Vec<&str> = texts.iter().map(|t| &t[..2]).collect();
+    let expected: Vec<String> = (0..N).map(|i| format!("{i:02}")).collect();
+    assert_eq!(order, expected);
+    assert!(texts.iter().all(|t| t.len() == LARGE));
+
+    let general = Channel::new("general").unwrap();
+    let history = tokio::time::timeout(TIMEOUT, b.client.history(&general, N))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(history.len(), N, "a history read of the same");
+    a.client.close().await;
+    b.client.close().await;
+    c.stop().await;
+}
+
 /// A task reading the deliveries of a client that another task closes is not left waiting:
 /// its reads end once the client is closed (what was queued before is still handed to it:
 /// `client::deliver::sink::tests`).
