@@ -67,6 +67,7 @@ const HISTORY_BATCH_BYTES: usize = 8 << 20;
 fn history_batch_bytes(max_payload: usize) -> usize {
     HISTORY_BATCH_BYTES.max(max_payload.saturating_mul(4))
 }
+
 /// A history read ends when a pull brings nothing for this long.
 pub(super) const HISTORY_IDLE: Duration = Duration::from_secs(2);
 
