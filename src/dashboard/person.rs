@@ -97,7 +97,7 @@ impl Kept {
         // `inst.<target>.<sender>`: the route is the target.
         let incoming = accepted.route == me;
         let peer = match incoming {
-            true => accepted.message.from.id.clone(),
+            true => accepted.sender().to_owned(),
             false => accepted.route,
         };
         if self.items.len() == KEEP
