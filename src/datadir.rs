@@ -415,13 +415,18 @@ impl DataDir {
         }
     }
 
-    /// Records what the appliance serves (atomically); kept after it stops.
+    /// Records what the appliance serves (atomically); kept after it stops. A record that
+    /// says the same already is left as it is: a start that serves what the last one did
+    /// writes (and syncs) nothing.
     pub fn write_last_served(&self, served: &LastServed) -> Result<(), DataDirError> {
         let path = self.root.join("served.json");
         let json = serde_json::to_vec_pretty(served).map_err(|source| DataDirError::BadState {
             path: path.clone(),
             source,
         })?;
+        if fs::read(&path).is_ok_and(|recorded| recorded == json) {
+            return Ok(());
+        }
         Ok(files::write_atomic(&path, &json, 0o600)?)
     }
 
@@ -456,6 +461,31 @@ mod tests {
         drop(held);
         assert!(!dir.is_locked().unwrap());
         dir.lock().unwrap();
+    }
+
+    #[test]
+    fn the_served_record_is_written_only_when_it_changes() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DataDir::new(tmp.path().join("d"));
+        fs::create_dir(dir.root()).unwrap();
+        let mut served = LastServed {
+            listen: "127.0.0.1:4222".parse().unwrap(),
+            link_host: "127.0.0.1:4222".into(),
+            spaces: Vec::new(),
+            dashboard: None,
+        };
+        let inode = || fs::metadata(dir.root().join("served.json")).unwrap().ino();
+        dir.write_last_served(&served).unwrap();
+        let first = inode();
+        // The same record again: the file is left as it is (a write renames a new file in).
+        dir.write_last_served(&served).unwrap();
+        assert_eq!(inode(), first);
+        served.dashboard = Some("127.0.0.1:8080".parse().unwrap());
+        dir.write_last_served(&served).unwrap();
+        assert_ne!(inode(), first);
+        let read = dir.read_last_served().unwrap();
+        assert_eq!(read.dashboard, served.dashboard);
     }
 
     #[test]
