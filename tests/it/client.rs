@@ -777,6 +777,76 @@ async fn endpoint_semantics() {
     c.stop().await;
 }
 
+/// A DM this session handled, delivered again (here stored a second time under another stream
+/// id, as an unclean broker stop that lost its ack or its dedup window leaves it), is settled
+/// without being surfaced again (§4); a DM never handled still comes again (the nak test
+/// above).
+#[tokio::test]
+async fn a_dm_handled_in_this_session_is_not_surfaced_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &[]).await;
+    let bob = mint(tmp.path(), "bob", "main", &[]).await;
+    let mut b = endpoint(&bob, |o| o.presence = false).await;
+    // Alice publishes raw, so that one message can be stored twice.
+    let raw = Probe::connect(&c, &alice.creds).await;
+    let js = async_nats::jetstream::new(raw.client.clone());
+    let subject = format!("cotal.main.inst.{}.{}", bob.id, alice.id);
+    let from = cotald::protocol::EndpointRef::new(
+        &InstanceId::from_user_nkey(&alice.id).unwrap(),
+        "alice".to_owned(),
+    );
+    let dm = |text: &str| {
+        let parts = vec![cotald::protocol::Part::text(text)];
+        cotald::protocol::CotalMessage::new("main", from.clone(), to(&bob.id), parts)
+    };
+    let store = |message: &cotald::protocol::CotalMessage, msg_id: &str| {
+        let publish = async_nats::jetstream::message::PublishMessage::build()
+            .payload(message.to_json().unwrap().into())
+            .message_id(msg_id);
+        let (js, subject) = (js.clone(), subject.clone());
+        async move {
+            js.send_publish(subject, publish)
+                .await
+                .unwrap()
+                .await
+                .unwrap()
+        }
+    };
+    let once = dm("once");
+    store(&once, "first copy").await;
+    let got = delivery(&mut b.deliveries).await;
+    assert_eq!(got.message.id, once.id);
+    got.ack().await.unwrap();
+    // The same message again, then another: the next one surfaced is the other.
+    store(&once, "second copy").await;
+    let next = dm("next");
+    store(&next, "next").await;
+    let got = delivery(&mut b.deliveries).await;
+    assert_eq!(
+        (got.message.id.as_str(), text(&got)),
+        (next.id.as_str(), "next".to_owned()),
+        "the copy of a handled DM is not surfaced again"
+    );
+    // Confirmed: the copy's ack, sent before on the same connection, has landed too.
+    got.ack_confirmed().await.unwrap();
+    let mut operator =
+        Probe::connect(&c, &tmp.path().join("spaces/main/local-operator.creds")).await;
+    let info = operator
+        .request(
+            &format!("$JS.API.CONSUMER.INFO.DM_main.dm_{}", bob.id),
+            json!({}),
+        )
+        .await;
+    assert_eq!(
+        (&info["num_ack_pending"], &info["num_pending"]),
+        (&json!(0), &json!(0)),
+        "the copy of the handled DM was settled: {info:#}"
+    );
+    b.client.close().await;
+    c.stop().await;
+}
+
 #[tokio::test]
 async fn a_dm_sent_while_offline_arrives_on_connect() {
     let tmp = tempfile::tempdir().unwrap();

@@ -8,7 +8,10 @@
 //! an ack handle, and when its message was already surfaced (live or backfill) it is
 //! acknowledged once the application handled that copy. DM and anycast copies come from their
 //! own consumers and are handed to the application with an explicit ack handle: acked only
-//! once handled, nak on a transient failure.
+//! once handled, nak on a transient failure. At-least-once (§4) may deliver such a copy again
+//! after it was handled (its ack lost when the broker stopped uncleanly, or the message stored
+//! twice): a copy of a message this session handled is acknowledged and not surfaced again;
+//! one never handled (a nak, an `ack_wait` run out) is.
 //!
 //! Here: what the application is handed and how it acknowledges it; `sink` checks,
 //! deduplicates and hands over every copy; `pull` reads the DM and anycast durables.
@@ -21,6 +24,7 @@ use async_nats::jetstream::{self, AckKind};
 use tokio::sync::mpsc;
 
 use self::key::{Digested, MessageKey};
+use self::sink::Seen;
 use super::{ClientError, nats_err};
 use crate::protocol::{CotalMessage, DeliveryKind, RejectReason};
 
@@ -58,13 +62,36 @@ enum Ack {
     /// Live and backfill copies: nothing to acknowledge.
     None,
     /// DM and anycast copies: the JetStream message.
-    Stream(Box<jetstream::Message>),
+    Stream(Box<StreamAck>),
     /// Durable copies: the trusted reader's token, acknowledged through `ctl.manager`.
     Backstop(BackstopToken),
     /// A live or backfill copy on a channel this member holds durably, or one that mentions
     /// it: its ack lets the durable copy of the same message be acknowledged (the application
     /// handled it), never sooner.
     Live(LiveAck),
+}
+
+/// A DM's or anycast copy's JetStream message, and the record of the messages this session
+/// handled, which acknowledging it adds its message to.
+pub(crate) struct StreamAck {
+    message: jetstream::Message,
+    handled: std::sync::Arc<Mutex<Seen>>,
+    key: MessageKey,
+}
+
+impl StreamAck {
+    /// The application handled the message: recorded whether or not the ack then reaches the
+    /// broker (a copy delivered again is settled, not surfaced), and acknowledged.
+    async fn ack(self, confirmed: bool) -> Result<(), ClientError> {
+        if let Ok(mut handled) = self.handled.lock() {
+            handled.first(self.key);
+        }
+        let acked = match confirmed {
+            true => self.message.double_ack().await,
+            false => self.message.ack().await,
+        };
+        acked.map_err(nats_err("ack"))
+    }
 }
 
 /// What the ack of a live or backfill copy settles: the durable copy of the same message (of a
@@ -188,7 +215,7 @@ impl Delivery {
     /// guarantee nothing more.
     pub async fn ack(self) -> Result<(), ClientError> {
         match self.ack {
-            Ack::Stream(m) => m.ack().await.map_err(nats_err("ack")),
+            Ack::Stream(s) => s.ack(false).await,
             Ack::Backstop(token) => {
                 token.ack();
                 Ok(())
@@ -213,7 +240,7 @@ impl Delivery {
     /// batched, and confirmed only as the session closes (see [`super::Settled`]).
     pub async fn ack_confirmed(self) -> Result<(), ClientError> {
         match self.ack {
-            Ack::Stream(m) => m.double_ack().await.map_err(nats_err("ack")),
+            Ack::Stream(s) => s.ack(true).await,
             _ => self.ack().await,
         }
     }
@@ -224,7 +251,8 @@ impl Delivery {
     /// copies (the trusted reader extends a held durable copy by itself).
     pub async fn in_progress(&self) -> Result<(), ClientError> {
         match &self.ack {
-            Ack::Stream(m) => m
+            Ack::Stream(s) => s
+                .message
                 .ack_with(AckKind::Progress)
                 .await
                 .map_err(nats_err("in-progress ack")),
@@ -237,7 +265,8 @@ impl Delivery {
     /// handoff timeout, or at the next connection.
     pub async fn nak(self) -> Result<(), ClientError> {
         match self.ack {
-            Ack::Stream(m) => m
+            Ack::Stream(s) => s
+                .message
                 .ack_with(AckKind::Nak(None))
                 .await
                 .map_err(nats_err("nak")),

@@ -10,7 +10,9 @@ use async_nats::jetstream::{self, AckKind};
 use tokio::sync::mpsc;
 
 use super::key::{Digested, Keying, MessageKey};
-use super::{Ack, Anomaly, BackstopToken, Deliveries, Delivery, Handover, LiveAck, Notice};
+use super::{
+    Ack, Anomaly, BackstopToken, Deliveries, Delivery, Handover, LiveAck, Notice, StreamAck,
+};
 use crate::binding::frame::accept_delivery;
 use crate::protocol::{CotalMessage, DeliveryKind, RejectReason, parse_subject};
 
@@ -25,7 +27,9 @@ pub(crate) struct Sink {
     /// what was queued before is taken (the senders live as long as any handle of the client).
     closed: tokio_util::sync::CancellationToken,
     seen: Mutex<Seen>,
-    /// What the messages in `seen` and `handover` are known by.
+    /// The DMs and tasks this session handled (acknowledged by the application).
+    handled_direct: std::sync::Arc<Mutex<Seen>>,
+    /// What the messages in `seen`, `handled_direct` and `handover` are known by.
     keying: Keying,
     max_payload: usize,
     own_id: String,
@@ -46,15 +50,16 @@ pub(crate) struct Sink {
     surfaced: std::sync::atomic::AtomicU64,
 }
 
+/// A window of the last [`SEEN_CAPACITY`] message keys recorded.
 #[derive(Default)]
-struct Seen {
+pub(super) struct Seen {
     keys: HashSet<MessageKey, Digested>,
     order: VecDeque<MessageKey>,
 }
 
 impl Seen {
     /// Records `key`; false when it was already there.
-    fn first(&mut self, key: MessageKey) -> bool {
+    pub(super) fn first(&mut self, key: MessageKey) -> bool {
         if !self.keys.insert(key) {
             return false;
         }
@@ -83,6 +88,7 @@ pub(crate) fn channel(
             notices,
             closed: closed.clone(),
             seen: Mutex::new(Seen::default()),
+            handled_direct: std::sync::Arc::default(),
             keying: Keying::default(),
             max_payload,
             own_id,
@@ -381,7 +387,8 @@ impl Sink {
         }
     }
 
-    /// A DM or anycast copy: validated; anomalies terminated; surfaced with its ack handle.
+    /// A DM or anycast copy: validated; anomalies terminated; surfaced with its ack handle,
+    /// unless this session handled its message already (then acknowledged again, §4).
     pub(super) async fn stream_copy(&self, msg: jetstream::Message) {
         let subject = msg.subject.to_string();
         match accept_delivery(
@@ -392,14 +399,31 @@ impl Sink {
             self.max_payload,
         ) {
             Ok(a) if a.kind != DeliveryKind::Channel => {
+                let key = self.keying.key(a.sender(), &a.message.id);
+                if self
+                    .handled_direct
+                    .lock()
+                    .is_ok_and(|h| h.keys.contains(&key))
+                {
+                    tracing::debug!(subject, id = a.message.id, "handled already: settled again");
+                    if let Err(e) = msg.ack().await {
+                        tracing::debug!(subject, error = %e, "cannot settle a copy handled already");
+                    }
+                    return;
+                }
                 self.roster.know(a.sender(), &a.message.from.name);
+                let ack = StreamAck {
+                    message: msg,
+                    handled: self.handled_direct.clone(),
+                    key,
+                };
                 self.surface(Delivery {
                     message: a.message,
                     kind: a.kind,
                     historical: false,
                     channel: None,
                     durable: false,
-                    ack: Ack::Stream(Box::new(msg)),
+                    ack: Ack::Stream(Box::new(ack)),
                 })
                 .await;
             }
