@@ -236,8 +236,10 @@ impl Delivery {
     }
 
     /// As [`Delivery::ack`], waiting for the broker to confirm a DM's or anycast copy's ack (a
-    /// round trip): an error then means the copy may come again. A durable copy's ack is
-    /// batched, and confirmed only as the session closes (see [`super::Settled`]).
+    /// round trip): an error then means the broker may deliver the copy again (in this
+    /// session it is then settled without being surfaced; a later session gets it). A durable
+    /// copy's ack is batched, and confirmed only as the session closes (see
+    /// [`super::Settled`]).
     pub async fn ack_confirmed(self) -> Result<(), ClientError> {
         match self.ack {
             Ack::Stream(s) => s.ack(true).await,
