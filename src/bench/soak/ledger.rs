@@ -339,7 +339,16 @@ impl Ledger {
                     "agent #{agent} read soak#{token} again in session {session} (acknowledged in {earlier})"
                 ));
             }
-            _ if count > 1 => self.duplicates += 1,
+            _ if count > 1 => {
+                self.duplicates += 1;
+                let kind = self
+                    .sent
+                    .get(&token)
+                    .map_or("unknown", |s| kind_name(s.kind));
+                self.offence(format!(
+                    "agent #{agent} got soak#{token} ({kind}) {count} times in session {session}"
+                ));
+            }
             _ => {}
         }
         let Some(sent) = self.sent.get(&token) else {
@@ -449,7 +458,8 @@ impl Ledger {
         }
     }
 
-    /// What was read again, across a leave or after a revocation, in words (the first few).
+    /// What was read again (in a later session, or twice in one: a duplicate), across a leave
+    /// or after a revocation, in words (the first few).
     pub(super) fn offences(&self) -> &[String] {
         &self.offences
     }
@@ -656,9 +666,16 @@ mod tests {
         l.received(b, 1, true, t0 + Duration::from_secs(40));
         let tally = l.tally(t0);
         assert_eq!((tally.reread_unconfirmed, tally.reread), (1, 1));
-        // Read a third time in the same session: a duplicate, no longer excused.
+        // Read a third time in the same session: a duplicate, no longer excused, and named.
         l.received(b, 2, true, t0 + Duration::from_secs(41));
         assert_eq!(l.tally(t0).duplicates, 1);
+        assert!(
+            l.offences()
+                .iter()
+                .any(|o| o == "agent #1 got soak#2 (dm) 3 times in session 1"),
+            "{:?}",
+            l.offences()
+        );
         let _ = a;
     }
 

@@ -40,7 +40,8 @@ pub(super) struct Report {
     /// How long what was owed took to arrive once traffic stopped.
     pub(super) settle_secs: f64,
     pub(super) delivery: Tally,
-    /// Some of what was lost, read again, or read across a boundary, in words.
+    /// Some of what was lost, read again (a duplicate too), or read across a boundary, in
+    /// words.
     pub(super) missing: Vec<String>,
     pub(super) health: HealthTally,
     pub(super) certificate_renewals: u64,
