@@ -58,6 +58,11 @@ pub(super) struct Seen {
 }
 
 impl Seen {
+    /// Whether `key` is in the window.
+    fn contains(&self, key: &MessageKey) -> bool {
+        self.keys.contains(key)
+    }
+
     /// Records `key`; false when it was already there.
     pub(super) fn first(&mut self, key: MessageKey) -> bool {
         if !self.keys.insert(key) {
@@ -228,7 +233,7 @@ impl Sink {
             return None;
         }
         let key = self.keying.key(parsed.sender, id);
-        if !self.seen.lock().is_ok_and(|s| s.keys.contains(&key)) {
+        if !self.seen.lock().is_ok_and(|s| s.contains(&key)) {
             return Some(token);
         }
         self.durable_duplicate(key, token);
@@ -400,11 +405,7 @@ impl Sink {
         ) {
             Ok(a) if a.kind != DeliveryKind::Channel => {
                 let key = self.keying.key(a.sender(), &a.message.id);
-                if self
-                    .handled_direct
-                    .lock()
-                    .is_ok_and(|h| h.keys.contains(&key))
-                {
+                if self.handled_direct.lock().is_ok_and(|h| h.contains(&key)) {
                     tracing::debug!(subject, id = a.message.id, "handled already: settled again");
                     if let Err(e) = msg.ack().await {
                         tracing::debug!(subject, error = %e, "cannot settle a copy handled already");
