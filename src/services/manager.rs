@@ -278,8 +278,7 @@ impl Manager {
                 "{channel} is a live channel: it has no durable membership"
             )));
         }
-        let frontier = self.space.chat_frontier().await?;
-        if req.cursor > frontier {
+        if let Some(frontier) = self.space.frontier_below(req.cursor).await? {
             return Err(ManagerError::Refused(format!(
                 "join cursor {} is beyond the CHAT frontier {frontier}",
                 req.cursor

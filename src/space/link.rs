@@ -8,13 +8,14 @@
 //! nothing ever again: [`Link::redial`] replaces it, and each service, restarted when its
 //! subscriptions end, takes the new one.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
-use async_nats::jetstream;
+use async_nats::jetstream::{self, context::KeyValueError, kv};
 use tokio::sync::watch;
 
 use crate::binding::Creds;
@@ -29,11 +30,16 @@ pub struct LinkState {
     pub drops: u64,
 }
 
-/// The connection and the JetStream context over it.
+/// The connection, the JetStream context over it, and the key-value handles opened over it.
 #[derive(Clone)]
 struct Conn {
     client: async_nats::Client,
     js: jetstream::Context,
+    /// By bucket. Opening a handle asks the broker for the bucket's stream info: a handle kept
+    /// spares that round trip to every read and write of a key after the first (a durable
+    /// join read the channel registry and wrote the members registry through handles opened
+    /// anew, two `STREAM.INFO`s each). They go with the connection they were opened on.
+    stores: Arc<Mutex<HashMap<String, kv::Store>>>,
 }
 
 /// The space's connection, replaceable.
@@ -78,6 +84,20 @@ impl Link {
     /// JetStream over the connection.
     pub(super) fn jetstream(&self) -> jetstream::Context {
         self.read().js
+    }
+
+    /// The key-value bucket `bucket` over the connection, opened at its first use.
+    pub(super) async fn key_value(&self, bucket: &str) -> Result<kv::Store, KeyValueError> {
+        let conn = self.read();
+        let kept = conn.stores.lock().ok().and_then(|s| s.get(bucket).cloned());
+        if let Some(store) = kept {
+            return Ok(store);
+        }
+        let store = conn.js.get_key_value(bucket).await?;
+        if let Ok(mut stores) = conn.stores.lock() {
+            stores.insert(bucket.to_owned(), store.clone());
+        }
+        Ok(store)
     }
 
     fn read(&self) -> Conn {
@@ -153,5 +173,9 @@ async fn connect(
         .connect(format!("tls://{addr}"))
         .await?;
     let js = jetstream::new(client.clone());
-    Ok(Conn { client, js })
+    Ok(Conn {
+        client,
+        js,
+        stores: Arc::default(),
+    })
 }

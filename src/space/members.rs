@@ -124,9 +124,6 @@ pub fn key(member: &str, channel: &str) -> String {
 /// The members registry of one space.
 pub struct Members {
     space: Arc<super::Space>,
-    /// The bucket over the space's connection, and which connection that is: a connection
-    /// dialed again ([`super::Space::redial`]) opens it anew.
-    kv: tokio::sync::Mutex<(u64, Store)>,
     records: RwLock<BTreeMap<String, (MemberRecord, u64)>>,
     changed: Arc<Notify>,
     /// Grows with every change of the records held.
@@ -139,15 +136,13 @@ impl Members {
     /// Opens the registry of `space` and loads every record.
     pub async fn open(space: &Arc<super::Space>) -> Result<Self, MembersError> {
         let bucket = space.names().members_bucket();
-        let generation = space.link_generation();
-        let js = space.jetstream();
         let fail = |action, source: Box<dyn std::error::Error + Send + Sync>| MembersError::Kv {
             action,
             key: bucket.clone(),
             source,
         };
-        let kv = js
-            .get_key_value(&bucket)
+        let kv = space
+            .key_value(&bucket)
             .await
             .map_err(|e| fail("opening", e.into()))?;
         let mut records = BTreeMap::new();
@@ -163,7 +158,6 @@ impl Members {
         }
         Ok(Members {
             space: space.clone(),
-            kv: tokio::sync::Mutex::new((generation, kv)),
             records: RwLock::new(records),
             changed: Arc::default(),
             version: Default::default(),
@@ -172,23 +166,15 @@ impl Members {
 
     /// The bucket, over the space's connection as it is now.
     async fn kv(&self) -> Result<Store, MembersError> {
-        let generation = self.space.link_generation();
-        let mut held = self.kv.lock().await;
-        if held.0 != generation {
-            let bucket = self.space.names().members_bucket();
-            let store = self
-                .space
-                .jetstream()
-                .get_key_value(&bucket)
-                .await
-                .map_err(|e| MembersError::Kv {
-                    action: "opening",
-                    key: bucket,
-                    source: e.into(),
-                })?;
-            *held = (generation, store);
-        }
-        Ok(held.1.clone())
+        let bucket = self.space.names().members_bucket();
+        self.space
+            .key_value(&bucket)
+            .await
+            .map_err(|e| MembersError::Kv {
+                action: "opening",
+                key: bucket,
+                source: e.into(),
+            })
     }
 
     /// Reads every record again: a cluster node that takes over a space's services was not
@@ -360,14 +346,27 @@ impl Members {
         mut change: impl FnMut(Option<MemberRecord>) -> Result<Option<MemberRecord>, E>,
     ) -> Result<Result<Option<MemberRecord>, E>, MembersError> {
         let key = key(member, channel);
+        // The first try starts from the record held in memory, not from a read: the manager
+        // is the registry's writer, so it is the stored one unless another wrote meanwhile (a
+        // cluster node handing the space over). A write made from it is checked by its
+        // revision all the same; a refusal, or nothing to write, is decided again on the
+        // stored record.
+        let mut held = Some(self.read().get(&key).cloned());
         for _ in 0..CAS_ATTEMPTS {
             let kv = self.kv().await?;
-            let stored = read(&kv, &key).await?;
+            let (stored, from_memory) = match held.take() {
+                Some(held) => (held, true),
+                None => (read(&kv, &key).await?, false),
+            };
             let revision = stored.as_ref().map(|(_, rev)| *rev);
             let next = match change(stored.map(|(r, _)| r)) {
                 Ok(next) => next,
+                Err(_) if from_memory => continue,
                 Err(e) => return Ok(Err(e)),
             };
+            if from_memory && next.is_none() && revision.is_none() {
+                continue;
+            }
             let written = match (&next, revision) {
                 (Some(record), rev) => {
                     let bytes = serde_json::to_vec(record).unwrap_or_default();

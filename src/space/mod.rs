@@ -17,6 +17,7 @@ pub mod store;
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, ErrorCode, stream::ConsumerErrorKind};
@@ -97,6 +98,8 @@ pub struct Space {
     holds: Holds,
     /// What the space's readers refused of what they read.
     refusals: Refusals,
+    /// The highest CHAT frontier read so far ([`Space::chat_frontier`]): it only grows.
+    frontier_seen: AtomicU64,
 }
 
 /// A space's provisioner connection, dialed before the space is served: a broker that holds
@@ -151,6 +154,7 @@ impl Space {
             account,
             link,
             holds: Holds::default(),
+            frontier_seen: AtomicU64::new(0),
         }
     }
 
@@ -194,6 +198,15 @@ impl Space {
     /// JetStream over the provisioner's connection.
     pub fn jetstream(&self) -> jetstream::Context {
         self.link.jetstream()
+    }
+
+    /// The key-value bucket `bucket` over the provisioner's connection: a handle opened once
+    /// per connection (opening one asks the broker for the bucket's stream info).
+    pub async fn key_value(
+        &self,
+        bucket: &str,
+    ) -> Result<jetstream::kv::Store, jetstream::context::KeyValueError> {
+        self.link.key_value(bucket).await
     }
 
     /// Which connection [`Space::nats`] is: it grows each time it is dialed again, so that a
@@ -356,11 +369,7 @@ impl Space {
             key: pattern.as_str().to_owned(),
             source: e,
         };
-        let kv = self
-            .jetstream()
-            .get_key_value(&bucket)
-            .await
-            .map_err(|e| fail(e.into()))?;
+        let kv = self.key_value(&bucket).await.map_err(|e| fail(e.into()))?;
         let bytes = serde_json::to_vec(config).map_err(|e| fail(e.into()))?;
         kv.put(pattern.as_str(), bytes.into())
             .await
@@ -389,8 +398,7 @@ impl Space {
             source: e,
         };
         let kv = self
-            .jetstream()
-            .get_key_value(self.names.channels_bucket())
+            .key_value(&self.names.channels_bucket())
             .await
             .map_err(|e| fail(e.into()))?;
         let config_removed = kv.get(key).await.map_err(|e| fail(e.into()))?.is_some();
@@ -440,7 +448,22 @@ impl Space {
             .await
             .map_err(|e| fail(e.into()))?;
         let info = stream.get_info().await.map_err(|e| fail(e.into()))?;
-        Ok(info.state.last_sequence)
+        let frontier = info.state.last_sequence;
+        self.frontier_seen.fetch_max(frontier, Ordering::AcqRel);
+        Ok(frontier)
+    }
+
+    /// The CHAT frontier when `cursor` is beyond it (§7: such a join cursor is refused), `None`
+    /// when it is within, asking the broker only for a cursor beyond the highest frontier read
+    /// before: the stream's last sequence never goes back while it exists (a purge keeps it),
+    /// so a cursor at or below one read is within. Mostly a join's cursor is a frontier its
+    /// client read a moment ago, at or below one the appliance read for an earlier join.
+    pub async fn frontier_below(&self, cursor: u64) -> Result<Option<u64>, SpaceError> {
+        if cursor <= self.frontier_seen.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        let frontier = self.chat_frontier().await?;
+        Ok((cursor > frontier).then_some(frontier))
     }
 
     /// The effective config of a concrete channel (§7): registry value, then `=defaults`, then
@@ -455,8 +478,7 @@ impl Space {
             source: e,
         };
         let kv = self
-            .jetstream()
-            .get_key_value(self.names.channels_bucket())
+            .key_value(&self.names.channels_bucket())
             .await
             .map_err(|e| fail(e.into()))?;
         let defaults = match kv

@@ -1450,3 +1450,140 @@ async fn a_follower_misses_nothing_across_kill_9_of_the_broker() {
     }
     c.stop().await;
 }
+
+/// The members registry writes from the records it holds in memory, each write checked by
+/// its revision: a change another writer made meanwhile (a cluster node handing the space
+/// over) is read and the change made again on it, and a refusal or a delete decided from a
+/// record no longer stored is decided again on the stored one.
+#[tokio::test]
+async fn the_members_registry_writes_over_another_writers_change() {
+    use cotald::space::members::{Interval, MemberRecord, Members};
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let dir = cotald::datadir::DataDir::new(tmp.path());
+    let keys = cotald::provision::KeyStore::open(&dir.keys())
+        .unwrap()
+        .space("main")
+        .unwrap();
+    let config =
+        cotald::profile::SpaceConfig::with_profile(cotald::profile::DeploymentProfile::Local);
+    let space = cotald::space::Space::connect(&keys, config, c.state().listen, &dir.ca_cert())
+        .await
+        .unwrap();
+    let space = std::sync::Arc::new(space);
+    let (member, ch) = ("UXWRITERTEST", "general");
+    let first = Members::open(&space).await.unwrap();
+    // Opened before `first` writes: they hold nothing of what follows.
+    let second = Members::open(&space).await.unwrap();
+    let third = Members::open(&space).await.unwrap();
+    let record = MemberRecord {
+        member: member.to_owned(),
+        channel: ch.to_owned(),
+        intervals: vec![Interval {
+            generation: 1,
+            join_cursor: 0,
+            leave_cursor: None,
+            delivered: 0,
+        }],
+        generation: 1,
+    };
+    let made = first.update(member, ch, |_| Some(record.clone())).await;
+    assert_eq!(made.unwrap(), Some(record.clone()));
+
+    // `second` holds no record: its write is refused as a create, and made on the stored one.
+    let bumped = second
+        .update(member, ch, |stored| {
+            Some(match stored {
+                Some(mut r) => {
+                    r.generation += 1;
+                    r
+                }
+                // What a write from second's empty memory alone would store.
+                None => MemberRecord {
+                    generation: 100,
+                    ..record.clone()
+                },
+            })
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(bumped.generation, 2);
+    assert_eq!(second.get(member, ch).unwrap().generation, 2);
+
+    // `first` holds generation 1: a refusal decided on it is decided again on generation 2.
+    let decided = first
+        .try_update(member, ch, |stored| match stored {
+            Some(r) if r.generation == 1 => Err("decided on a stale record"),
+            other => Ok(other),
+        })
+        .await
+        .unwrap();
+    assert_eq!(decided.unwrap().unwrap().generation, 2);
+
+    // `third` holds nothing: a delete decided on its memory (nothing to delete) is decided
+    // again on the stored record, and deletes it.
+    assert_eq!(third.update(member, ch, |_| None).await.unwrap(), None);
+    assert_eq!(Members::open(&space).await.unwrap().get(member, ch), None);
+    // `second` and `first` still hold a record the bucket no longer has: keeping "whatever is
+    // stored", or deleting it, writes nothing and forgets it.
+    assert_eq!(
+        second.update(member, ch, |stored| stored).await.unwrap(),
+        None
+    );
+    assert_eq!(second.get(member, ch), None);
+    assert_eq!(first.update(member, ch, |_| None).await.unwrap(), None);
+    assert_eq!(first.get(member, ch), None);
+    let reopened = Members::open(&space).await.unwrap();
+    assert_eq!(reopened.get(member, ch), None, "nothing stored");
+    space.close().await;
+    c.stop().await;
+}
+
+/// A durable join's cursor beyond the CHAT frontier is refused, naming the frontier, whether
+/// the appliance has read a frontier as high before or must ask; one within it is recorded.
+#[tokio::test]
+async fn a_join_cursor_beyond_the_chat_frontier_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "general"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "general"]).await;
+    let mut b = Probe::connect(&c, &bob.creds).await;
+    let ctl = format!("cotal.main.ctl.manager.{}", bob.id);
+    let from = json!({"id": bob.id, "name": "bob"});
+    let join = |cursor: u64| json!({"op": "durable-join", "args": {"channel": "general", "cursor": cursor}, "from": from});
+    let leave = json!({"op": "durable-leave", "args": {"channel": "general"}, "from": from});
+
+    let reply = b.request(&ctl, join(3)).await;
+    assert_eq!(reply["ok"], false, "{reply}");
+    assert!(
+        reply["error"]
+            .as_str()
+            .unwrap()
+            .contains("beyond the CHAT frontier 0"),
+        "{reply}"
+    );
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    publish(&a, "general", "m", 0..5).await;
+    let reply = b.request(&ctl, join(5)).await;
+    assert_eq!(reply["ok"], true, "a cursor at the frontier: {reply}");
+    assert_eq!(reply["data"]["join_cursor"], 5, "{reply}");
+    assert_eq!(b.request(&ctl, leave.clone()).await["ok"], true);
+    // Within the frontier read for the join above.
+    let reply = b.request(&ctl, join(2)).await;
+    assert_eq!(reply["ok"], true, "{reply}");
+    assert_eq!(reply["data"]["join_cursor"], 2, "{reply}");
+    assert_eq!(b.request(&ctl, leave).await["ok"], true);
+    // Beyond it: asked, and refused.
+    let reply = b.request(&ctl, join(6)).await;
+    assert_eq!(reply["ok"], false, "{reply}");
+    assert!(
+        reply["error"]
+            .as_str()
+            .unwrap()
+            .contains("beyond the CHAT frontier 5"),
+        "{reply}"
+    );
+    a.client.close().await;
+    c.stop().await;
+}

@@ -16,7 +16,7 @@
 //! §4) and a member's consumer is made again from there at its next `resume`.
 
 use async_nats::jetstream;
-use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
+use async_nats::jetstream::consumer::{AckPolicy, Consumer, DeliverPolicy, pull};
 
 use super::{ACK_WAIT, Backstop, BackstopError, WINDOW};
 use crate::binding::{interval_consumer, mention_consumer};
@@ -53,7 +53,7 @@ impl Backstop {
         channel: &str,
         member: &str,
         interval: &Interval,
-    ) -> Result<(), BackstopError> {
+    ) -> Result<Consumer<pull::Config>, BackstopError> {
         let config = interval_config(&self.space, member, channel, interval);
         self.ensure(self.space.names().chat_stream(), config).await
     }
@@ -85,7 +85,10 @@ impl Backstop {
         }
     }
 
-    pub(super) async fn ensure_mentions(&self, member: &str) -> Result<(), BackstopError> {
+    pub(super) async fn ensure_mentions(
+        &self,
+        member: &str,
+    ) -> Result<Consumer<pull::Config>, BackstopError> {
         let config = pull::Config {
             durable_name: Some(mention_consumer(member)),
             filter_subject: self.space.names().mentions_of(member),
@@ -99,7 +102,13 @@ impl Backstop {
             .await
     }
 
-    async fn ensure(&self, stream: String, config: pull::Config) -> Result<(), BackstopError> {
+    /// The consumer `config` names on `stream`, made when absent, with its info as the broker
+    /// answered (the pump's first bind takes it as it is).
+    async fn ensure(
+        &self,
+        stream: String,
+        config: pull::Config,
+    ) -> Result<Consumer<pull::Config>, BackstopError> {
         let name = config.durable_name.clone().unwrap_or_default();
         let fail = |action, e: Box<dyn std::error::Error + Send + Sync>| BackstopError::JetStream {
             action,
@@ -112,11 +121,17 @@ impl Backstop {
             .get_stream_no_info(&stream)
             .await
             .map_err(|e| fail("opening the stream of", e.into()))?;
+        // A session's consumer is mostly absent (parked when the member's last session
+        // ended): made at once, one round trip where asking first took two. One that exists
+        // with another config (a session replaced before it was parked) is refused to a
+        // create, and taken as it is.
+        if let Ok(made) = stream.create_consumer_strict(config.clone()).await {
+            return Ok(made);
+        }
         stream
-            .get_or_create_consumer(&name, config.clone())
+            .get_or_create_consumer(&name, config)
             .await
-            .map_err(|e| fail("creating", e.into()))?;
-        Ok(())
+            .map_err(|e| fail("creating", e.into()))
     }
 
     /// `CHAT_<space>`, where the intervals' consumers live: a handle, no round trip (`None`

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::consumer::pull;
+use async_nats::jetstream::consumer::{Consumer, pull};
 use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
@@ -114,15 +114,27 @@ impl Pump {
     /// The consumer's messages; bound again shortly after a failure (the broker restarting, or
     /// the connection being dialed again), so the member's delivery goes on. `None` once the
     /// consumer is gone (parked, drained, or the identity revoked) or the pump is cancelled.
-    /// With them, what the consumer held when it was bound.
-    async fn messages(&self, token: &CancellationToken) -> Option<(pull::Stream, Backlog)> {
+    /// With them, what the consumer held when it was bound. `made` is the consumer as it was
+    /// just made, its info in hand: the first bind asks the broker nothing more.
+    async fn messages(
+        &self,
+        token: &CancellationToken,
+        made: &mut Option<Consumer<pull::Config>>,
+    ) -> Option<(pull::Stream, Backlog)> {
         loop {
-            let bound = match self
-                .space
-                .jetstream()
-                .get_consumer_from_stream::<pull::Config, _, _>(&self.consumer, &self.stream)
-                .await
-            {
+            let found = match made.take() {
+                Some(made) => Ok(made),
+                None => {
+                    self.space
+                        .jetstream()
+                        .get_consumer_from_stream::<pull::Config, _, _>(
+                            &self.consumer,
+                            &self.stream,
+                        )
+                        .await
+                }
+            };
+            let bound = match found {
                 Ok(consumer) => {
                     let backlog = Backlog::at(consumer.cached_info());
                     consumer
@@ -159,10 +171,12 @@ impl Pump {
 
     /// Hands the consumer's entries over until the session ends or the consumer is done. Once
     /// what it held at the first bind has been handed over (or a window of it), the member is
-    /// told ([`crate::ops::CAUGHT_UP`]), after those copies.
-    pub(super) async fn run(self, token: CancellationToken) {
+    /// told ([`crate::ops::CAUGHT_UP`]), after those copies. `made` is the consumer as the
+    /// session's start made it.
+    pub(super) async fn run(self, token: CancellationToken, made: Consumer<pull::Config>) {
+        let mut made = Some(made);
         let mut acl = Acl::unread();
-        if !self.grant_range(&token, &mut acl).await {
+        if !self.grant_range(&token, &mut acl, &mut made).await {
             return;
         }
         // What the consumer held when the session started, until the member is told.
@@ -172,7 +186,7 @@ impl Pump {
         let mut saved = 0;
         let mut told = self.session.is_none();
         while !token.is_cancelled() {
-            let Some((messages, at_bind)) = self.messages(&token).await else {
+            let Some((messages, at_bind)) = self.messages(&token, &mut made).await else {
                 self.tell_caught_up(&mut told).await;
                 return;
             };
@@ -277,7 +291,15 @@ impl Pump {
     /// the interval's position as it comes. Once the range is handled (or declined, or left
     /// without progress for [`HANDOFF_TIMEOUT`]) the consumer is made again from that position,
     /// for what came since. False when the session ended meanwhile.
-    async fn grant_range(&self, token: &CancellationToken, acl: &mut Acl) -> bool {
+    /// `made` is the consumer as it was just made: one whose backlog is less than a batch is
+    /// not granted and stays for the first bind; otherwise the grant asks the broker afresh,
+    /// and so does the bind after it.
+    async fn grant_range(
+        &self,
+        token: &CancellationToken,
+        acl: &mut Acl,
+        made: &mut Option<Consumer<pull::Config>>,
+    ) -> bool {
         let (Some(grants), Source::Chat { channel, .. }) = (&self.grants, &self.source) else {
             return true;
         };
@@ -289,6 +311,11 @@ impl Pump {
         if acl.record.is_none() || !covered {
             return true;
         }
+        let small = |c: &Consumer<pull::Config>| c.cached_info().num_pending < BATCH as u64;
+        if made.as_ref().is_some_and(small) {
+            return true;
+        }
+        *made = None;
         let Ok(stream) = self.space.jetstream().get_stream(&self.stream).await else {
             return true;
         };

@@ -182,16 +182,19 @@ impl Backstop {
                 }
                 Source::Mention => self.ensure_mentions(member).await,
             };
-            if let Err(e) = ensured {
-                tracing::warn!(member, consumer, error = %e, "backstop consumer not created; retried at the next session");
-                if let Ok(mut pumps) = session.pumps.lock() {
-                    pumps.remove(&consumer);
+            let bound = match ensured {
+                Ok(bound) => bound,
+                Err(e) => {
+                    tracing::warn!(member, consumer, error = %e, "backstop consumer not created; retried at the next session");
+                    if let Ok(mut pumps) = session.pumps.lock() {
+                        pumps.remove(&consumer);
+                    }
+                    continue;
                 }
-                continue;
-            }
+            };
             started.push(consumer.clone());
             let pump = Pump::new(self, member, consumer, source, session, run.clone());
-            run.1.spawn(async move { pump.run(token).await });
+            run.1.spawn(async move { pump.run(token, bound).await });
         }
         started
     }
