@@ -22,8 +22,8 @@
 //! | [`supervisor`] | the child nats-server: install, config, spawn, readiness, restart, stop | §8 |
 //! | [`datadir`] | the data dir layout, its lock, the runtime state file | |
 //! | [`client`] | the conformant endpoint: connect, presence, join/replay/dedup, DM, anycast, control | §2, §4–§8, §10, §12 |
-//! | [`space`] | a served space: provisioner connection, bootstrap, minted identities, the durable members registry, the warden's holds | §7, §8, App. B |
-//! | [`services`] | the in-process services and the one way they run: manager, trusted backstop reader, mention router, membership feed, presence view, the warden of DM and TASK, the consumer guard; in a cluster, the per-space lease and the shared identities | §4–§9 |
+//! | [`space`] | a served space: provisioner connection, bootstrap, minted identities, the durable members registry, the channel registry's view, the warden's holds | §7, §8, App. B |
+//! | [`services`] | the in-process services and the one way they run: manager, trusted backstop reader, mention router, membership feed, presence view, channel registry view, the warden of DM and TASK, the consumer guard; in a cluster, the per-space lease and the shared identities | §4–§9 |
 //! | [`dashboard`] | the live web dashboard `cotald up` serves: roster, channels, feed, health, read as an observer | §6, §7, App. B |
 //! | [`mcp`] | `cotald mcp`: an MCP server on stdio that makes an AI agent host one long-lived endpoint | §4–§8, §12 |
 //! | [`daemon`] | the appliance: startup phases, the storage budget, account push, the admin socket, readiness to a service manager, teardown; `cluster init`/`join` | §9 |

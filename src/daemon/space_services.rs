@@ -1,5 +1,5 @@
 //! Phase 6's last step: the services of one served space, built in dependency order and
-//! started where they run. Every node runs the presence watch; the others (the backstop reader,
+//! started where they run. Every node runs the presence and registry watches; the others (the backstop reader,
 //! the manager, the mention router, the warden, the consumer guard, the membership feed) run
 //! on the one node that holds the space's lease in a cluster ([`crate::services::lease`]),
 //! and at once on a single node.
@@ -18,6 +18,7 @@ use crate::services::membership::{BrokerView, MembershipFeed};
 use crate::services::mentions::Mentions;
 use crate::services::presence::{PresenceView, PresenceWatch};
 use crate::services::receipts::Receipts;
+use crate::services::registry::RegistryWatch;
 use crate::services::warden::{AccountPush, Warden};
 use crate::services::{ServiceError, ServiceSet};
 use crate::space::members::Members;
@@ -60,16 +61,22 @@ impl SpaceServices {
     ) -> Result<SpaceServices, DaemonError> {
         let name = space.name();
         let presence = Arc::new(PresenceView::default());
-        // The registry is read while the two watches start: none needs another.
+        // The members registry is read while the three watches start: none needs another.
         let link_watch = set.start(Arc::new(LinkWatch::new(space.clone())));
         let presence_watch = set.start(Arc::new(PresenceWatch::new(
             space.clone(),
             presence.clone(),
         )));
-        let (members, link_watch, presence_watch) =
-            tokio::join!(Members::open(space), link_watch, presence_watch);
+        let registry_watch = set.start(Arc::new(RegistryWatch::new(space.clone())));
+        let (members, link_watch, presence_watch, registry_watch) = tokio::join!(
+            Members::open(space),
+            link_watch,
+            presence_watch,
+            registry_watch
+        );
         link_watch
             .and(presence_watch)
+            .and(registry_watch)
             .map_err(|e| service_error(name, e))?;
         let members = Arc::new(members.map_err(|e| service_error(name, e))?);
         let backstop = Arc::new(Backstop::new(

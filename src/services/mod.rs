@@ -19,6 +19,7 @@
 //! | [`mentions`] | durable copies of `@mentions` on `live` channels | §4, §5 |
 //! | [`membership`] | the derived membership feed (display only) | §8 |
 //! | [`presence`] | the services' view of who is live (the backstop delivers only to them) | §6 |
+//! | [`registry`] | the services' view of the channel registry (a channel's delivery class without a read) | §7 |
 //! | [`warden`] | purges DMs and tasks nobody can read, trims full DM pairs of read messages, holds a sender past its share | §4, §8 |
 //! | [`consumers`] | the consumer guard: bounds each identity's consumers on the presence and registry buckets, deletes durable ones | §6, §7, App. B |
 //! | [`lease`] | in a cluster: which node runs the space's services above (presence excepted) | §8 |
@@ -36,6 +37,7 @@ pub mod membership;
 pub mod mentions;
 pub mod presence;
 pub mod receipts;
+pub mod registry;
 pub mod warden;
 
 use crate::backoff::Backoff;

@@ -12,6 +12,7 @@ pub mod identity;
 mod link;
 pub mod members;
 pub mod refusals;
+pub mod registry;
 pub mod snapshot;
 pub mod store;
 
@@ -100,6 +101,8 @@ pub struct Space {
     refusals: Refusals,
     /// The highest CHAT frontier read so far ([`Space::chat_frontier`]): it only grows.
     frontier_seen: AtomicU64,
+    /// The channel registry as a watch of it holds it, when one does.
+    registry: registry::RegistryView,
 }
 
 /// A space's provisioner connection, dialed before the space is served: a broker that holds
@@ -155,6 +158,7 @@ impl Space {
             link,
             holds: Holds::default(),
             frontier_seen: AtomicU64::new(0),
+            registry: registry::RegistryView::default(),
         }
     }
 
@@ -198,6 +202,11 @@ impl Space {
     /// JetStream over the provisioner's connection.
     pub fn jetstream(&self) -> jetstream::Context {
         self.link.jetstream()
+    }
+
+    /// The channel registry as the appliance last saw it (`services::registry` keeps it).
+    pub fn registry(&self) -> &registry::RegistryView {
+        &self.registry
     }
 
     /// The key-value bucket `bucket` over the provisioner's connection: a handle opened once
@@ -370,10 +379,12 @@ impl Space {
             source: e,
         };
         let kv = self.key_value(&bucket).await.map_err(|e| fail(e.into()))?;
-        let bytes = serde_json::to_vec(config).map_err(|e| fail(e.into()))?;
-        kv.put(pattern.as_str(), bytes.into())
+        let bytes = bytes::Bytes::from(serde_json::to_vec(config).map_err(|e| fail(e.into()))?);
+        let revision = kv
+            .put(pattern.as_str(), bytes.clone())
             .await
             .map_err(|e| fail(e.into()))?;
+        self.registry.apply(pattern.as_str(), revision, Some(bytes));
         tracing::info!(
             space = self.name(),
             channel = pattern.as_str(),
@@ -404,6 +415,7 @@ impl Space {
         let config_removed = kv.get(key).await.map_err(|e| fail(e.into()))?.is_some();
         if config_removed {
             kv.purge(key).await.map_err(|e| fail(e.into()))?;
+            self.registry.removed(key);
         }
         let purged = match purge {
             true => {
@@ -467,7 +479,8 @@ impl Space {
     }
 
     /// The effective config of a concrete channel (§7): registry value, then `=defaults`, then
-    /// the built-in rule, through the one [`crate::protocol::resolve`].
+    /// the built-in rule, through the one [`crate::protocol::resolve`]. From the registry as a
+    /// watch holds it ([`registry`]), else read from the bucket.
     pub async fn effective_config(
         &self,
         channel: &str,
@@ -477,19 +490,30 @@ impl Space {
             what: "the channel registry",
             source: e,
         };
-        let kv = self
-            .key_value(&self.names.channels_bucket())
-            .await
-            .map_err(|e| fail(e.into()))?;
-        let defaults = match kv
-            .get(CHANNEL_DEFAULTS_KEY)
-            .await
-            .map_err(|e| fail(e.into()))?
-        {
+        let held = (
+            self.registry.lookup(CHANNEL_DEFAULTS_KEY),
+            self.registry.lookup(channel),
+        );
+        let (defaults, config) = match held {
+            (Some(defaults), Some(config)) => (defaults, config),
+            _ => {
+                let kv = self
+                    .key_value(&self.names.channels_bucket())
+                    .await
+                    .map_err(|e| fail(e.into()))?;
+                let (defaults, config) =
+                    tokio::join!(kv.get(CHANNEL_DEFAULTS_KEY), kv.get(channel));
+                (
+                    defaults.map_err(|e| fail(e.into()))?,
+                    config.map_err(|e| fail(e.into()))?,
+                )
+            }
+        };
+        let defaults = match defaults {
             Some(b) => Some(ChannelDefaults::from_json(&b).map_err(|e| fail(e.into()))?),
             None => None,
         };
-        let config = match kv.get(channel).await.map_err(|e| fail(e.into()))? {
+        let config = match config {
             Some(b) => Some(ChannelConfig::from_json(&b).map_err(|e| fail(e.into()))?),
             None => None,
         };

@@ -716,6 +716,7 @@ async fn status_shows_each_service() {
     for name in [
         "connection",
         "presence",
+        "registry",
         "mentions",
         "warden",
         "consumer-guard",
@@ -747,8 +748,8 @@ async fn status_shows_each_service() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains(
-            "services    main: connection running, presence running, mentions running, \
-             warden running, consumer-guard running, membership running, backstop running, \
+            "services    main: connection running, presence running, registry running, \
+             mentions running, warden running, consumer-guard running, membership running, backstop running, \
              manager running"
         ),
         "{text}"
@@ -1451,16 +1452,10 @@ async fn a_follower_misses_nothing_across_kill_9_of_the_broker() {
     c.stop().await;
 }
 
-/// The members registry writes from the records it holds in memory, each write checked by
-/// its revision: a change another writer made meanwhile (a cluster node handing the space
-/// over) is read and the change made again on it, and a refusal or a delete decided from a
-/// record no longer stored is decided again on the stored one.
-#[tokio::test]
-async fn the_members_registry_writes_over_another_writers_change() {
-    use cotald::space::members::{Interval, MemberRecord, Members};
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Cotald::up(tmp.path()).await;
-    let dir = cotald::datadir::DataDir::new(tmp.path());
+/// Space `main` served over a connection of the test's own, as the appliance's manager user:
+/// a writer of the space's buckets other than the appliance (as another node of a cluster is).
+async fn another_writer(c: &Cotald, dir: &Path) -> std::sync::Arc<cotald::space::Space> {
+    let dir = cotald::datadir::DataDir::new(dir);
     let keys = cotald::provision::KeyStore::open(&dir.keys())
         .unwrap()
         .space("main")
@@ -1470,7 +1465,19 @@ async fn the_members_registry_writes_over_another_writers_change() {
     let space = cotald::space::Space::connect(&keys, config, c.state().listen, &dir.ca_cert())
         .await
         .unwrap();
-    let space = std::sync::Arc::new(space);
+    std::sync::Arc::new(space)
+}
+
+/// The members registry writes from the records it holds in memory, each write checked by
+/// its revision: a change another writer made meanwhile (a cluster node handing the space
+/// over) is read and the change made again on it, and a refusal or a delete decided from a
+/// record no longer stored is decided again on the stored one.
+#[tokio::test]
+async fn the_members_registry_writes_over_another_writers_change() {
+    use cotald::space::members::{Interval, MemberRecord, Members};
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let space = another_writer(&c, tmp.path()).await;
     let (member, ch) = ("UXWRITERTEST", "general");
     let first = Members::open(&space).await.unwrap();
     // Opened before `first` writes: they hold nothing of what follows.
@@ -1585,5 +1592,80 @@ async fn a_join_cursor_beyond_the_chat_frontier_is_refused() {
         "{reply}"
     );
     a.client.close().await;
+    c.stop().await;
+}
+
+/// Whether a durable join decides on a channel's class as the registry has it: a change the
+/// appliance makes (`cotald channels set`) at once, one another writer puts in the bucket as
+/// the appliance's watch of it brings it.
+#[tokio::test]
+async fn a_join_follows_the_channel_registry_whoever_wrote_it() {
+    use cotald::protocol::{ChannelConfig, DeliveryClass};
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "quiet"]).await;
+    let b = Probe::connect(&c, &bob.creds).await;
+    let ctl = format!("cotal.main.ctl.manager.{}", bob.id);
+    let from = json!({"id": bob.id, "name": "bob"});
+    let join =
+        json!({"op": "durable-join", "args": {"channel": "quiet", "cursor": 0}, "from": from});
+    let leave = json!({"op": "durable-leave", "args": {"channel": "quiet"}, "from": from});
+    let ask = |body: &serde_json::Value| {
+        let (client, ctl, body) = (b.client.clone(), ctl.clone(), body.to_string());
+        async move {
+            let reply = tokio::time::timeout(TIMEOUT, client.request(ctl, body.into()))
+                .await
+                .expect("a reply in time")
+                .expect("a reply");
+            serde_json::from_slice::<serde_json::Value>(&reply.payload).unwrap()
+        }
+    };
+
+    let out =
+        crate::helper::cotald_in(tmp.path(), &["channels", "set", "quiet", "--class", "live"])
+            .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reply = ask(&join).await;
+    assert_eq!(
+        reply["ok"], false,
+        "the appliance's own write, at once: {reply}"
+    );
+    assert!(
+        reply["error"].as_str().unwrap().contains("live channel"),
+        "{reply}"
+    );
+
+    let other = another_writer(&c, tmp.path()).await;
+    let class = |class| ChannelConfig {
+        delivery_class: Some(class),
+        ..Default::default()
+    };
+    other
+        .set_channel("quiet", &class(DeliveryClass::Durable))
+        .await
+        .unwrap();
+    eventually("a join on quiet accepted", || async {
+        (ask(&join).await["ok"] == true).then_some(())
+    })
+    .await;
+    assert_eq!(ask(&leave).await["ok"], true);
+    other
+        .set_channel("quiet", &class(DeliveryClass::Live))
+        .await
+        .unwrap();
+    let refused = eventually("a join on quiet refused", || async {
+        let reply = ask(&join).await;
+        (reply["ok"] == false).then_some(reply)
+    })
+    .await;
+    assert!(
+        refused["error"].as_str().unwrap().contains("live channel"),
+        "{refused}"
+    );
+    other.close().await;
     c.stop().await;
 }
