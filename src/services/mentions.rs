@@ -28,7 +28,6 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use async_nats::jetstream::{self, AckKind};
-use futures_util::StreamExt;
 
 use super::backstop::Backstop;
 use super::presence::PresenceView;
@@ -286,16 +285,8 @@ impl Service for Mentions {
             .map_err(ServiceError::at("reading CHAT"))?;
         ctx.report(Health::Running);
         loop {
-            let next = tokio::select! {
-                () = ctx.cancelled() => return Ok(()),
-                next = messages.next() => next,
-            };
-            let msg = match next {
-                Some(Ok(msg)) => msg,
-                Some(Err(e)) => {
-                    return Err(ServiceError::new("reading CHAT", e));
-                }
-                None => return Err(ServiceError::msg("the CHAT reader ended")),
+            let Some(msg) = super::next_read(&ctx, &mut messages, "the CHAT reader").await? else {
+                return Ok(());
             };
             let outcome = if self.route(&msg).await {
                 msg.ack().await

@@ -135,6 +135,29 @@ impl Context {
     }
 }
 
+/// The next item of what a service reads (a bucket's watch, a consumer's messages), `None`
+/// once `ctx` is cancelled; an error, or the end of it, is the service's failure, named by
+/// `what` (it is restarted, and reads again).
+async fn next_read<T, E>(
+    ctx: &Context,
+    read: &mut (impl futures_util::Stream<Item = Result<T, E>> + Unpin),
+    what: &str,
+) -> Result<Option<T>, ServiceError>
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    use futures_util::StreamExt;
+    let next = tokio::select! {
+        () = ctx.cancelled() => return Ok(None),
+        next = read.next() => next,
+    };
+    match next {
+        Some(Ok(item)) => Ok(Some(item)),
+        Some(Err(e)) => Err(ServiceError::new(format!("{what} failed"), e)),
+        None => Err(ServiceError::msg(format!("{what} ended"))),
+    }
+}
+
 /// Why a service's task ended without returning: its panic message.
 fn panicked(e: tokio::task::JoinError) -> String {
     if !e.is_panic() {

@@ -12,7 +12,6 @@ use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use async_nats::jetstream::kv::Operation;
-use futures_util::StreamExt;
 use tokio::sync::{Notify, watch};
 
 use super::{Context, Health, Service, ServiceError};
@@ -140,14 +139,9 @@ impl Service for PresenceWatch {
             .map_err(ServiceError::at("watching the presence bucket"))?;
         ctx.report(Health::Running);
         loop {
-            let entry = tokio::select! {
-                () = ctx.cancelled() => return Ok(()),
-                next = watch.next() => next,
-            };
-            let entry = match entry {
-                Some(Ok(entry)) => entry,
-                Some(Err(e)) => return Err(ServiceError::new("the presence watch failed", e)),
-                None => return Err(ServiceError::msg("the presence watch ended")),
+            let Some(entry) = super::next_read(&ctx, &mut watch, "the presence watch").await?
+            else {
+                return Ok(());
             };
             if entry.operation != Operation::Put {
                 self.view.apply(&entry.key, None, entry.revision);

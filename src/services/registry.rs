@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_nats::jetstream::kv::{Entry, Operation};
-use futures_util::StreamExt;
 
 use super::{Context, Health, Service, ServiceError};
 use crate::space::Space;
@@ -54,14 +53,8 @@ impl RegistryWatch {
         }
         let mut held = empty;
         loop {
-            let entry = tokio::select! {
-                () = ctx.cancelled() => return Ok(()),
-                next = watch.next() => next,
-            };
-            let entry = match entry {
-                Some(Ok(entry)) => entry,
-                Some(Err(e)) => return Err(ServiceError::new("the registry watch failed", e)),
-                None => return Err(ServiceError::msg("the registry watch ended")),
+            let Some(entry) = super::next_read(ctx, &mut watch, "the registry watch").await? else {
+                return Ok(());
             };
             let delta = entry.delta;
             let (key, revision, value) = seen(entry);
