@@ -1,8 +1,8 @@
 //! Phase 6's last step: the services of one served space, built in dependency order and
-//! started where they run. Every node runs the presence and registry watches; the others (the backstop reader,
-//! the manager, the mention router, the warden, the consumer guard, the membership feed) run
-//! on the one node that holds the space's lease in a cluster ([`crate::services::lease`]),
-//! and at once on a single node.
+//! started where they run. Every node runs the presence and registry watches; the others (the
+//! backstop reader, the manager, the mention router, the warden, the consumer guard, the
+//! membership feed) run on the one node that holds the space's lease in a cluster
+//! ([`crate::services::lease`]), and at once on a single node.
 
 use std::sync::Arc;
 

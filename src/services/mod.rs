@@ -22,7 +22,7 @@
 //! | [`registry`] | the services' view of the channel registry (a channel's delivery class without a read) | §7 |
 //! | [`warden`] | purges DMs and tasks nobody can read, trims full DM pairs of read messages, holds a sender past its share | §4, §8 |
 //! | [`consumers`] | the consumer guard: bounds each identity's consumers on the presence and registry buckets, deletes durable ones | §6, §7, App. B |
-//! | [`lease`] | in a cluster: which node runs the space's services above (presence excepted) | §8 |
+//! | [`lease`] | in a cluster: which node runs the space's services above (the presence and registry watches excepted) | §8 |
 //! | [`identity_sync`] | in a cluster: every node knows the identities minted on any of them | §9 |
 //!
 //! [`crate::space::members`] is the registry the manager writes and the backstop reads (§7 membership).
