@@ -562,6 +562,48 @@ async fn acknowledged(bench: &Bench, clients: &[crate::client::Client]) -> anyho
     Ok(())
 }
 
+/// What is left unacknowledged, for a wait that did not end: the members with copies still
+/// awaiting their settlement, and the trusted reader's consumers with entries pending or
+/// unacknowledged (the first few of each named, and how many there are).
+async fn unacknowledged(bench: &Bench, clients: &[crate::client::Client]) -> String {
+    let mut members = Vec::new();
+    for (i, client) in clients.iter().enumerate() {
+        let awaiting = client.inner.out.settle(Duration::ZERO).await;
+        if awaiting > 0 {
+            members.push(format!("member {i}: {awaiting} copies awaiting settlement"));
+        }
+    }
+    let consumers = match backstop_consumers(&bench.raw).await {
+        Ok(infos) => infos
+            .iter()
+            .filter(|i| i.num_pending + i.num_ack_pending as u64 > 0)
+            .map(|i| {
+                format!(
+                    "{}: {} pending, {} unacknowledged, {} delivered, ack floor {}",
+                    i.name,
+                    i.num_pending,
+                    i.num_ack_pending,
+                    i.delivered.stream_sequence,
+                    i.ack_floor.stream_sequence
+                )
+            })
+            .collect(),
+        Err(e) => vec![format!("the reader's consumers unreadable: {e}")],
+    };
+    let first_few = |mut said: Vec<String>, what: &str| {
+        const NAMED: usize = 5;
+        let more = said.len().saturating_sub(NAMED);
+        said.truncate(NAMED);
+        if more > 0 {
+            said.push(format!("{more} more {what}"));
+        }
+        said
+    };
+    let mut left = first_few(members, "members");
+    left.extend(first_few(consumers, "consumers"));
+    left.join("; ")
+}
+
 /// N members online on a durable channel against the same N on a live one, for N in
 /// [`FAN_MEMBERS`]: one sender posts [`Sizes::samples`]/10 messages one at a time (as agents
 /// talk); the time until every member surfaced every message (on the durable side also until
@@ -657,11 +699,15 @@ impl FanOut<'_> {
         bounded("every member to surface", self.surfaced.reach(ch, target)).await?;
         let took = start.elapsed();
         if ch == CH_FAN_DURABLE {
-            bounded(
+            let waited = bounded(
                 "every durable copy acknowledged",
                 acknowledged(self.bench, self.clients),
             )
-            .await??;
+            .await;
+            if let Err(e) = waited {
+                bail!("{e}: {}", unacknowledged(self.bench, self.clients).await);
+            }
+            waited??;
         }
         let cpu = (proc_usage(self.appliance).0 - before) / clock_ticks();
         if !warm && let Ok(mut cpu_us) = self.cpu_us.lock() {
