@@ -114,8 +114,7 @@ pub async fn pull(space: &Space, identities: &Identities) -> Result<usize, Servi
 /// that the lease holder knows it before the caller hands the credential out).
 pub async fn share(space: &Space, record: &IdentityRecord) -> Result<(), ServiceError> {
     let kv = space
-        .jetstream()
-        .get_key_value(bucket_name(space.name()))
+        .key_value(&bucket_name(space.name()))
         .await
         .map_err(ServiceError::at("opening the identities bucket"))?;
     let bytes = serde_json::to_vec(record).unwrap_or_default();
@@ -130,11 +129,7 @@ pub async fn share(space: &Space, record: &IdentityRecord) -> Result<(), Service
 /// brought its record). `None` when the space has no such bucket (a single appliance) or no
 /// such record.
 pub async fn fetch(space: &Space, identities: &Identities, id: &str) -> Option<IdentityRecord> {
-    let kv = space
-        .jetstream()
-        .get_key_value(bucket_name(space.name()))
-        .await
-        .ok()?;
+    let kv = space.key_value(&bucket_name(space.name())).await.ok()?;
     for key in [id.to_owned(), format!("{BUILTIN}{id}")] {
         let Ok(Some(bytes)) = kv.get(&key).await else {
             continue;
