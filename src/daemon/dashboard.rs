@@ -1,6 +1,6 @@
 //! Starting the web dashboard ([`crate::dashboard`]) as a service of the appliance: its token,
 //! its listener, and an observer identity per space, handed to it as each space is served
-//! (its streams made: the observer connects while the space's services start). The dashboard
+//! (its streams made; the observer connects at the first request that shows it). The dashboard
 //! is not part of the coordination path: when it cannot be served (a taken port), the
 //! appliance serves without it and says why.
 
@@ -22,14 +22,14 @@ use crate::space::Identities;
 const OBSERVER: &str = "dashboard";
 
 /// Starts the dashboard in `services` when the profile enables it, before any space is
-/// served; `listen` overrides the profile's address. With it, what says which spaces it has
-/// tried to show, and where it listens ([`ready`]).
+/// served; `listen` overrides the profile's address. With it, where it listens
+/// ([`remember`]).
 pub(super) async fn start(
     core: &Arc<Core>,
     services: &ServiceSet,
     config: &DashboardConfig,
     listen: Option<SocketAddr>,
-) -> (Availability, Option<Listening>) {
+) -> (Availability, Option<SocketAddr>) {
     if !config.enabled {
         return (Availability::Disabled, None);
     }
@@ -57,10 +57,7 @@ pub(super) async fn start(
             return (not_served(reason), None);
         }
     };
-    let listening = Listening {
-        settled: dashboard.settled(),
-        addr: dashboard.addr(),
-    };
+    let listening = dashboard.addr();
     let url = dashboard.url();
     // Set before the service starts, and before any space is served: none is missed.
     let _ = core.dashboard.set(added);
@@ -72,41 +69,15 @@ pub(super) async fn start(
     (Availability::Serving(url), Some(listening))
 }
 
-/// A dashboard that listens: which spaces it has tried to show, and where.
-pub(super) struct Listening {
-    settled: tokio::sync::watch::Receiver<std::collections::BTreeSet<String>>,
-    addr: SocketAddr,
-}
-
-/// How long the appliance waits for the dashboard's observers of the spaces served at start
-/// before it says it is ready without them (each is tried again, and logged, meanwhile).
-const OBSERVERS_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
-
 /// Once the spaces are served (and what was served recorded): remembers where the dashboard
-/// listens, for the next start (a port picked with `HOST:0` is picked again); waits until it
-/// has tried to show every served space (so that a page opened once the appliance is ready
-/// shows them), within [`OBSERVERS_WAIT`].
-pub(super) async fn ready(core: &Core, listening: Listening) {
+/// listens, for the next start (a port picked with `HOST:0` is picked again). Nothing waits
+/// for its observers: each space is observed at the first request that needs it.
+pub(super) fn remember(core: &Core, listening: SocketAddr) {
     if let Some(mut last) = core.dir.read_last_served() {
-        last.dashboard = Some(listening.addr);
+        last.dashboard = Some(listening);
         if let Err(e) = core.dir.write_last_served(&last) {
             tracing::warn!(error = %e, "where the dashboard listens is not remembered");
         }
-    }
-    let served: Vec<String> = core
-        .spaces
-        .all()
-        .await
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect();
-    let mut settled = listening.settled;
-    let all_tried = settled.wait_for(|tried| served.iter().all(|s| tried.contains(s)));
-    if tokio::time::timeout(OBSERVERS_WAIT, all_tried)
-        .await
-        .is_err()
-    {
-        tracing::warn!(after = ?OBSERVERS_WAIT, "dashboard: not every space is shown yet");
     }
 }
 

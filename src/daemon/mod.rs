@@ -281,8 +281,8 @@ impl Appliance {
             supervisor,
             services,
         };
-        // The dashboard listens first; each space is handed to it once its streams are made,
-        // and its observer connects while the space's services start. The admin socket and
+        // The dashboard listens first; each space is handed to it once its streams are made
+        // (its observer connects at the first request that shows it). The admin socket and
         // the certificate's renewal start meanwhile: none of them needs another.
         let (dashboard, listening) = dashboard::start(
             &appliance.core,
@@ -301,7 +301,7 @@ impl Appliance {
             return Err(e);
         }
         if let Some(listening) = listening {
-            dashboard::ready(&appliance.core, listening).await;
+            dashboard::remember(&appliance.core, listening);
         }
         appliance.info = appliance.core.ready_info(&status).await;
         appliance.info.dashboard = dashboard;

@@ -73,8 +73,10 @@ const APP_JS: &str = include_str!("assets/app.js");
 const MAX_CONNECTIONS: usize = 64;
 /// The bound on each question to the broker about itself.
 const MONITOR_TIMEOUT: Duration = Duration::from_secs(2);
-/// How often a space whose observer could not connect is tried again.
+/// How long a space whose observer could not connect is left before a request tries it again.
 const OBSERVER_RETRY: Duration = Duration::from_secs(5);
+/// How long a request waits for the observers it needs to connect.
+const OBSERVER_START: Duration = Duration::from_secs(10);
 
 /// One space the dashboard shows, and how its observer connects.
 #[derive(Clone)]
@@ -112,9 +114,6 @@ pub struct Dashboard {
     token: Token,
     /// The spaces to show, each handed over as it is served (at start or while running).
     spaces: watch::Receiver<Vec<SpaceAccess>>,
-    /// The spaces of `spaces` whose observer was tried, connected or not: what the appliance
-    /// waits for before it says it is ready.
-    settled: watch::Sender<BTreeSet<String>>,
     state: StateView,
     monitor: Monitor,
 }
@@ -137,15 +136,9 @@ impl Dashboard {
             addr,
             token,
             spaces,
-            settled: watch::Sender::new(BTreeSet::new()),
             state,
             monitor,
         })
-    }
-
-    /// The spaces whose observer was tried (connected, or failed and logged), as it changes.
-    pub fn settled(&self) -> watch::Receiver<BTreeSet<String>> {
-        self.settled.subscribe()
     }
 
     /// Where it listens, as bound.
@@ -179,36 +172,29 @@ impl Service for Dashboard {
                 .await
                 .map_err(ServiceError::at("binding the dashboard listener"))?,
         };
-        let mut spaces = self.spaces.clone();
+        let mut handed_over = self.spaces.clone();
         let connections = TaskTracker::new();
         let site = Arc::new(Site {
             tasks: connections.clone(),
             token: self.token.clone(),
             cookie: format!("cotald_{}", self.addr.port()),
+            offered: self.spaces.clone(),
             observers: std::sync::RwLock::new(BTreeMap::new()),
+            starting: tokio::sync::Mutex::new(BTreeMap::new()),
             state: self.state.clone(),
             monitor: self.monitor.clone(),
         });
         ctx.report(Health::Running);
         tracing::info!(addr = %self.addr, "dashboard listening");
         let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-        // The spaces handed over before it ran are observed at once; one whose observer could
-        // not connect is tried again every OBSERVER_RETRY.
-        spaces.mark_changed();
-        let mut retry =
-            tokio::time::interval_at(tokio::time::Instant::now() + OBSERVER_RETRY, OBSERVER_RETRY);
+        // Each space handed over is observed at the first request that needs it; one taken
+        // back is no longer observed.
         let outcome = loop {
             tokio::select! {
                 () = ctx.cancelled() => break Ok(()),
-                Ok(()) = spaces.changed() => {
-                    let now = spaces.borrow_and_update().clone();
-                    site.observe(now, &self.settled).await;
-                }
-                _ = retry.tick() => {
-                    let now = spaces.borrow().clone();
-                    if now.len() > site.observers().len() {
-                        site.observe(now, &self.settled).await;
-                    }
+                Ok(()) = handed_over.changed() => {
+                    handed_over.borrow_and_update();
+                    close_all(site.withdrawn()).await;
                 }
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => {
@@ -256,7 +242,12 @@ struct Site {
     token: Token,
     /// The cookie's name: per port, so that two appliances on one machine keep their own.
     cookie: String,
+    /// The spaces handed over: each is observed once a request needs it.
+    offered: watch::Receiver<Vec<SpaceAccess>>,
     observers: std::sync::RwLock<BTreeMap<String, Arc<Observer>>>,
+    /// Held while observers start, so that requests arriving together start each once; with
+    /// the spaces whose observer failed, and when (not tried again before [`OBSERVER_RETRY`]).
+    starting: tokio::sync::Mutex<BTreeMap<String, tokio::time::Instant>>,
     state: StateView,
     monitor: Monitor,
 }
@@ -273,47 +264,82 @@ impl Site {
         self.observers().into_keys().collect()
     }
 
-    /// Observes the spaces of `spaces` not observed yet, all at once, and no longer those it
-    /// leaves out (a space whose services could not start after it was handed over); then
-    /// says every one of them was tried (`settled`). One that cannot be observed is logged
-    /// and left out (tried again later); the others are shown.
-    async fn observe(&self, spaces: Vec<SpaceAccess>, settled: &watch::Sender<BTreeSet<String>>) {
-        let names: BTreeSet<String> = spaces.iter().map(|a| a.name.clone()).collect();
-        let gone: BTreeMap<String, Arc<Observer>> = {
-            let mut observers = self.observers.write().unwrap_or_else(|e| e.into_inner());
-            let (kept, gone) = std::mem::take(&mut *observers)
-                .into_iter()
-                .partition(|(name, _)| names.contains(name));
-            *observers = kept;
-            gone
+    /// Takes out the observers of the spaces no longer offered (a space whose services could
+    /// not start after it was handed over), to close.
+    fn withdrawn(&self) -> BTreeMap<String, Arc<Observer>> {
+        let names: BTreeSet<String> = self
+            .offered
+            .borrow()
+            .iter()
+            .map(|a| a.name.clone())
+            .collect();
+        let mut observers = self.observers.write().unwrap_or_else(|e| e.into_inner());
+        let (kept, gone) = std::mem::take(&mut *observers)
+            .into_iter()
+            .partition(|(name, _)| names.contains(name));
+        *observers = kept;
+        gone
+    }
+
+    /// Observes every space offered and not observed yet, all at once: the first request
+    /// after a space is handed over waits for its observer (a start connects none, so that
+    /// an appliance nobody watches holds no observer). One that cannot be observed is
+    /// logged and left out, and tried again by a request after [`OBSERVER_RETRY`]; the
+    /// others are shown.
+    async fn observe_offered(&self) {
+        let unobserved = |failed: &BTreeMap<String, tokio::time::Instant>| -> Vec<SpaceAccess> {
+            let observers = self.observers.read().unwrap_or_else(|e| e.into_inner());
+            self.offered
+                .borrow()
+                .iter()
+                .filter(|a| !observers.contains_key(&a.name))
+                .filter(|a| {
+                    failed
+                        .get(&a.name)
+                        .is_none_or(|at| at.elapsed() >= OBSERVER_RETRY)
+                })
+                .cloned()
+                .collect()
         };
-        close_all(gone).await;
-        let known = self.spaces();
-        let starts =
-            spaces
-                .into_iter()
-                .filter(|a| !known.contains(&a.name))
-                .map(|access| async move {
-                    let space = access.name.clone();
-                    (space, Observer::start(access).await)
-                });
+        if unobserved(&BTreeMap::new()).is_empty() {
+            return;
+        }
+        let mut failed = self.starting.lock().await;
+        let starts = unobserved(&failed).into_iter().map(|access| async move {
+            let space = access.name.clone();
+            let started = tokio::time::timeout(OBSERVER_START, Observer::start(access)).await;
+            let started = started.unwrap_or_else(|_| {
+                Err(ServiceError::msg(format!(
+                    "space `{space}`: the observer did not connect within {OBSERVER_START:?}"
+                )))
+            });
+            (space, started)
+        });
         for (space, started) in futures_util::future::join_all(starts).await {
-            match started {
-                Ok(o) => {
-                    self.observers
-                        .write()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(space, Arc::new(o));
+            let observer = match started {
+                Ok(observer) => observer,
+                Err(e) => {
+                    tracing::warn!(
+                        space,
+                        error = %crate::ops::error_text(&e),
+                        retry = ?OBSERVER_RETRY,
+                        "dashboard: space not shown"
+                    );
+                    failed.insert(space, tokio::time::Instant::now());
+                    continue;
                 }
-                Err(e) => tracing::warn!(
-                    space,
-                    error = %crate::ops::error_text(&e),
-                    retry = ?OBSERVER_RETRY,
-                    "dashboard: space not shown"
-                ),
+            };
+            failed.remove(&space);
+            let still_offered = self.offered.borrow().iter().any(|a| a.name == space);
+            if still_offered {
+                self.observers
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(space, Arc::new(observer));
+            } else {
+                observer.close().await;
             }
         }
-        settled.send_replace(names);
     }
 
     /// `None` when the request may proceed; otherwise the answer. A form must also carry the
@@ -376,6 +402,9 @@ impl Site {
 
     async fn route(&self, req: &Request) -> Route {
         let segments: Vec<&str> = req.path.split('/').filter(|s| !s.is_empty()).collect();
+        if segments.first() != Some(&"assets") {
+            self.observe_offered().await;
+        }
         if req.method == Method::Post {
             return Route::Done(match segments.as_slice() {
                 ["spaces", space, form] => match (self.observers().get(*space), Form::of(form)) {

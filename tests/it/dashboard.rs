@@ -565,6 +565,56 @@ async fn hostile_text_is_escaped_on_every_page_that_shows_it() {
     c.stop().await;
 }
 
+/// How many connections named `name` the broker holds, asked over the system account.
+async fn connections_named(c: &Cotald, name: &str) -> usize {
+    let keys = cotald::provision::KeyStore::open(&c.data_dir.join("keys")).unwrap();
+    let creds = keys.system_user_creds().unwrap();
+    let ca = c.data_dir.join("tls/ca.pem");
+    let monitor = cotald::supervisor::monitor::Monitor::connect(&creds, &ca, c.state().listen)
+        .await
+        .unwrap();
+    let connz = monitor
+        .ask("CONNZ", serde_json::json!({ "limit": 1024 }), TIMEOUT)
+        .await
+        .unwrap();
+    let connections = connz["connections"].as_array().cloned().unwrap_or_default();
+    connections.iter().filter(|c| c["name"] == name).count()
+}
+
+/// The connection name of the dashboard's observer.
+const OBSERVER: &str = "cotal:dashboard";
+
+/// An appliance nobody watches holds no observer: the dashboard connects to a space at the
+/// first page a person opens, which shows it.
+#[tokio::test]
+async fn a_space_is_observed_from_the_first_page_not_before() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let site = Site::of(&c).await;
+    assert_eq!(
+        connections_named(&c, OBSERVER).await,
+        0,
+        "observed before any page"
+    );
+
+    let index = site.page("/").await;
+    assert!(
+        index.contains("/spaces/main/"),
+        "the first page lists main:\n{index}"
+    );
+    assert_eq!(
+        connections_named(&c, OBSERVER).await,
+        1,
+        "observed once by the first page"
+    );
+    site.page("/spaces/main/roster").await;
+    assert_eq!(
+        connections_named(&c, OBSERVER).await,
+        1,
+        "observed once, whatever the pages"
+    );
+}
+
 #[tokio::test]
 async fn a_disabled_dashboard_serves_nothing() {
     let tmp = tempfile::tempdir().unwrap();
