@@ -21,6 +21,14 @@
 //! A copy is stored with `Nats-Msg-Id = <message id>.<target>`, so a router that crashed after
 //! storing it and reads the message again stores nothing twice; the CHAT entry is acknowledged
 //! only after every copy is stored.
+//!
+//! The router reads in bursts: while CHAT is quiet one pull of one entry waits at the broker
+//! (the next message answers it at once); then it fetches what is new, again at once while the
+//! broker says more is waiting, else after a [`LINGER`], until a fetch finds nothing. Read as
+//! each entry was stored, every message of the space, mentions or not, cost the broker a
+//! delivery and the appliance a wake: sent one at a time, most of the appliance's work per
+//! message (`docs/benchmarks.md`, *The mention router reads in bursts*). A copy is stored up
+//! to a [`LINGER`] later for it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +36,7 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use async_nats::jetstream::{self, AckKind};
+use futures_util::StreamExt;
 
 use super::backstop::Backstop;
 use super::presence::PresenceView;
@@ -42,6 +51,19 @@ use crate::space::{Identities, Space};
 pub const CONSUMER: &str = "cotald_mentions";
 /// How long routing waits for the presence view to hold what the bucket holds.
 const PRESENCE_CATCH_UP: Duration = Duration::from_secs(2);
+/// How long the router lets CHAT's new entries gather, once it has read all there were,
+/// before it reads again. CHAT keeps 1,000 entries per sender and channel: a sender would have
+/// to store more than that within one LINGER and the routing of one burst (200,000 messages a
+/// second) for an entry to go before it is read. 20 ms lost entries of a test's flood.
+const LINGER: Duration = Duration::from_millis(5);
+/// Most entries one read asks for (the consumer's `max_ack_pending`).
+const READ_AT_ONCE: usize = 1024;
+/// Most bytes one read asks for.
+const READ_BYTES: usize = 8 * 1024 * 1024;
+/// How long the pull of a quiet CHAT waits at the broker before the router asks again.
+const QUIET_WAIT: Duration = Duration::from_secs(5);
+/// How long a read may go unanswered before it counts as failed (the service is restarted).
+const ANSWER_WITHIN: Duration = Duration::from_secs(10);
 
 /// The mention router of one space.
 pub struct Mentions {
@@ -86,7 +108,7 @@ impl Mentions {
                     deliver_policy: DeliverPolicy::New,
                     ack_policy: AckPolicy::Explicit,
                     ack_wait: Duration::from_secs(30),
-                    max_ack_pending: 1024,
+                    max_ack_pending: READ_AT_ONCE as i64,
                     ..Default::default()
                 },
             )
@@ -276,26 +298,112 @@ impl Service for Mentions {
 
     async fn run(&self, ctx: Context) -> Result<(), ServiceError> {
         let consumer = self.consumer().await?;
-        let mut messages = consumer
-            .stream()
-            .max_messages_per_batch(256)
-            .heartbeat(Duration::from_secs(5))
-            .messages()
-            .await
-            .map_err(ServiceError::at("reading CHAT"))?;
         ctx.report(Health::Running);
         loop {
-            let Some(msg) = super::next_read(&ctx, &mut messages, "the CHAT reader").await? else {
+            // Quiet: one pull of one entry waits at the broker; the next message answers it.
+            let woken = consumer
+                .batch()
+                .max_messages(1)
+                .expires(QUIET_WAIT)
+                .messages();
+            let Some(mut burst) = take(&ctx, woken).await? else {
                 return Ok(());
             };
-            let outcome = if self.route(&msg).await {
-                msg.ack().await
-            } else {
-                msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                    .await
-            };
-            if let Err(e) = outcome {
-                tracing::debug!(error = %e, "mention router ack not sent; the message comes again");
+            // Busy: what is new is read in bursts until a read finds nothing. The next burst
+            // is asked for while this one is routed when the broker said more is waiting (its
+            // entries are then in hand before more of the same sender's could push them out of
+            // CHAT); else once this one is routed and a LINGER has passed.
+            while !burst.entries.is_empty() {
+                let fetch = || {
+                    consumer
+                        .fetch()
+                        .max_messages(READ_AT_ONCE)
+                        .max_bytes(READ_BYTES)
+                        .messages()
+                };
+                let ahead = match burst.pending > 0 {
+                    true => Some(fetch().await),
+                    false => None,
+                };
+                for msg in &burst.entries {
+                    self.route_and_ack(msg).await;
+                }
+                let next = match ahead {
+                    Some(asked) => asked,
+                    None => {
+                        tokio::select! {
+                            () = ctx.cancelled() => return Ok(()),
+                            () = tokio::time::sleep(LINGER) => {}
+                        }
+                        fetch().await
+                    }
+                };
+                let Some(next) = take(&ctx, std::future::ready(next)).await? else {
+                    return Ok(());
+                };
+                burst = next;
+            }
+        }
+    }
+}
+
+impl Mentions {
+    /// Routes one entry and acknowledges it, or asks for it again shortly when it cannot be
+    /// routed yet.
+    async fn route_and_ack(&self, msg: &jetstream::Message) {
+        let outcome = if self.route(msg).await {
+            msg.ack().await
+        } else {
+            msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                .await
+        };
+        if let Err(e) = outcome {
+            tracing::debug!(error = %e, "mention router ack not sent; the message comes again");
+        }
+    }
+}
+
+/// What one read of CHAT brought.
+struct Burst {
+    entries: Vec<jetstream::Message>,
+    /// How many more entries matched the consumer after the last of them, as the broker said.
+    pending: u64,
+}
+
+/// Every entry of the read `pull` asks for; `None` when the service is stopping.
+async fn take<E>(
+    ctx: &Context,
+    pull: impl Future<Output = Result<pull::Batch, E>>,
+) -> Result<Option<Burst>, ServiceError>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let unanswered = |within: Duration| {
+        ServiceError::msg(format!("the CHAT reader had no answer within {within:?}"))
+    };
+    let answered = tokio::select! {
+        () = ctx.cancelled() => return Ok(None),
+        answered = tokio::time::timeout(ANSWER_WITHIN, pull) => answered,
+    };
+    let mut batch = answered
+        .map_err(|_| unanswered(ANSWER_WITHIN))?
+        .map_err(|e| ServiceError::new("the CHAT reader failed", e))?;
+    let mut burst = Burst {
+        entries: Vec::new(),
+        pending: 0,
+    };
+    loop {
+        let next = tokio::select! {
+            () = ctx.cancelled() => return Ok(None),
+            next = tokio::time::timeout(QUIET_WAIT + ANSWER_WITHIN, batch.next()) => next,
+        };
+        match next {
+            Err(_) => return Err(unanswered(QUIET_WAIT + ANSWER_WITHIN)),
+            Ok(None) => return Ok(Some(burst)),
+            Ok(Some(Err(e))) => return Err(ServiceError::new("the CHAT reader failed", e)),
+            Ok(Some(Ok(msg))) => {
+                burst.pending = msg.info().map_or(0, |info| info.pending);
+                burst.entries.push(msg);
             }
         }
     }

@@ -937,6 +937,65 @@ async fn a_mention_on_a_live_channel_reaches_an_offline_authorized_target_once()
     c.stop().await;
 }
 
+/// The router reads CHAT in bursts of up to 1,024 entries: a flood of posts, more than a
+/// burst, with a mention every hundredth, leaves every mention copied once and every entry
+/// settled.
+#[tokio::test]
+async fn a_flood_of_posts_has_each_mention_copied_once() {
+    use futures_util::StreamExt;
+    const POSTS: usize = 2_500;
+    const EVERY: usize = 100;
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cotald::up(tmp.path()).await;
+    let alice = mint(tmp.path(), "alice", "main", &["--allow-publish", "lounge"]).await;
+    let bob = mint(tmp.path(), "bob", "main", &["--subscribe", "lounge"]).await;
+    let op = crate::helper::operator_endpoint(tmp.path(), &alice, true).await;
+    crate::helper::set_channel(&op, "lounge", json!({"deliveryClass": "live"})).await;
+    let a = endpoint(&alice, |o| o.presence = false).await;
+    let client = &a.client;
+    let sent: Vec<_> = futures_util::stream::iter(0..POSTS)
+        .map(|i| async move {
+            let mentions: Vec<String> = match i % EVERY {
+                0 => vec!["bob".into()],
+                _ => Vec::new(),
+            };
+            let text = vec![cotald::protocol::Part::text(format!("post {i}"))];
+            client.send(channel("lounge"), text, &mentions).await
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    assert!(sent.iter().all(Result::is_ok), "every post stored");
+    let js = operator(&c, tmp.path()).await;
+    let chat = js.get_stream("CHAT_main").await.unwrap();
+    let chat_ref = &chat;
+    eventually("the router settling", || async move {
+        let info = chat_ref
+            .consumer_info(cotald::services::mentions::CONSUMER)
+            .await
+            .unwrap();
+        (info.num_pending == 0 && info.num_ack_pending == 0).then_some(())
+    })
+    .await;
+    let inbox = js.get_stream("INBOX_main").await.unwrap();
+    let stored: BTreeMap<String, usize> = inbox
+        .info_with_subjects("cotal.main.backstop.>")
+        .await
+        .unwrap()
+        .map(|s| s.unwrap())
+        .collect()
+        .await;
+    assert_eq!(
+        stored,
+        BTreeMap::from([(format!("cotal.main.backstop.{}.m", bob.id), POSTS / EVERY)]),
+        "one copy per mention of bob"
+    );
+    for conn in [a, op] {
+        conn.client.close().await;
+    }
+    c.stop().await;
+}
+
 /// Waits until the feed entry of `id` satisfies `pred` (`None`: no entry).
 async fn feed_until(
     kv: &async_nats::jetstream::kv::Store,
