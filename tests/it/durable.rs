@@ -889,29 +889,8 @@ async fn a_mention_on_a_live_channel_reaches_an_offline_authorized_target_once()
         )
         .await
         .unwrap();
-    // Everything the router read is settled.
     let js = operator(&c, tmp.path()).await;
-    let chat = js.get_stream("CHAT_main").await.unwrap();
-    let chat_ref = &chat;
-    eventually("the router settling", || async move {
-        let info = chat_ref
-            .consumer_info(cotald::services::mentions::CONSUMER)
-            .await
-            .unwrap();
-        (info.num_pending == 0 && info.num_ack_pending == 0).then_some(())
-    })
-    .await;
-    let inbox = js.get_stream("INBOX_main").await.unwrap();
-    let stored: BTreeMap<String, usize> = {
-        use futures_util::StreamExt;
-        inbox
-            .info_with_subjects("cotal.main.backstop.>")
-            .await
-            .unwrap()
-            .map(|s| s.unwrap())
-            .collect()
-            .await
-    };
+    let stored = mention_copies_once_routed(&js).await;
     assert_eq!(
         stored,
         BTreeMap::from([(format!("cotal.main.backstop.{}.m", bob.id), 1)]),
@@ -935,6 +914,31 @@ async fn a_mention_on_a_live_channel_reaches_an_offline_authorized_target_once()
         conn.client.close().await;
     }
     c.stop().await;
+}
+
+/// The mention copies stored per subject, once everything the router read is settled.
+async fn mention_copies_once_routed(
+    js: &async_nats::jetstream::Context,
+) -> BTreeMap<String, usize> {
+    use futures_util::StreamExt;
+    let chat = js.get_stream("CHAT_main").await.unwrap();
+    let chat = &chat;
+    eventually("the router settling", || async move {
+        let info = chat
+            .consumer_info(cotald::services::mentions::CONSUMER)
+            .await
+            .unwrap();
+        (info.num_pending == 0 && info.num_ack_pending == 0).then_some(())
+    })
+    .await;
+    let inbox = js.get_stream("INBOX_main").await.unwrap();
+    inbox
+        .info_with_subjects("cotal.main.backstop.>")
+        .await
+        .unwrap()
+        .map(|s| s.unwrap())
+        .collect()
+        .await
 }
 
 /// The router reads CHAT in bursts of up to 1,024 entries: a flood of posts, more than a
@@ -967,24 +971,7 @@ async fn a_flood_of_posts_has_each_mention_copied_once() {
         .await;
     assert!(sent.iter().all(Result::is_ok), "every post stored");
     let js = operator(&c, tmp.path()).await;
-    let chat = js.get_stream("CHAT_main").await.unwrap();
-    let chat_ref = &chat;
-    eventually("the router settling", || async move {
-        let info = chat_ref
-            .consumer_info(cotald::services::mentions::CONSUMER)
-            .await
-            .unwrap();
-        (info.num_pending == 0 && info.num_ack_pending == 0).then_some(())
-    })
-    .await;
-    let inbox = js.get_stream("INBOX_main").await.unwrap();
-    let stored: BTreeMap<String, usize> = inbox
-        .info_with_subjects("cotal.main.backstop.>")
-        .await
-        .unwrap()
-        .map(|s| s.unwrap())
-        .collect()
-        .await;
+    let stored = mention_copies_once_routed(&js).await;
     assert_eq!(
         stored,
         BTreeMap::from([(format!("cotal.main.backstop.{}.m", bob.id), POSTS / EVERY)]),
