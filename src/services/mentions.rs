@@ -24,11 +24,11 @@
 //!
 //! The router reads in bursts: while CHAT is quiet one pull of one entry waits at the broker
 //! (the next message answers it at once); then it fetches what is new, again at once while the
-//! broker says more is waiting, else after a [`LINGER`], until a fetch finds nothing. Read as
+//! broker says more is waiting, else after a `LINGER` (5 ms), until a fetch finds nothing. Read as
 //! each entry was stored, every message of the space, mentions or not, cost the broker a
 //! delivery and the appliance a wake: sent one at a time, most of the appliance's work per
 //! message (`docs/benchmarks.md`, *The mention router reads in bursts*). A copy is stored up
-//! to a [`LINGER`] later for it.
+//! to a `LINGER` later for it.
 
 use std::sync::Arc;
 use std::time::Duration;
