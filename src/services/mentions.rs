@@ -54,7 +54,8 @@ const PRESENCE_CATCH_UP: Duration = Duration::from_secs(2);
 /// How long the router lets CHAT's new entries gather, once it has read all there were,
 /// before it reads again. CHAT keeps 1,000 entries per sender and channel: a sender would have
 /// to store more than that within one LINGER and the routing of one burst (200,000 messages a
-/// second) for an entry to go before it is read. 20 ms lost entries of a test's flood.
+/// second) for an entry to go before it is read. At 20 ms, entries of a flood in a test went
+/// (`it::durable::a_flood_of_posts_has_each_mention_copied_once`).
 const LINGER: Duration = Duration::from_millis(5);
 /// Most entries one read asks for (the consumer's `max_ack_pending`).
 const READ_AT_ONCE: usize = 1024;
@@ -299,13 +300,23 @@ impl Service for Mentions {
     async fn run(&self, ctx: Context) -> Result<(), ServiceError> {
         let consumer = self.consumer().await?;
         ctx.report(Health::Running);
+        let fetch = || {
+            consumer
+                .fetch()
+                .max_messages(READ_AT_ONCE)
+                .max_bytes(READ_BYTES)
+                .messages()
+        };
         loop {
             // Quiet: one pull of one entry waits at the broker; the next message answers it.
-            let woken = consumer
+            let quiet = consumer
                 .batch()
                 .max_messages(1)
                 .expires(QUIET_WAIT)
                 .messages();
+            let Some(woken) = ask(&ctx, quiet).await? else {
+                return Ok(());
+            };
             let Some(mut burst) = take(&ctx, woken).await? else {
                 return Ok(());
             };
@@ -314,15 +325,11 @@ impl Service for Mentions {
             // entries are then in hand before more of the same sender's could push them out of
             // CHAT); else once this one is routed and a LINGER has passed.
             while !burst.entries.is_empty() {
-                let fetch = || {
-                    consumer
-                        .fetch()
-                        .max_messages(READ_AT_ONCE)
-                        .max_bytes(READ_BYTES)
-                        .messages()
-                };
                 let ahead = match burst.pending > 0 {
-                    true => Some(fetch().await),
+                    true => match ask(&ctx, fetch()).await? {
+                        Some(asked) => Some(asked),
+                        None => return Ok(()),
+                    },
                     false => None,
                 };
                 for msg in &burst.entries {
@@ -335,10 +342,13 @@ impl Service for Mentions {
                             () = ctx.cancelled() => return Ok(()),
                             () = tokio::time::sleep(LINGER) => {}
                         }
-                        fetch().await
+                        let Some(asked) = ask(&ctx, fetch()).await? else {
+                            return Ok(());
+                        };
+                        asked
                     }
                 };
-                let Some(next) = take(&ctx, std::future::ready(next)).await? else {
+                let Some(next) = take(&ctx, next).await? else {
                     return Ok(());
                 };
                 burst = next;
@@ -370,24 +380,28 @@ struct Burst {
     pending: u64,
 }
 
-/// Every entry of the read `pull` asks for; `None` when the service is stopping.
-async fn take<E>(
+/// The read `pull` asks CHAT for, once asked (within [`ANSWER_WITHIN`]); `None` when the
+/// service is stopping.
+async fn ask<E>(
     ctx: &Context,
     pull: impl Future<Output = Result<pull::Batch, E>>,
-) -> Result<Option<Burst>, ServiceError>
+) -> Result<Option<pull::Batch>, ServiceError>
 where
     E: std::error::Error + Send + Sync + 'static,
 {
-    let unanswered = |within: Duration| {
-        ServiceError::msg(format!("the CHAT reader had no answer within {within:?}"))
-    };
-    let answered = tokio::select! {
+    let asked = tokio::select! {
         () = ctx.cancelled() => return Ok(None),
-        answered = tokio::time::timeout(ANSWER_WITHIN, pull) => answered,
+        asked = tokio::time::timeout(ANSWER_WITHIN, pull) => asked,
     };
-    let mut batch = answered
-        .map_err(|_| unanswered(ANSWER_WITHIN))?
-        .map_err(|e| ServiceError::new("the CHAT reader failed", e))?;
+    match asked {
+        Err(_) => Err(unanswered(ANSWER_WITHIN)),
+        Ok(Err(e)) => Err(ServiceError::new("the CHAT reader failed", e)),
+        Ok(Ok(batch)) => Ok(Some(batch)),
+    }
+}
+
+/// Every entry `batch` brings; `None` when the service is stopping.
+async fn take(ctx: &Context, mut batch: pull::Batch) -> Result<Option<Burst>, ServiceError> {
     let mut burst = Burst {
         entries: Vec::new(),
         pending: 0,
@@ -407,6 +421,10 @@ where
             }
         }
     }
+}
+
+fn unanswered(within: Duration) -> ServiceError {
+    ServiceError::msg(format!("the CHAT reader had no answer within {within:?}"))
 }
 
 #[cfg(test)]
