@@ -135,8 +135,8 @@ impl Context {
     }
 }
 
-/// The next item of what a service reads (a bucket's watch, a consumer's messages), `None`
-/// once `ctx` is cancelled; an error, or the end of it, is the service's failure, named by
+/// The next item of what a service reads without end (a bucket's watch), `None` once `ctx`
+/// is cancelled; an error, or the end of it, is the service's failure, named by
 /// `what` (it is restarted, and reads again).
 async fn next_read<T, E>(
     ctx: &Context,
