@@ -58,6 +58,7 @@ mod leftover;
 mod log;
 pub mod monitor;
 mod parent_death;
+mod ports;
 
 pub use binary::{BUNDLED_SHA256, BUNDLED_VERSION, BrokerBinary};
 pub use conf::{ClusterConf, LeafRemote, MAX_CONTROL_LINE, ServerConf};
@@ -162,7 +163,6 @@ pub struct Supervisor {
 }
 
 const TAIL_LINES: usize = 30;
-const POLL: Duration = Duration::from_millis(2);
 /// Time between two health probes of a ready broker.
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(2);
 /// How long one probe waits for `HEALTHZ`.
@@ -451,7 +451,7 @@ impl Running {
         crate::files::write_replacing(&spec.conf_path, spec.conf.render().as_bytes(), 0o600)?;
         // A crashed child leaves its ports file behind, and pids repeat (containers): only the
         // file this child writes may count.
-        remove_ports_files(&spec.conf.ports_file_dir);
+        ports::remove_all(&spec.conf.ports_file_dir);
         let mut cmd = Command::new(&spec.executable);
         cmd.arg("-c")
             .arg(&spec.conf_path)
@@ -496,6 +496,8 @@ impl Running {
         monitor: &mut Option<Monitor>,
         mut listening: Option<oneshot::Sender<SocketAddr>>,
     ) -> Result<Self, SupervisorError> {
+        let ports_dir = &spec.conf.ports_file_dir;
+        let mut written = ports::Written::watch(ports_dir);
         let Launched {
             mut process,
             pid,
@@ -511,7 +513,6 @@ impl Running {
         };
 
         let deadline = Instant::now() + spec.ready_timeout;
-        let ports_dir = &spec.conf.ports_file_dir;
         let mut addrs = None;
         loop {
             if let Some(status) = process
@@ -524,7 +525,9 @@ impl Running {
                 }
                 return Err(exited_early(spec, status, tail_text()));
             }
-            if let Some(found) = read_ports_file(ports_dir, &spec.conf, pid) {
+            if addrs.is_none()
+                && let Some(found) = ports::read(ports_dir, &spec.conf, pid)
+            {
                 if let Some(listening) = listening.take() {
                     let _ = listening.send(local_addr(found.0));
                 }
@@ -543,7 +546,12 @@ impl Running {
                     tail: tail_text(),
                 });
             }
-            tokio::time::sleep(POLL).await;
+            match addrs {
+                None => {
+                    written.next().await;
+                }
+                Some(_) => tokio::time::sleep(ports::POLL).await,
+            }
         }
         let (client, http_monitor) = addrs.unwrap_or_else(|| unreachable!("ready implies ports"));
         tracing::debug!(pid, %client, ?http_monitor, "nats-server ready");
@@ -605,39 +613,6 @@ impl Running {
                 );
                 let _ = self.process.kill().await;
             }
-        }
-    }
-}
-
-/// Reads `<anything>_<pid>.ports` in `dir`: `{"nats": [url, …], "monitoring": [url]}` (the
-/// latter only when the HTTP monitoring port is on). The server lists one client URL per
-/// interface; the port is what counts, the host is ours.
-fn read_ports_file(
-    dir: &Path,
-    conf: &ServerConf,
-    pid: u32,
-) -> Option<(SocketAddr, Option<SocketAddr>)> {
-    let suffix = format!("_{pid}.ports");
-    let entry = std::fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .find(|e| e.file_name().to_string_lossy().ends_with(&suffix))?;
-    let ports: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(entry.path()).ok()?).ok()?;
-    let port = |key: &str| -> Option<u16> {
-        let url = ports.get(key)?.get(0)?.as_str()?;
-        url.rsplit_once(':')?.1.parse().ok()
-    };
-    let http_monitor = conf
-        .monitor
-        .and_then(|m| Some(SocketAddr::new(m.ip(), port("monitoring")?)));
-    Some((SocketAddr::new(conf.host, port("nats")?), http_monitor))
-}
-
-fn remove_ports_files(dir: &Path) {
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if entry.file_name().to_string_lossy().ends_with(".ports") {
-            let _ = std::fs::remove_file(entry.path());
         }
     }
 }

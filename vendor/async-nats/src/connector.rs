@@ -364,7 +364,10 @@ impl Connector {
                 "attempting connection"
             );
 
-            sleep(duration).await;
+            // A zero delay dials at once: `sleep(ZERO)` waits for the timer's next tick.
+            if !duration.is_zero() {
+                sleep(duration).await;
+            }
 
             match self.try_connect_to_server(&entry.addr).await {
                 Ok(result) => return Ok(result),
