@@ -317,18 +317,27 @@ impl Core {
         );
         let cluster = self.cluster.as_ref().map(|c| (c.name.as_str(), c.replicas));
         let view = self.broker_view(space)?;
-        let build = SpaceServices::build(space, identities, services, view, view_dialed);
-        // The identities' durables are made while the services are built (neither needs the
-        // other); both before a leased service runs. The dashboard's observer and the
-        // operator's voice connect once the durables are there (the voice reads its DMs),
-        // while the services are built and start.
+        let presence = Arc::new(crate::services::presence::PresenceView::default());
+        let (watching, watched) = SpaceServices::watch(space, presence.clone(), services);
+        let open = SpaceServices::open(space, identities, presence, view, view_dialed);
+        // The identities' durables are made while the watches start and the members registry
+        // is read (none needs another); the durables and the registry before a leased service
+        // runs, the watches before the reader and the router (`SpaceServices::start`). The
+        // dashboard's observer and the operator's voice may connect once the durables are
+        // there (the voice reads its DMs).
         let provisioned = async {
             provision_all(space, identities).await?;
             super::dashboard::space_served(self, name, identities);
             Ok::<_, DaemonError>(())
         };
-        let (_, parts) = tokio::try_join!(provisioned, build)?;
-        parts.start(services, Arc::new(account), cluster).await
+        let start = async {
+            let (_, parts) = tokio::try_join!(provisioned, open)?;
+            parts
+                .start(services, Arc::new(account), cluster, watched)
+                .await
+        };
+        let ((), started) = tokio::join!(watching, start);
+        started
     }
 
     /// A node of a cluster first learns the identity records it missed while it was down (a

@@ -48,37 +48,45 @@ pub(super) struct Started {
     pub(super) lease: Option<Arc<LeaseKeeper>>,
 }
 
+/// The services every node runs, started at once ([`SpaceServices::watch`]): running once the
+/// connection watch, the presence watch and the registry watch are; the reader and the router
+/// need the roster the presence watch keeps.
+pub(super) type Watches = tokio::sync::oneshot::Receiver<Result<(), ServiceError>>;
+
 impl SpaceServices {
-    /// Opens what the services share (the members registry, the roster the presence watch
-    /// keeps) and makes them; the connection watch and the presence watch are started in `set`
-    /// at once, since the reader and the router need the roster.
-    pub(super) async fn build(
+    /// Starts the connection watch, the presence watch and the registry watch of `space` in
+    /// `set`. The returned future runs them until they report running and tells `watched`
+    /// then; it is polled beside the rest of the start.
+    pub(super) fn watch(
+        space: &Arc<Space>,
+        presence: Arc<PresenceView>,
+        set: &ServiceSet,
+    ) -> (impl Future<Output = ()>, Watches) {
+        let (tell, watched) = tokio::sync::oneshot::channel();
+        let link_watch = set.start(Arc::new(LinkWatch::new(space.clone())));
+        let presence_watch = set.start(Arc::new(PresenceWatch::new(space.clone(), presence)));
+        let registry_watch = set.start(Arc::new(RegistryWatch::new(space.clone())));
+        let watching = async move {
+            let (link, presence, registry) =
+                tokio::join!(link_watch, presence_watch, registry_watch);
+            let _ = tell.send(link.and(presence).and(registry));
+        };
+        (watching, watched)
+    }
+
+    /// Opens what the services share (the members registry; the roster is `presence`, kept
+    /// by the presence watch [`SpaceServices::watch`] starts) and makes them; starts none.
+    pub(super) async fn open(
         space: &Arc<Space>,
         identities: &Arc<Identities>,
-        set: &ServiceSet,
+        presence: Arc<PresenceView>,
         view: BrokerView,
         view_dialed: Option<async_nats::Client>,
     ) -> Result<SpaceServices, DaemonError> {
-        let name = space.name();
-        let presence = Arc::new(PresenceView::default());
-        // The members registry is read while the three watches start: none needs another.
-        let link_watch = set.start(Arc::new(LinkWatch::new(space.clone())));
-        let presence_watch = set.start(Arc::new(PresenceWatch::new(
-            space.clone(),
-            presence.clone(),
-        )));
-        let registry_watch = set.start(Arc::new(RegistryWatch::new(space.clone())));
-        let (members, link_watch, presence_watch, registry_watch) = tokio::join!(
-            Members::open(space),
-            link_watch,
-            presence_watch,
-            registry_watch
-        );
-        link_watch
-            .and(presence_watch)
-            .and(registry_watch)
-            .map_err(|e| service_error(name, e))?;
-        let members = Arc::new(members.map_err(|e| service_error(name, e))?);
+        let members = Members::open(space)
+            .await
+            .map_err(|e| service_error(space.name(), e))?;
+        let members = Arc::new(members);
         let backstop = Arc::new(Backstop::new(
             space.clone(),
             identities.clone(),
@@ -111,21 +119,22 @@ impl SpaceServices {
         })
     }
 
-    /// Starts them in `set`: at once on a single node; in a cluster, the identity sync and
-    /// the lease keeper, which starts the others while this node holds the lease. A clustered
-    /// start that fails is not fatal (the bucket may be created by another node this very
-    /// moment): the set retries it with backoff, and `status` shows it. The warden pushes the
-    /// space's account again for its holds through `account`.
+    /// Starts them in `set`: at once on a single node; in a cluster, once the watches run,
+    /// the identity sync and the lease keeper, which starts the others while this node holds
+    /// the lease. A clustered start that fails is not fatal (the bucket may be created by
+    /// another node this very moment): the set retries it with backoff, and `status` shows it.
+    /// The warden pushes the space's account again for its holds through `account`.
     pub(super) async fn start(
         self,
         set: &ServiceSet,
         account: Arc<dyn AccountPush>,
         cluster: Option<(&str, usize)>,
+        watched: Watches,
     ) -> Result<Started, DaemonError> {
         let manager = self.manager.clone();
         let name = self.space.name().to_owned();
         let Some((node, replicas)) = cluster else {
-            self.start_leased(set, account)
+            self.start_leased(set, account, Some(watched))
                 .await
                 .map_err(|e| service_error(&name, e))?;
             return Ok(Started {
@@ -133,6 +142,9 @@ impl SpaceServices {
                 lease: None,
             });
         };
+        running(watched)
+            .await
+            .map_err(|e| service_error(&name, e))?;
         let sync = IdentitySync::new(self.space.clone(), self.identities.clone(), replicas);
         if let Err(e) = set.start(Arc::new(sync)).await {
             tracing::warn!(space = name, error = %crate::ops::error_text(&e),
@@ -145,7 +157,7 @@ impl SpaceServices {
             Box::pin(async move {
                 // The registry may have changed under another node's lease.
                 parts.reload_members().await?;
-                parts.start_leased(&leased, account).await
+                parts.start_leased(&leased, account, None).await
             })
         });
         let keeper = Arc::new(LeaseKeeper::new(space, node.to_owned(), replicas, starter));
@@ -174,17 +186,20 @@ impl SpaceServices {
         Ok(())
     }
 
-    /// Starts the leased services in `set`, all at once but the manager, which starts once the
-    /// reader it needs runs (one after the other, each waiting for its consumers and its
-    /// round trips to the broker, they took most of a start's time). Each is started even
-    /// when another fails to (it keeps being retried by the set): a warden waiting for a
-    /// stream leader must not keep the manager from serving. The first failure is returned,
-    /// the reader's and the manager's first. On a single node they start right after the
-    /// registry was read ([`SpaceServices::build`]), which nothing wrote since.
+    /// Starts the leased services in `set`, all at once but the router, the reader and the
+    /// manager: the router and the reader once the watches run (`watched`, when they are still
+    /// starting: a single node's start), the manager once the reader it needs runs (one after
+    /// the other, each waiting for its consumers and its round trips to the broker, they took
+    /// most of a start's time). Each is started even when another fails to (it keeps being
+    /// retried by the set): a warden waiting for a stream leader must not keep the manager
+    /// from serving. The first failure is returned, the watches', the reader's and the
+    /// manager's first. On a single node they start right after the registry was read
+    /// ([`SpaceServices::open`]), which nothing wrote since.
     async fn start_leased(
         self,
         set: &ServiceSet,
         account: Arc<dyn AccountPush>,
+        watched: Option<Watches>,
     ) -> Result<(), ServiceError> {
         let (space, identities) = (&self.space, &self.identities);
         let mentions = Mentions::new(
@@ -202,23 +217,38 @@ impl SpaceServices {
             self.view.clone(),
             dialed,
         );
-        let reader_then_manager = async {
-            let reader = set.start(self.backstop.clone()).await;
-            (reader, set.start(self.manager.clone()).await)
+        let after_roster = async {
+            if let Some(watched) = watched {
+                running(watched).await?;
+            }
+            let reader_then_manager = async {
+                let reader = set.start(self.backstop.clone()).await;
+                (reader, set.start(self.manager.clone()).await)
+            };
+            let (mentions, (reader, manager)) =
+                tokio::join!(set.start(Arc::new(mentions)), reader_then_manager);
+            Ok::<_, ServiceError>([reader, manager, mentions])
         };
         // Each is listed (in `status`) when it is first polled: in this order, whatever the
-        // timing, the reader and the manager last.
-        let (mentions, warden, guard, feed, (reader, manager)) = tokio::join!(
-            set.start(Arc::new(mentions)),
+        // timing, the router, the reader and the manager last.
+        let (warden, guard, feed, after_roster) = tokio::join!(
             set.start(Arc::new(warden)),
             set.start(Arc::new(guard)),
             set.start(Arc::new(feed)),
-            reader_then_manager,
+            after_roster,
         );
-        [reader, manager, mentions, warden, guard, feed]
+        after_roster?
             .into_iter()
+            .chain([warden, guard, feed])
             .collect()
     }
+}
+
+/// What the watches said once they ran, or failed to.
+async fn running(watched: Watches) -> Result<(), ServiceError> {
+    watched
+        .await
+        .unwrap_or_else(|_| Err(ServiceError::msg("the watches were not started")))
 }
 
 /// A service of `space` that could not start.

@@ -749,7 +749,7 @@ async fn status_shows_each_service() {
     assert!(
         text.contains(
             "services    main: connection running, presence running, registry running, \
-             mentions running, warden running, consumer-guard running, membership running, backstop running, \
+             warden running, consumer-guard running, membership running, mentions running, backstop running, \
              manager running"
         ),
         "{text}"
