@@ -3,8 +3,8 @@
 //!
 //! A start waits for that file: on Linux the ports dir is watched with inotify, so the file is
 //! read the moment the server closes it, not at the next turn of a poll (a warm start is a few
-//! tens of milliseconds, and a poll of [`POLL`] cost about its own length each start). Elsewhere,
-//! and if the watch cannot be made, the dir is read every [`POLL`].
+//! tens of milliseconds, and a poll of [`POLL`] waited up to its length and the timer's next
+//! tick). Elsewhere, and if the watch cannot be made, the dir is read every [`POLL`].
 
 use std::net::SocketAddr;
 use std::path::Path;
