@@ -317,8 +317,20 @@ impl MembershipFeed {
         written: &mut Written,
         heard: (&mut ConnectionUsers, &mut Events),
     ) -> Result<(), ServiceError> {
+        let live = self.live_now(reader, heard).await?;
+        self.write(kv, written, live).await
+    }
+
+    /// What the feed should say, given the live channel patterns per instance `live`, written
+    /// where it differs from `written`.
+    async fn write(
+        &self,
+        kv: &Store,
+        written: &mut Written,
+        live: BTreeMap<String, BTreeSet<String>>,
+    ) -> Result<(), ServiceError> {
         let mut now = Written::new();
-        for (id, patterns) in self.live_now(reader, heard).await? {
+        for (id, patterns) in live {
             if !patterns.is_empty() {
                 now.entry(id).or_default().0 = patterns.into_iter().collect();
             }
@@ -396,6 +408,21 @@ impl MembershipFeed {
         ))
     }
 
+    /// The connect and disconnect events of the space's account, heard over `reader`.
+    async fn events(&self, reader: &async_nats::Client) -> Result<Events, ServiceError> {
+        let account = self.space.account();
+        Ok(futures_util::stream::select(
+            reader
+                .subscribe(crate::binding::system::account_connects(account))
+                .await
+                .map_err(ServiceError::at("subscribing to connect events"))?,
+            reader
+                .subscribe(crate::binding::system::account_disconnects(account))
+                .await
+                .map_err(ServiceError::at("subscribing to disconnect events"))?,
+        ))
+    }
+
     /// The feed's bucket, and the entries an earlier run left in it: compared like any other,
     /// as unknown values, so each is rewritten or deleted at the first refresh.
     async fn written_before(&self) -> Result<(Store, Written), ServiceError> {
@@ -424,43 +451,33 @@ impl Service for MembershipFeed {
     }
 
     async fn run(&self, ctx: Context) -> Result<(), ServiceError> {
-        // The broker view is dialed while the feed's own entries are listed: each is a few
-        // round trips, and neither needs the other (at start it was dialed already).
+        // The broker's connections are first listed while the feed's own entries are: each is
+        // a few round trips, and neither needs the other (the broker view was dialed already
+        // at start). The events are subscribed to before the listing is asked for, on the
+        // same connection: a connect or disconnect after it is heard.
         let dialed = self.dialed.lock().ok().and_then(|mut d| d.take());
-        let reader = async {
-            match dialed {
-                Some(reader) => Ok(reader),
-                None => self.view.connect(self.space.name(), "membership").await,
-            }
-        };
-        let (reader, listed) = tokio::join!(reader, self.written_before());
-        let (reader, (kv, mut written)) = (reader?, listed?);
-        let account = self.space.account();
-        let mut events = futures_util::stream::select(
-            reader
-                .subscribe(crate::binding::system::account_connects(account))
-                .await
-                .map_err(ServiceError::at("subscribing to connect events"))?,
-            reader
-                .subscribe(crate::binding::system::account_disconnects(account))
-                .await
-                .map_err(ServiceError::at("subscribing to disconnect events"))?,
-        );
+        let mut users = ConnectionUsers::default();
+        // A change of the members registry during a refresh makes another: each refresh is
+        // preceded by a registration for the next change.
         let changed = self.members.changed();
+        let mut registry = Box::pin(changed.notified());
+        registry.as_mut().enable();
+        let first_listing = async {
+            let reader = match dialed {
+                Some(reader) => reader,
+                None => self.view.connect(self.space.name(), "membership").await?,
+            };
+            let mut events = self.events(&reader).await?;
+            let live = self.live_now(&reader, (&mut users, &mut events)).await?;
+            Ok::<_, ServiceError>((reader, events, live))
+        };
+        let (first, listed) = tokio::join!(first_listing, self.written_before());
+        let ((reader, mut events, live), (kv, mut written)) = (first?, listed?);
+        self.write(&kv, &mut written, live).await?;
+        ctx.report(Health::Running);
         let mut poll = tokio::time::interval(POLL);
         poll.tick().await;
-        let mut first = true;
-        let mut users = ConnectionUsers::default();
         loop {
-            let registry = changed.notified();
-            tokio::pin!(registry);
-            registry.as_mut().enable();
-            self.refresh(&reader, &kv, &mut written, (&mut users, &mut events))
-                .await?;
-            if first {
-                ctx.report(Health::Running);
-                first = false;
-            }
             tokio::select! {
                 () = ctx.cancelled() => break,
                 Some(event) = events.next() => users.hear(&event),
@@ -476,6 +493,10 @@ impl Service for MembershipFeed {
                 () = tokio::time::sleep(DEBOUNCE) => {}
             }
             hear_pending(&mut users, &mut events);
+            registry = Box::pin(changed.notified());
+            registry.as_mut().enable();
+            self.refresh(&reader, &kv, &mut written, (&mut users, &mut events))
+                .await?;
         }
         let _ = reader.drain().await;
         Ok(())
