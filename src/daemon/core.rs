@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::accounts::{Accounts, Push, SpaceAccount};
 use super::served::{Served, ServedSpaces};
-use super::space_services::{SpaceServices, Started};
+use super::space_services::{ServiceConnections, SpaceServices, Started};
 use super::state::StateFile;
 use super::{
     CLUSTER_FORMING, DaemonError, Prepared, ReadyInfo, SERVICES_DEADLINE, backup, budget, join_link,
@@ -31,6 +31,7 @@ use crate::provision::{KeyStore, SpaceKeys};
 use crate::services::ServiceSet;
 use crate::services::identity_sync;
 use crate::services::membership::BrokerView;
+use crate::services::warden;
 use crate::space::{Dialed, Identities, Space};
 use crate::supervisor::monitor::Monitor;
 use crate::supervisor::{BrokerStatus, local_addr};
@@ -235,9 +236,9 @@ impl Core {
         dialed: Option<DialedEarly>,
     ) -> Result<SpaceInfo, DaemonError> {
         let keys = self.keys.ensure_space(name)?;
-        let (link, view_dialed) = match dialed {
-            Some(DialedEarly { link, view }) => (Some(link), view),
-            None => (None, None),
+        let (link, connections) = match dialed {
+            Some(DialedEarly { link, services }) => (Some(link), services),
+            None => (None, ServiceConnections::default()),
         };
         let identities = Arc::new(Identities::load(&self.dir, name));
         let early = self.learn_identities(&keys, &config, &identities).await;
@@ -262,7 +263,7 @@ impl Core {
             }
         };
         let services = ServiceSet::new(name, &self.root);
-        let started = self.start_space(&space, &identities, &services, view_dialed);
+        let started = self.start_space(&space, &identities, &services, connections);
         let written = async {
             match creds_written.await {
                 Ok(written) => Ok(written?),
@@ -304,7 +305,7 @@ impl Core {
         space: &Arc<Space>,
         identities: &Arc<Identities>,
         services: &ServiceSet,
-        view_dialed: Option<async_nats::Client>,
+        connections: ServiceConnections,
     ) -> Result<Started, DaemonError> {
         let name = space.name();
         backup::restore_pending(&self.dir, self.replicas(), space).await?;
@@ -319,7 +320,7 @@ impl Core {
         let view = self.broker_view(space)?;
         let presence = Arc::new(crate::services::presence::PresenceView::default());
         let (watching, watched) = SpaceServices::watch(space, presence.clone(), services);
-        let open = SpaceServices::open(space, identities, presence, view, view_dialed);
+        let open = SpaceServices::open(space, identities, presence, view, connections);
         // The identities' durables are made while the watches start and the members registry
         // is read (none needs another); the durables and the registry before a leased service
         // runs, the watches before the reader and the router (`SpaceServices::start`). The
@@ -475,9 +476,8 @@ pub(super) struct ToServe {
 pub(super) struct DialedEarly {
     /// The space's provisioner connection.
     link: Dialed,
-    /// The membership feed's connection to the broker's view of the space's connections, when
-    /// it could be made (the feed dials it itself otherwise).
-    view: Option<async_nats::Client>,
+    /// The connections of its services, those that could be made.
+    services: ServiceConnections,
 }
 
 /// The credentials and address the membership feed of `space` (its account `account`) watches
@@ -532,7 +532,8 @@ pub(super) async fn dial_known(
         });
     let dials = known.map(|keys| async move {
         let (space, ca) = (keys.name(), &prepared.ca_cert);
-        // The membership feed's view too: it is the service a start waits for last.
+        // The membership feed's view and the warden's own connection too: each a TLS
+        // connection that the last services of a start waited for.
         let view = async {
             let account = keys.account_public();
             let view = broker_view(&prepared.keys, space, &account, ca, addr).ok()?;
@@ -544,9 +545,19 @@ pub(super) async fn dial_known(
                 }
             }
         };
+        let tap = async {
+            match Space::dial_another_early(&keys, addr, ca, warden::OWN_CONNECTION).await {
+                Ok(tap) => Some(tap),
+                Err(e) => {
+                    tracing::debug!(space, error = %e, "the warden's connection not dialed early");
+                    None
+                }
+            }
+        };
         let dial = async {
-            let (link, view) = tokio::join!(Space::dial(&keys, addr, ca), view);
-            link.map(|link| DialedEarly { link, view })
+            let (link, view, tap) = tokio::join!(Space::dial(&keys, addr, ca), view, tap);
+            let services = ServiceConnections { view, tap };
+            link.map(|link| DialedEarly { link, services })
         };
         match tokio::time::timeout(EARLY_DIAL, dial).await {
             Ok(Ok(dialed)) => Some((keys.name().to_owned(), dialed)),

@@ -37,8 +37,19 @@ pub(super) struct SpaceServices {
     backstop: Arc<Backstop>,
     manager: Arc<Manager>,
     view: BrokerView,
-    /// The membership feed's view connection, dialed while the broker got ready.
-    view_dialed: Arc<std::sync::Mutex<Option<async_nats::Client>>>,
+    /// Connections of the services dialed while the broker got ready, each taken by the first
+    /// run of its service.
+    dialed: Arc<std::sync::Mutex<ServiceConnections>>,
+}
+
+/// Connections of a space's services dialed before the space is served (startup time), those
+/// that could be made; a service whose connection is not here dials it itself.
+#[derive(Default)]
+pub(super) struct ServiceConnections {
+    /// The membership feed's view of the space's connections.
+    pub(super) view: Option<async_nats::Client>,
+    /// The warden's own connection.
+    pub(super) tap: Option<async_nats::Client>,
 }
 
 /// A space's services once started: the manager the operator's requests reach, and in a
@@ -81,7 +92,7 @@ impl SpaceServices {
         identities: &Arc<Identities>,
         presence: Arc<PresenceView>,
         view: BrokerView,
-        view_dialed: Option<async_nats::Client>,
+        dialed: ServiceConnections,
     ) -> Result<SpaceServices, DaemonError> {
         let members = Members::open(space)
             .await
@@ -115,7 +126,7 @@ impl SpaceServices {
             backstop,
             manager,
             view,
-            view_dialed: Arc::new(std::sync::Mutex::new(view_dialed)),
+            dialed: Arc::new(std::sync::Mutex::new(dialed)),
         })
     }
 
@@ -208,15 +219,15 @@ impl SpaceServices {
             self.presence.clone(),
             self.backstop.clone(),
         );
-        let warden = Warden::new(space.clone(), identities.clone(), account);
+        let (view, tap) = self
+            .dialed
+            .lock()
+            .map(|mut d| (d.view.take(), d.tap.take()))
+            .unwrap_or_default();
+        let warden = Warden::new(space.clone(), identities.clone(), account, tap);
         let guard = ConsumerGuard::new(space.clone(), identities.clone());
-        let dialed = self.view_dialed.lock().ok().and_then(|mut d| d.take());
-        let feed = MembershipFeed::new(
-            space.clone(),
-            self.members.clone(),
-            self.view.clone(),
-            dialed,
-        );
+        let feed =
+            MembershipFeed::new(space.clone(), self.members.clone(), self.view.clone(), view);
         let after_roster = async {
             if let Some(watched) = watched {
                 running(watched).await?;

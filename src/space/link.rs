@@ -126,12 +126,7 @@ impl Link {
         &self,
         purpose: &str,
     ) -> Result<async_nats::Client, DialError> {
-        let name = format!("{}-{purpose}", self.name);
-        Ok(
-            crate::client::nats_options(&self.creds, &name, Some(&self.ca), true)?
-                .connect(format!("tls://{}", self.addr))
-                .await?,
-        )
+        dial_other(&self.creds, &self.name, &self.ca, self.addr, purpose).await
     }
 
     /// Replaces a connection that closed for good with a new one.
@@ -146,6 +141,21 @@ impl Link {
         self.state.send_modify(|s| s.down_since = None);
         Ok(())
     }
+}
+
+/// A connection as `creds`, named `<name>-<purpose>`, beside the link named `name`
+/// ([`Link::dial_another`]).
+pub(super) async fn dial_other(
+    creds: &Creds,
+    name: &str,
+    ca: &std::path::Path,
+    addr: SocketAddr,
+    purpose: &str,
+) -> Result<async_nats::Client, DialError> {
+    let name = format!("{name}-{purpose}");
+    Ok(crate::client::nats_options(creds, &name, Some(ca), true)?
+        .connect(format!("tls://{addr}"))
+        .await?)
 }
 
 async fn connect(

@@ -127,8 +127,7 @@ impl Space {
     /// Dials the space's provisioner over TLS; its account must be known to the broker.
     pub async fn dial(keys: &SpaceKeys, addr: SocketAddr, ca: &Path) -> Result<Dialed, SpaceError> {
         let space = keys.name().to_owned();
-        let creds = keys.own_user_creds("manager")?;
-        let name = format!("cotald-manager-{space}");
+        let (creds, name) = provisioner(keys)?;
         let link = link::Link::dial(creds, name, ca.to_owned(), addr)
             .await
             .map_err(|source| SpaceError::Connect {
@@ -141,6 +140,25 @@ impl Space {
             account: keys.account_public(),
             link,
         })
+    }
+
+    /// Another connection as the space's provisioner, for `purpose`, as
+    /// [`Space::dial_another`] makes once the space is served, dialed before it is (startup
+    /// time).
+    pub async fn dial_another_early(
+        keys: &SpaceKeys,
+        addr: SocketAddr,
+        ca: &Path,
+        purpose: &str,
+    ) -> Result<async_nats::Client, SpaceError> {
+        let (creds, name) = provisioner(keys)?;
+        link::dial_other(&creds, &name, ca, addr, purpose)
+            .await
+            .map_err(|source| SpaceError::Connect {
+                space: keys.name().to_owned(),
+                addr,
+                source,
+            })
     }
 
     /// The space served over a connection dialed for it.
@@ -536,4 +554,10 @@ fn concrete(channel: &str) -> Result<ChannelPattern, SpaceError> {
                 "channel {channel:?}: name one concrete channel, segments from [A-Za-z0-9_-]"
             ))
         })
+}
+
+/// The space's provisioner user and the name its connection goes by.
+fn provisioner(keys: &SpaceKeys) -> Result<(crate::binding::Creds, String), SpaceError> {
+    let creds = keys.own_user_creds("manager")?;
+    Ok((creds, format!("cotald-manager-{}", keys.name())))
 }

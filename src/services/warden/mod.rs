@@ -109,20 +109,27 @@ pub struct Warden {
     space: Arc<Space>,
     identities: Arc<Identities>,
     account: Arc<dyn AccountPush>,
+    /// Its own connection, dialed while the broker got ready; taken by the first run.
+    dialed: std::sync::Mutex<Option<async_nats::Client>>,
 }
+
+/// What the warden's own connection is dialed for (`Space::dial_another`).
+pub const OWN_CONNECTION: &str = "warden";
 
 impl Warden {
     /// A warden of `space`, judging targets and roles by `identities`, pushing holds with
-    /// `account`.
+    /// `account`; its own connection is `dialed` when it was made already.
     pub fn new(
         space: Arc<Space>,
         identities: Arc<Identities>,
         account: Arc<dyn AccountPush>,
+        dialed: Option<async_nats::Client>,
     ) -> Self {
         Warden {
             space,
             identities,
             account,
+            dialed: std::sync::Mutex::new(dialed),
         }
     }
 }
@@ -403,13 +410,17 @@ impl Warden {
         ServiceError,
     > {
         let names = self.space.names();
-        let tap = self
-            .space
-            .dial_another("warden")
-            .await
-            .map_err(ServiceError::at(
-                "connecting for the DMs and tasks published",
-            ))?;
+        let dialed = self.dialed.lock().ok().and_then(|mut d| d.take());
+        let tap = match dialed {
+            Some(tap) => tap,
+            None => self
+                .space
+                .dial_another(OWN_CONNECTION)
+                .await
+                .map_err(ServiceError::at(
+                    "connecting for the DMs and tasks published",
+                ))?,
+        };
         let dms = tap
             .subscribe(names.dms())
             .await
