@@ -75,7 +75,9 @@ pub enum ConnectionState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settled {
     /// Messages handled from their live copy whose durable copy did not come in time to be
-    /// acknowledged.
+    /// acknowledged, and mentions of this member handled before their mention copy came (it
+    /// is not certain to come, and not waited for; when it comes after this session, the next
+    /// one is handed it).
     pub unsettled: usize,
     /// Whether the appliance confirmed the last acknowledgements of durable copies (true when
     /// there were none to confirm).

@@ -104,6 +104,9 @@ pub(crate) struct LiveAck {
     /// router copies only to the one instance a name designates), nor one of history: handled
     /// first, it is settled when it comes, with nothing waiting for it.
     awaits: bool,
+    /// The message mentions this member: handled before its mention copy came, it is counted
+    /// as the session closes among what the next session may be handed again.
+    mention: bool,
 }
 
 /// Live and backfill copies and their durable copies (on durable channels, and the mention
@@ -116,6 +119,11 @@ struct Handover {
     unhandled: std::collections::HashMap<MessageKey, Option<BackstopToken>, Digested>,
     /// Handled, the durable copy not come yet.
     awaiting: HashSet<MessageKey, Digested>,
+    /// Mentions of this member handled from a live or history copy, their mention copy not
+    /// come yet: it may never come (it is not certain), and it may come after this session.
+    mentions_pending: HashSet<MessageKey, Digested>,
+    /// Such mentions not kept in `mentions_pending`, which holds at most `SEEN_CAPACITY`.
+    mentions_untracked: usize,
 }
 
 /// What a durable copy's acknowledgement settles, and where acknowledgements are batched.
@@ -226,6 +234,13 @@ impl Delivery {
                     Some(Some(token)) => token.ack(),
                     Some(None) if live.awaits => {
                         handover.awaiting.insert(live.key);
+                    }
+                    Some(None) if live.mention => {
+                        if handover.mentions_pending.len() < sink::SEEN_CAPACITY {
+                            handover.mentions_pending.insert(live.key);
+                        } else {
+                            handover.mentions_untracked += 1;
+                        }
                     }
                     Some(None) | None => {}
                 }

@@ -17,7 +17,7 @@ use crate::binding::frame::accept_delivery;
 use crate::protocol::{CotalMessage, DeliveryKind, RejectReason, parse_subject};
 
 /// How many message ids the dedup window remembers.
-const SEEN_CAPACITY: usize = 65_536;
+pub(super) const SEEN_CAPACITY: usize = 65_536;
 
 /// The sending end, shared by every pump.
 pub(crate) struct Sink {
@@ -141,17 +141,26 @@ impl Sink {
     }
 
     /// Waits, at most `bound`, until every message handled from its live copy on a durable
-    /// channel has had its durable copy acknowledged; returns how many had not.
+    /// channel has had its durable copy acknowledged; returns how many had not, and how many
+    /// mentions of this member were handled before their mention copy came (not waited for:
+    /// such a copy is not certain to come, and when it comes after this session the next one
+    /// is handed it).
     pub(crate) async fn settle(&self, bound: Duration) -> usize {
         let deadline = tokio::time::Instant::now() + bound;
+        let mentions = || {
+            self.handover
+                .lock()
+                .map(|h| h.mentions_pending.len() + h.mentions_untracked)
+                .unwrap_or(0)
+        };
         loop {
             let settled = self.settled.notified();
             let left = self.handover.lock().map(|h| h.awaiting.len()).unwrap_or(0);
             if left == 0 {
-                return 0;
+                return mentions();
             }
             if tokio::time::timeout_at(deadline, settled).await.is_err() {
-                return left;
+                return left + mentions();
             }
         }
     }
@@ -300,10 +309,11 @@ impl Sink {
             Ack::None => {
                 let route = accepted.route.as_str();
                 match self.hands_over(route, &accepted.message, key, historical) {
-                    Some(awaits) => Ack::Live(LiveAck {
+                    Some((awaits, mention)) => Ack::Live(LiveAck {
                         handover: self.handover.clone(),
                         key,
                         awaits,
+                        mention,
                     }),
                     None => Ack::None,
                 }
@@ -339,8 +349,9 @@ impl Sink {
     /// Whether a live or history copy of `key` on `channel` is to hand its ack over to a
     /// durable copy of its message (this connection reads durable copies): when this member
     /// holds the channel durably, or the message mentions it (its mention copy may come, §8);
-    /// `Some(true)` when that copy comes for certain (a live copy on a durable channel: history
-    /// may hold what was never owed to this member). If so, it is recorded as surfaced, not
+    /// `Some((true, _))` when that copy comes for certain (a live copy on a durable channel:
+    /// history may hold what was never owed to this member), `Some((_, true))` when the message
+    /// mentions this member. If so, it is recorded as surfaced, not
     /// handled: a copy that comes meanwhile waits for the application to handle it, so that a
     /// copy lost before it was handled (a host that stops) leaves the durable one for the next
     /// session.
@@ -350,7 +361,7 @@ impl Sink {
         message: &CotalMessage,
         key: MessageKey,
         historical: bool,
-    ) -> Option<bool> {
+    ) -> Option<(bool, bool)> {
         if !self
             .durable_copies
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -361,20 +372,18 @@ impl Sink {
             .durable_channels
             .lock()
             .is_ok_and(|c| c.contains(channel));
-        let mentioned = || {
-            message.mentions.iter().any(|m| {
-                self.own_names
-                    .iter()
-                    .any(|n| m.trim().eq_ignore_ascii_case(n))
-            })
-        };
-        if !durable && !mentioned() {
+        let mentioned = message.mentions.iter().any(|m| {
+            self.own_names
+                .iter()
+                .any(|n| m.trim().eq_ignore_ascii_case(n))
+        });
+        if !durable && !mentioned {
             return None;
         }
         let recorded = self.handover.lock().is_ok_and(|mut h| {
             h.unhandled.len() < SEEN_CAPACITY && h.unhandled.insert(key, None).is_none()
         });
-        recorded.then_some(durable && !historical)
+        recorded.then_some((durable && !historical, mentioned))
     }
 
     /// The durable copy of a message already surfaced: acknowledged when the application
@@ -388,6 +397,7 @@ impl Sink {
         } else if let Some(slot) = handover.unhandled.get_mut(&key) {
             *slot = Some(token);
         } else {
+            handover.mentions_pending.remove(&key);
             token.ack();
         }
     }
@@ -569,6 +579,23 @@ mod tests {
             );
             assert_eq!(sink.settle(Duration::ZERO).await, 0, "{mentions:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_mention_handled_before_its_copy_came_is_counted_unsettled_until_the_copy_comes() {
+        let (sink, mut deliveries, subject, payload) = bob_and_a_post(&["bob"]);
+        let (acks, mut acked) = mpsc::unbounded_channel();
+        assert!(
+            sink.channel_copy(&live_copy(&subject, &payload), false)
+                .await
+        );
+        deliveries.next().await.unwrap().ack().await.unwrap();
+        // Its mention copy may still come, and after this session the next one gets it.
+        assert_eq!(sink.settle(Duration::ZERO).await, 1);
+        let token = BackstopToken::copy("m10", &acks);
+        assert!(!sink.durable_copy(&subject, &payload, token).await);
+        assert!(matches!(acked.try_recv(), Ok(Acked::Token(t)) if t == "m10"));
+        assert_eq!(sink.settle(Duration::ZERO).await, 0);
     }
 
     #[tokio::test]
