@@ -49,6 +49,12 @@ impl Kind {
     fn is_post(self) -> bool {
         matches!(self, Kind::Durable | Kind::Reply)
     }
+
+    /// A kind whose copy owed to an agent may come to its next session when the ending one
+    /// handled the message before the copy came (its client counts those as unsettled).
+    fn may_come_again(self) -> bool {
+        self.is_post() || self == Kind::Mention
+    }
 }
 
 /// Who a stored message is owed to.
@@ -119,7 +125,8 @@ pub(super) struct Unconfirmed {
     /// under it, a close whose last acknowledgements went unanswered).
     pub(super) since: Option<Instant>,
     /// Posts of durable channels it handled from their live copy whose durable copy had not
-    /// come by its end (any time in the session).
+    /// come by its end (any time in the session), and mentions of it handled before their
+    /// mention copy came.
     pub(super) posts: usize,
 }
 
@@ -244,7 +251,7 @@ impl Ledger {
 
     /// A new session of the agent (its host restarted, its credential re-issued). What the
     /// ending session acknowledged from `unconfirmed.since` on (less the margin) may come
-    /// again, and so may as many durable posts as it could not settle.
+    /// again, and so may as many durable posts and mentions as it could not settle.
     pub(super) fn resumed(&mut self, agent: usize, unconfirmed: Unconfirmed) {
         let book = &mut self.books[agent];
         book.unsettled = u32::try_from(unconfirmed.posts).unwrap_or(u32::MAX);
@@ -322,21 +329,32 @@ impl Ledger {
         let receipt = book.received.entry(token).or_default();
         receipt.count += 1;
         let (count, acked_in) = (receipt.count, receipt.acked.map(|(s, _)| s));
+        let acked_ago = receipt
+            .acked
+            .map(|(_, at)| now.duration_since(at).as_secs_f64());
         if acked && acked_in.is_none() {
             receipt.acked = Some((session, now));
         }
         let unconfirmed = std::mem::take(&mut receipt.unconfirmed);
-        let post = self.sent.get(&token).is_some_and(|s| s.kind.is_post());
+        let kind = self.sent.get(&token).map(|s| s.kind);
+        let post = kind.is_some_and(Kind::is_post);
+        let unsettled_kind = kind.is_some_and(Kind::may_come_again);
         match acked_in {
             _ if unconfirmed => self.reread_unconfirmed += 1,
-            Some(earlier) if earlier < session && post && book.unsettled > 0 => {
+            Some(earlier) if earlier < session && unsettled_kind && book.unsettled > 0 => {
                 book.unsettled -= 1;
                 self.reread_unconfirmed += 1;
             }
             Some(earlier) if earlier < session => {
                 self.reread += 1;
+                let kind = self
+                    .sent
+                    .get(&token)
+                    .map_or("unknown", |s| kind_name(s.kind));
+                let ago = acked_ago.unwrap_or_default();
                 self.offence(format!(
-                    "agent #{agent} read soak#{token} again in session {session} (acknowledged in {earlier})"
+                    "agent #{agent} read soak#{token} ({kind}) again in session {session} \
+                     (acknowledged in {earlier}, {ago:.1} s before)"
                 ));
             }
             _ if count > 1 => {
