@@ -12,7 +12,9 @@
 //! Cases (`cases/`): `live_throughput`, `live_serial` (one send at a time),
 //! `live_latency_p50`/`_p99`, the same on the shipped profile's durable channel with its member
 //! online (`default_profile_throughput`, `default_profile_serial`,
-//! `default_profile_latency_p50`/`_p99`), `dm_throughput`, `dm_pipelined_100k` (no window: the
+//! `default_profile_latency_p50`/`_p99`), `latency_split_sender_p50` and
+//! `latency_split_member_p50` (one half of the latency case's path through cotald's client,
+//! the other raw: where its gap lies), `dm_throughput`, `dm_pipelined_100k` (no window: the
 //! pair's bound is backpressure; a refused send fails it),
 //! `durable_publish_100_members` (100 absent durable members vs 1), `catchup_10k` (a returning
 //! durable member's backlog vs a raw pull of the same range), `replay_10k` (a late joiner's

@@ -49,6 +49,8 @@ async fn bench_reports_each_case_beside_its_baseline() {
             "default_profile_serial",
             "default_profile_latency_p50",
             "default_profile_latency_p99",
+            "latency_split_sender_p50",
+            "latency_split_member_p50",
             "dm_throughput",
             "dm_pipelined_100k",
             "durable_fanout_online_1",

@@ -20,6 +20,8 @@ use crate::protocol::{Channel, Routing};
 const CH_LIVE: &str = "bench-live";
 const CH_DEFAULT: &str = "bench-default";
 const CH_RAW: &str = "bench-raw";
+const CH_SPLIT_SENDER: &str = "bench-split-sender";
+const CH_SPLIT_MEMBER: &str = "bench-split-member";
 
 /// Which channel a one-publisher, one-subscriber case runs on.
 #[derive(Clone, Copy)]
@@ -65,10 +67,35 @@ struct LivePair {
     ch: &'static str,
     publisher: Connection,
     subscriber: Connection,
-    raw_js: jetstream::Context,
-    raw_subject: String,
-    raw_payload: bytes::Bytes,
-    raw_sub: async_nats::Subscriber,
+    raw: RawPair,
+}
+
+/// The raw side: the operator publishes on its own subject of another live channel; a plain
+/// core subscription receives.
+struct RawPair {
+    js: jetstream::Context,
+    subject: String,
+    /// A message as cotald's client builds it.
+    payload: bytes::Bytes,
+    sub: async_nats::Subscriber,
+}
+
+impl RawPair {
+    /// The pair, its payload a message from `shape`.
+    async fn new(bench: &Bench, shape: &crate::client::Client) -> anyhow::Result<RawPair> {
+        set_class(bench, CH_RAW, "live").await?;
+        let subject = names().post(&bench.operator.id, CH_RAW);
+        let payload = payload(shape, Routing::channel(&channel(CH_RAW)?))?;
+        let receiver = bench.raw_as(&bench.operator).await?;
+        let sub = receiver.subscribe(subject.clone()).await?;
+        receiver.flush().await?;
+        Ok(RawPair {
+            js: jetstream::new(bench.raw.clone()),
+            subject,
+            payload,
+            sub,
+        })
+    }
 }
 
 impl LivePair {
@@ -77,7 +104,6 @@ impl LivePair {
         if let Some(class) = flavor.class {
             set_class(bench, ch, class).await?;
         }
-        set_class(bench, CH_RAW, "live").await?;
         let from = bench
             .mint(
                 &format!("bench-{tag}-{ch}-pub"),
@@ -90,21 +116,12 @@ impl LivePair {
         let publisher = bench.sender(&from).await?;
         let subscriber = bench.connect(&to, |_| {}).await?;
         subscriber.client.join(ch, Replay::Off).await?;
-        // The raw side: the operator publishes on its own subject of another live channel; a
-        // plain core subscription receives.
-        let raw_subject = names().post(&bench.operator.id, CH_RAW);
-        let raw_payload = payload(&publisher.client, Routing::channel(&channel(CH_RAW)?))?;
-        let receiver = bench.raw_as(&bench.operator).await?;
-        let raw_sub = receiver.subscribe(raw_subject.clone()).await?;
-        receiver.flush().await?;
+        let raw = RawPair::new(bench, &publisher.client).await?;
         Ok(LivePair {
             ch,
             publisher,
             subscriber,
-            raw_js: jetstream::new(bench.raw.clone()),
-            raw_subject,
-            raw_payload,
-            raw_sub,
+            raw,
         })
     }
 
@@ -220,19 +237,18 @@ async fn live_rate(
             let (pair, cpu) = (&pair, &cpu);
             async move {
                 let mut pair = pair.lock().await;
-                let LivePair {
-                    raw_js,
-                    raw_subject,
-                    raw_payload,
-                    raw_sub,
-                    ..
-                } = &mut *pair;
+                let RawPair {
+                    js,
+                    subject,
+                    payload,
+                    sub,
+                } = &mut pair.raw;
                 let used = cpu.start();
                 let start = Instant::now();
-                let sending = raw_publish(raw_js, raw_subject, raw_payload, n, in_flight, false);
+                let sending = raw_publish(js, subject, payload, n, in_flight, false);
                 let receiving = async {
                     for _ in 0..n {
-                        bounded("a raw message", raw_sub.next())
+                        bounded("a raw message", sub.next())
                             .await?
                             .context("raw subscription closed")?;
                     }
@@ -279,7 +295,7 @@ pub(in crate::bench) async fn live_latency(
             let (pair, out) = (&pair, &raw_runs);
             async move {
                 let n = if warm { samples / 10 } else { samples };
-                let lat = raw_latencies(&mut *pair.lock().await, n).await?;
+                let lat = raw_latencies(&mut pair.lock().await.raw, n).await?;
                 if !warm {
                     out.borrow_mut().push(percentiles(lat));
                 }
@@ -314,6 +330,27 @@ pub(in crate::bench) async fn live_latency(
     ])
 }
 
+/// What has each message of a one-at-a-time run: cotald's member, or a raw core subscriber.
+enum Reader<'a> {
+    Member(&'a mut Connection),
+    Raw(&'a mut async_nats::Subscriber),
+}
+
+impl Reader<'_> {
+    /// The next message; the member's delivery, to be acknowledged once the clock is read.
+    async fn next(&mut self) -> anyhow::Result<Option<crate::client::Delivery>> {
+        match self {
+            Reader::Member(member) => Ok(Some(next(member).await?)),
+            Reader::Raw(sub) => {
+                bounded("a raw message", sub.next())
+                    .await?
+                    .context("raw subscription closed")?;
+                Ok(None)
+            }
+        }
+    }
+}
+
 /// `n` messages one at a time through cotald's client: publish to surfaced (and acked).
 async fn cotald_latencies(
     pair: &mut LivePair,
@@ -325,15 +362,28 @@ async fn cotald_latencies(
         subscriber,
         ..
     } = pair;
+    sent_latencies(&publisher.client, ch, Reader::Member(subscriber), n).await
+}
+
+/// `n` messages sent one at a time by cotald's client `sender` on `ch`, each until `reader`
+/// has it.
+async fn sent_latencies(
+    sender: &crate::client::Client,
+    ch: &Channel,
+    mut reader: Reader<'_>,
+    n: usize,
+) -> anyhow::Result<Vec<Duration>> {
     let mut lat = Vec::with_capacity(n);
     let text = text();
     for _ in 0..n {
         let start = Instant::now();
-        let send = publisher.client.send_text(Routing::channel(ch), &text);
+        let send = sender.send_text(Routing::channel(ch), &text);
         let surfaced = async {
-            let d = next(subscriber).await?;
+            let d = reader.next().await?;
             let took = start.elapsed();
-            d.ack().await?;
+            if let Some(d) = d {
+                d.ack().await?;
+            }
             anyhow::Ok(took)
         };
         let (sent, surfaced) = tokio::join!(send, surfaced);
@@ -344,38 +394,195 @@ async fn cotald_latencies(
 }
 
 /// `n` messages one at a time, raw: JetStream publish with a message id to core delivery.
-async fn raw_latencies(pair: &mut LivePair, n: usize) -> anyhow::Result<Vec<Duration>> {
-    let LivePair {
-        raw_js,
-        raw_subject,
-        raw_payload,
-        raw_sub,
-        ..
-    } = pair;
+async fn raw_latencies(raw: &mut RawPair, n: usize) -> anyhow::Result<Vec<Duration>> {
+    let RawPair {
+        js,
+        subject,
+        payload,
+        sub,
+    } = raw;
+    let made = || Ok(payload.clone());
+    raw_js_latencies(js, subject, made, Reader::Raw(sub), n).await
+}
+
+/// `n` raw JetStream publishes on `subject` one at a time, each with its own message id and
+/// the payload `next_payload` makes (before the clock starts), each until `reader` has it.
+async fn raw_js_latencies(
+    js: &jetstream::Context,
+    subject: &str,
+    mut next_payload: impl FnMut() -> anyhow::Result<bytes::Bytes>,
+    mut reader: Reader<'_>,
+    n: usize,
+) -> anyhow::Result<Vec<Duration>> {
     let mut lat = Vec::with_capacity(n);
     for i in 0..n {
+        let payload = next_payload()?;
         let start = Instant::now();
         let message = PublishMessage::build()
-            .payload(raw_payload.clone())
+            .payload(payload)
             .message_id(format!("{}.{i}", crate::protocol::new_message_id()));
         let send = async {
-            raw_js
-                .send_publish(raw_subject.clone(), message)
-                .await?
-                .await?;
+            js.send_publish(subject.to_owned(), message).await?.await?;
             anyhow::Ok(())
         };
         let surfaced = async {
-            bounded("a raw message", raw_sub.next())
-                .await?
-                .context("raw subscription closed")?;
-            anyhow::Ok(start.elapsed())
+            let d = reader.next().await?;
+            let took = start.elapsed();
+            if let Some(d) = d {
+                d.ack().await?;
+            }
+            anyhow::Ok(took)
         };
         let (sent, surfaced) = tokio::join!(send, surfaced);
         sent?;
         lat.push(surfaced?);
     }
     Ok(lat)
+}
+
+/// `latency_split`: which half of the one-at-a-time path the latency case's gap lies in.
+/// Each arm has a live channel of its own, and one side of the path through cotald's client
+/// ([`SenderArm`], [`MemberArm`]). The baseline of both is the latency case's raw pair,
+/// measured interleaved with each arm.
+pub(in crate::bench) async fn latency_split(
+    bench: &Bench,
+    sizes: Sizes,
+) -> anyhow::Result<Vec<CaseResult>> {
+    let sender = tokio::sync::Mutex::new(SenderArm::new(bench).await?);
+    let member = tokio::sync::Mutex::new(MemberArm::new(bench).await?);
+    let raw =
+        tokio::sync::Mutex::new(RawPair::new(bench, &member.lock().await.shape.client).await?);
+    let n = |warm: bool| match warm {
+        true => sizes.samples / 10,
+        false => sizes.samples,
+    };
+    let baseline = |warm: bool| {
+        let raw = &raw;
+        async move { Ok(p50(raw_latencies(&mut *raw.lock().await, n(warm)).await?)) }
+    };
+    let sender_arm = |warm: bool| {
+        let sender = &sender;
+        async move { sender.lock().await.p50(n(warm)).await }
+    };
+    let member_arm = |warm: bool| {
+        let member = &member;
+        async move { member.lock().await.p50(n(warm)).await }
+    };
+    let sent = interleaved(sizes.runs, sender_arm, baseline).await?;
+    let read = interleaved(sizes.runs, member_arm, baseline).await?;
+    sender.into_inner().sender.client.close().await;
+    member.into_inner().close().await;
+    let baseline = "JetStream publish with Nats-Msg-Id -> core subscriber, one at a time";
+    Ok(vec![
+        CaseResult::new(
+            "latency_split_sender_p50",
+            "µs",
+            Better::Lower,
+            sent,
+            baseline,
+            "none: cotald's sender, a raw reader",
+        ),
+        CaseResult::new(
+            "latency_split_member_p50",
+            "µs",
+            Better::Lower,
+            read,
+            baseline,
+            "none: a raw publisher, cotald's member",
+        ),
+    ])
+}
+
+/// cotald's sender on a live channel of its own, read by a raw core subscriber with a
+/// member's credential and the wildcard subscription a member makes.
+struct SenderArm {
+    sender: Connection,
+    ch: Channel,
+    read: async_nats::Subscriber,
+}
+
+impl SenderArm {
+    async fn new(bench: &Bench) -> anyhow::Result<SenderArm> {
+        set_class(bench, CH_SPLIT_SENDER, "live").await?;
+        let grant = json!({"allow_publish": [CH_SPLIT_SENDER]});
+        let from = bench.mint("bench-split-sender", grant).await?;
+        let grant = json!({"subscribe": [CH_SPLIT_SENDER]});
+        let to = bench.mint("bench-split-reader", grant).await?;
+        let reader = bench.raw_as(&to).await?;
+        let read = reader.subscribe(names().posts_on(CH_SPLIT_SENDER)).await?;
+        reader.flush().await?;
+        Ok(SenderArm {
+            sender: bench.sender(&from).await?,
+            ch: channel(CH_SPLIT_SENDER)?,
+            read,
+        })
+    }
+
+    /// The p50 of `n` messages one at a time.
+    async fn p50(&mut self, n: usize) -> anyhow::Result<f64> {
+        let reader = Reader::Raw(&mut self.read);
+        Ok(p50(sent_latencies(
+            &self.sender.client,
+            &self.ch,
+            reader,
+            n,
+        )
+        .await?))
+    }
+}
+
+/// Raw JetStream publishes on a live channel of its own, with a sender's credential, each a
+/// new message of the shape cotald's client builds with its own message id; read by cotald's
+/// member.
+struct MemberArm {
+    /// The sender's client, whose messages are built as it would build them.
+    shape: Connection,
+    publisher: jetstream::Context,
+    subject: String,
+    member: Connection,
+}
+
+impl MemberArm {
+    async fn new(bench: &Bench) -> anyhow::Result<MemberArm> {
+        set_class(bench, CH_SPLIT_MEMBER, "live").await?;
+        let grant = json!({"allow_publish": [CH_SPLIT_MEMBER]});
+        let from = bench.mint("bench-split-publisher", grant).await?;
+        let grant = json!({"subscribe": [CH_SPLIT_MEMBER]});
+        let to = bench.mint("bench-split-member", grant).await?;
+        let member = bench.connect(&to, |_| {}).await?;
+        member.client.join(CH_SPLIT_MEMBER, Replay::Off).await?;
+        Ok(MemberArm {
+            shape: bench.sender(&from).await?,
+            publisher: jetstream::new(bench.raw_as(&from).await?),
+            subject: names().post(&from.id, CH_SPLIT_MEMBER),
+            member,
+        })
+    }
+
+    /// The p50 of `n` messages one at a time.
+    async fn p50(&mut self, n: usize) -> anyhow::Result<f64> {
+        let routing = Routing::channel(&channel(CH_SPLIT_MEMBER)?);
+        let made = || payload(&self.shape.client, routing.clone());
+        let reader = Reader::Member(&mut self.member);
+        Ok(p50(raw_js_latencies(
+            &self.publisher,
+            &self.subject,
+            made,
+            reader,
+            n,
+        )
+        .await?))
+    }
+
+    async fn close(self) {
+        self.shape.client.close().await;
+        self.member.client.close().await;
+    }
+}
+
+/// The p50 of `lat` in µs.
+fn p50(lat: Vec<Duration>) -> f64 {
+    percentiles(lat).0
 }
 
 /// p50 and p99 in µs.

@@ -24,7 +24,7 @@ mod up;
 
 use dm::{DM_PIPELINED, DM_THROUGHPUT, dm_case};
 use durable::{catch_up, durable_end_to_end, durable_fanout, durable_publish, replay};
-use live::{DEFAULT_PROFILE, live_serial};
+use live::{DEFAULT_PROFILE, latency_split, live_serial};
 pub(super) use live::{LIVE, live_latency, live_throughput};
 use presence::{presence_converge, space};
 pub(super) use up::startup;
@@ -116,6 +116,11 @@ pub(super) const ALL: &[Case] = &[
         names: &["default_profile_latency_p50", "default_profile_latency_p99"],
         throughput: false,
         run: |b, s| Box::pin(live_latency(b, s, DEFAULT_PROFILE)),
+    },
+    Case {
+        names: &["latency_split_sender_p50", "latency_split_member_p50"],
+        throughput: false,
+        run: |b, s| Box::pin(latency_split(b, s)),
     },
     Case {
         names: &["dm_throughput"],
