@@ -493,6 +493,23 @@ pub(in crate::bench) async fn latency_split(
     ])
 }
 
+/// A live channel `ch` of one arm's own, and the credentials of its publisher and its reader,
+/// named `bench-split-<role>`.
+async fn arm_channel(
+    bench: &Bench,
+    ch: &str,
+    roles: [&str; 2],
+) -> anyhow::Result<[crate::bench::Minted; 2]> {
+    set_class(bench, ch, "live").await?;
+    let from = json!({"allow_publish": [ch]});
+    let from = bench
+        .mint(&format!("bench-split-{}", roles[0]), from)
+        .await?;
+    let to = json!({"subscribe": [ch]});
+    let to = bench.mint(&format!("bench-split-{}", roles[1]), to).await?;
+    Ok([from, to])
+}
+
 /// cotald's sender on a live channel of its own, read by a raw core subscriber with a
 /// member's credential and the wildcard subscription a member makes.
 struct SenderArm {
@@ -503,11 +520,7 @@ struct SenderArm {
 
 impl SenderArm {
     async fn new(bench: &Bench) -> anyhow::Result<SenderArm> {
-        set_class(bench, CH_SPLIT_SENDER, "live").await?;
-        let grant = json!({"allow_publish": [CH_SPLIT_SENDER]});
-        let from = bench.mint("bench-split-sender", grant).await?;
-        let grant = json!({"subscribe": [CH_SPLIT_SENDER]});
-        let to = bench.mint("bench-split-reader", grant).await?;
+        let [from, to] = arm_channel(bench, CH_SPLIT_SENDER, ["sender", "reader"]).await?;
         let reader = bench.raw_as(&to).await?;
         let read = reader.subscribe(names().posts_on(CH_SPLIT_SENDER)).await?;
         reader.flush().await?;
@@ -544,11 +557,7 @@ struct MemberArm {
 
 impl MemberArm {
     async fn new(bench: &Bench) -> anyhow::Result<MemberArm> {
-        set_class(bench, CH_SPLIT_MEMBER, "live").await?;
-        let grant = json!({"allow_publish": [CH_SPLIT_MEMBER]});
-        let from = bench.mint("bench-split-publisher", grant).await?;
-        let grant = json!({"subscribe": [CH_SPLIT_MEMBER]});
-        let to = bench.mint("bench-split-member", grant).await?;
+        let [from, to] = arm_channel(bench, CH_SPLIT_MEMBER, ["publisher", "member"]).await?;
         let member = bench.connect(&to, |_| {}).await?;
         member.client.join(CH_SPLIT_MEMBER, Replay::Off).await?;
         Ok(MemberArm {
