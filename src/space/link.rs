@@ -152,10 +152,7 @@ pub(super) async fn dial_other(
     addr: SocketAddr,
     purpose: &str,
 ) -> Result<async_nats::Client, DialError> {
-    let name = format!("{name}-{purpose}");
-    Ok(crate::client::nats_options(creds, &name, Some(ca), true)?
-        .connect(format!("tls://{addr}"))
-        .await?)
+    crate::client::dial(creds, format!("{name}-{purpose}"), ca, addr).await
 }
 
 async fn connect(

@@ -347,10 +347,7 @@ impl Ledger {
             }
             Some(earlier) if earlier < session => {
                 self.reread += 1;
-                let kind = self
-                    .sent
-                    .get(&token)
-                    .map_or("unknown", |s| kind_name(s.kind));
+                let kind = kind.map_or("unknown", kind_name);
                 let ago = acked_ago.unwrap_or_default();
                 self.offence(format!(
                     "agent #{agent} read soak#{token} ({kind}) again in session {session} \
