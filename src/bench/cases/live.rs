@@ -248,9 +248,7 @@ async fn live_rate(
                 let sending = raw_publish(js, subject, payload, n, in_flight, false);
                 let receiving = async {
                     for _ in 0..n {
-                        bounded("a raw message", sub.next())
-                            .await?
-                            .context("raw subscription closed")?;
+                        raw_next(sub).await?;
                     }
                     anyhow::Ok(())
                 };
@@ -284,7 +282,14 @@ pub(in crate::bench) async fn live_latency(
             let (pair, ch, out) = (&pair, &ch, &cotald_runs);
             async move {
                 let n = if warm { samples / 10 } else { samples };
-                let lat = cotald_latencies(&mut *pair.lock().await, ch, n).await?;
+                let mut pair = pair.lock().await;
+                let LivePair {
+                    publisher,
+                    subscriber,
+                    ..
+                } = &mut *pair;
+                let reader = Reader::Member(subscriber);
+                let lat = sent_latencies(&publisher.client, ch, reader, n).await?;
                 if !warm {
                     out.borrow_mut().push(percentiles(lat));
                 }
@@ -342,27 +347,18 @@ impl Reader<'_> {
         match self {
             Reader::Member(member) => Ok(Some(next(member).await?)),
             Reader::Raw(sub) => {
-                bounded("a raw message", sub.next())
-                    .await?
-                    .context("raw subscription closed")?;
+                raw_next(sub).await?;
                 Ok(None)
             }
         }
     }
 }
 
-/// `n` messages one at a time through cotald's client: publish to surfaced (and acked).
-async fn cotald_latencies(
-    pair: &mut LivePair,
-    ch: &Channel,
-    n: usize,
-) -> anyhow::Result<Vec<Duration>> {
-    let LivePair {
-        publisher,
-        subscriber,
-        ..
-    } = pair;
-    sent_latencies(&publisher.client, ch, Reader::Member(subscriber), n).await
+/// The next message of a raw core subscription.
+async fn raw_next(sub: &mut async_nats::Subscriber) -> anyhow::Result<async_nats::Message> {
+    bounded("a raw message", sub.next())
+        .await?
+        .context("raw subscription closed")
 }
 
 /// `n` messages sent one at a time by cotald's client `sender` on `ch`, each until `reader`
