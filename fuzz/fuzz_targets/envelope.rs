@@ -1,9 +1,12 @@
 //! Envelope parsing (§5) and receive validation (§4). Input: `subject \0 payload`. Oracles: the
 //! one-pass read judges a document as its decoded value does (the same message, or the same
-//! refusal); a parsed message serializes and re-parses to an equal message.
+//! refusal); a parsed message serializes and re-parses to an equal message; an accepted
+//! delivery's `from.id` is its subject's sender (§5).
 #![no_main]
 
-use cotald::protocol::{CotalMessage, EnvelopeError, accept_control_request, accept_delivery};
+use cotald::protocol::{
+    CotalMessage, EnvelopeError, accept_control_request, accept_delivery, parse_subject,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -23,7 +26,8 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(subject) = std::str::from_utf8(subject) {
         if let Ok(delivery) = accept_delivery(subject, payload, 1 << 20) {
-            assert_eq!(delivery.message.from.id, delivery.sender);
+            let parsed = parse_subject(subject).expect("an accepted delivery's subject parses");
+            assert_eq!(delivery.message.from.id, parsed.sender);
         }
         if let Ok(request) = accept_control_request(subject, payload, 1 << 20) {
             assert_eq!(request.request.from.id, request.sender);
