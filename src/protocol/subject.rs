@@ -22,15 +22,28 @@ pub const RESERVED_PREFIXES: [&str; 5] = ["$JS.", "$KV.", "$SYS.", "$OBJ.", "_IN
 
 /// Whether `c` survives sanitization unchanged (`[A-Za-z0-9_-]`).
 pub fn is_token_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || c == '_' || c == '-'
+    c.is_ascii() && TOKEN_BYTES[c as usize]
 }
+
+/// [`is_token_char`] by byte, looked up: every byte of every subject a member receives is
+/// tested against it.
+const TOKEN_BYTES: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let b = byte as u8;
+        table[byte] = b.is_ascii_alphanumeric() || b == b'_' || b == b'-';
+        byte += 1;
+    }
+    table
+};
 
 /// Maps every character outside `[A-Za-z0-9_-]` to `_` (§3). The result may be empty only if
 /// the input is; [`Token::sanitize`] refuses that case.
 pub fn sanitize(raw: &str) -> String {
     // Every subject a client builds sanitizes its own id and a peer's: almost always a token
     // already, copied whole.
-    if raw.bytes().all(|b| is_token_char(char::from(b))) {
+    if raw.bytes().all(|b| TOKEN_BYTES[usize::from(b)]) {
         return raw.to_owned();
     }
     raw.chars()
@@ -353,7 +366,7 @@ pub fn parse_subject(subject: &str) -> Result<ParsedSubject<'_>, SubjectParseErr
                     count += 1;
                     start = at + 1;
                 }
-                Some(&b) if is_token_char(char::from(b)) => {}
+                Some(&b) if TOKEN_BYTES[usize::from(b)] => {}
                 // Every byte before `at` is ASCII: `at` starts a character.
                 Some(_) => {
                     let found = subject[at..].chars().next().unwrap_or_default();
@@ -428,6 +441,23 @@ pub fn subject_matches(pattern: &str, subject: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn token_bytes_are_ascii_letters_digits_underscore_and_dash() {
+        let token: Vec<u8> = (b'a'..=b'z')
+            .chain(b'A'..=b'Z')
+            .chain(b'0'..=b'9')
+            .chain([b'_', b'-'])
+            .collect();
+        for byte in 0..=u8::MAX {
+            assert_eq!(
+                TOKEN_BYTES[usize::from(byte)],
+                token.contains(&byte),
+                "byte {byte:#04x}"
+            );
+        }
+        assert!(!is_token_char('é') && !is_token_char('.') && is_token_char('Z'));
+    }
 
     const ALICE: &str = "UAQGWOEVJKMIO4WXSYOTLARXYOZTCXFK67JASEH6AFFFYK6FOPSKQCAD";
     const BOB: &str = "UDI36ZKVNUM5WMO4QQ6HDQU7F4OH2RCXOJRX6GAIOS5SKVNNSKCDNLJA";
