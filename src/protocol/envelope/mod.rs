@@ -431,8 +431,8 @@ impl CotalMessage {
         read::message(value)
     }
 
-    /// Serializes the message to JSON bytes, into a buffer sized for it at the start: one grown
-    /// from 128 bytes by doubling is allocated and moved three times for a message of 800.
+    /// Serializes the message to JSON bytes, into a buffer sized for it at the start: one that
+    /// starts at 128 bytes and doubles is grown three times for an 800-byte message.
     pub fn to_json(&self) -> Result<Vec<u8>, serde_json::Error> {
         let mut json = Vec::with_capacity(self.json_len_hint());
         serde_json::to_writer(&mut json, self)?;
