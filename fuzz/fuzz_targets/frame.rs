@@ -8,6 +8,7 @@
 
 use async_nats::header::parse_block;
 use cotald::binding::frame::accept_delivery;
+use cotald::protocol::parse_subject;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -18,7 +19,10 @@ fuzz_target!(|data: &[u8]| {
     let read = parse_block(block);
     if read.headers.malformed().is_none() {
         let text = std::str::from_utf8(block).expect("an unmarked block is UTF-8");
-        assert!(text.starts_with("NATS/1.0"), "an unmarked block has its version line");
+        assert!(
+            text.starts_with("NATS/1.0"),
+            "an unmarked block has its version line"
+        );
         assert!(
             !text.replace("\r\n", "").contains(['\r', '\n']),
             "an unmarked block has no stray line break"
@@ -37,6 +41,7 @@ fuzz_target!(|data: &[u8]| {
         accept_delivery(subject, Some(&read.headers), read.status, payload, 1 << 20)
     {
         assert!(read.headers.malformed().is_none() && read.status.is_none());
-        assert_eq!(delivery.message.from.id, delivery.sender);
+        let parsed = parse_subject(subject).expect("an accepted frame's subject parses");
+        assert_eq!(delivery.message.from.id, parsed.sender);
     }
 });
