@@ -6,8 +6,11 @@
 //! same work on the same broker — interleaved, the order rotated per repetition, a warm-up
 //! discarded. It reports min/median/max of each side and the ratio of the medians: for rates
 //! cotald/baseline (higher is better, 1.0 = as fast as raw), for latencies and times
-//! cotald/baseline as measured (lower is better). It asserts nothing about time: the figures
-//! are for reading (`docs/benchmarks.md` keeps the last ones with the machine described).
+//! cotald/baseline as measured (lower is better). With six runs or more, each ratio comes with
+//! an interval that holds the median of the run-by-run ratios with at least 95 % confidence
+//! (`RatioInterval`, the sign test's): on a shared machine a ratio alone looks surer than it
+//! is. It asserts nothing about time: the figures are for reading (`docs/benchmarks.md` keeps
+//! the last ones with the machine described).
 //!
 //! Cases (`cases/`): `live_throughput`, `live_serial` (one send at a time),
 //! `live_latency_p50`/`_p99`, the same on the shipped profile's durable channel with its member
@@ -59,7 +62,9 @@ pub struct BenchArgs {
     /// "ratio", …}], "machine": {…}}` (the progress lines go to stderr).
     #[arg(long)]
     pub json: bool,
-    /// Repetitions of each case (after a warm-up that is not measured).
+    /// Repetitions of each case (after a warm-up that is not measured). With 6 or more, each
+    /// ratio is printed with an interval that holds the median run-by-run ratio with at least
+    /// 95 % confidence (10 runs: 98 %).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=50))]
     runs: u32,
     /// Run only the cases whose name contains this (repeatable).
@@ -140,6 +145,11 @@ struct CaseResult {
     baseline: f64,
     /// cotald / baseline.
     ratio: f64,
+    /// Where the ratio of one run to the other side's run beside it lies, as far as the runs
+    /// tell: an interval that holds the median of those ratios with at least 95 % confidence
+    /// ([`RatioInterval`]); none with fewer than six runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ratio_interval: Option<RatioInterval>,
     better: Better,
     cotald_min: f64,
     cotald_max: f64,
@@ -163,6 +173,7 @@ impl CaseResult {
         baseline_is: &'static str,
         goal: &'static str,
     ) -> Self {
+        let paired: Vec<f64> = cotald.iter().zip(&baseline).map(|(c, b)| c / b).collect();
         let (c_min, c_med, c_max) = spread(cotald);
         let (b_min, b_med, b_max) = spread(baseline);
         CaseResult {
@@ -171,6 +182,7 @@ impl CaseResult {
             cotald: c_med,
             baseline: b_med,
             ratio: c_med / b_med,
+            ratio_interval: RatioInterval::of(paired),
             better,
             cotald_min: c_min,
             cotald_max: c_max,
@@ -180,6 +192,45 @@ impl CaseResult {
             goal,
             extra: Default::default(),
         }
+    }
+}
+
+/// A distribution-free confidence interval for the median of a case's run-by-run ratios.
+///
+/// On a shared machine one run differs from the next by more than cotald from raw NATS, so a
+/// ratio printed alone looks surer than it is. Sorted, `n` ratios hold their median between
+/// the `k`-th smallest and the `k`-th largest unless at least `n - k + 1` of them fall on one
+/// side of it, which for independent runs is a binomial tail (the sign test's interval); `k`
+/// is the largest whose two tails together stay within 5 %.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+struct RatioInterval {
+    low: f64,
+    high: f64,
+    /// The interval's confidence, at least 0.95.
+    confidence: f64,
+}
+
+impl RatioInterval {
+    fn of(mut ratios: Vec<f64>) -> Option<Self> {
+        ratios.retain(|r| r.is_finite());
+        ratios.sort_by(f64::total_cmp);
+        let n = ratios.len();
+        // P(X < k) for X ~ Binomial(n, 1/2), for k = 0, 1, …
+        let below = |k: usize| -> f64 {
+            let mut choose = 1.0;
+            let mut sum = 0.0;
+            for j in 0..k {
+                sum += choose;
+                choose = choose * (n - j) as f64 / (j + 1) as f64;
+            }
+            sum / 2f64.powi(n as i32)
+        };
+        let k = (1..=n / 2).take_while(|&k| 2.0 * below(k) <= 0.05).last()?;
+        Some(RatioInterval {
+            low: ratios[k - 1],
+            high: ratios[n - k],
+            confidence: 1.0 - 2.0 * below(k),
+        })
     }
 }
 
@@ -411,6 +462,9 @@ impl std::fmt::Display for Line<'_> {
             figure(r.baseline),
             r.ratio
         )?;
+        if let Some(i) = r.ratio_interval {
+            write!(f, " ({:.2}-{:.2})", i.low, i.high)?;
+        }
         for (name, value) in &r.extra {
             write!(f, "; {name} {}", figure(*value))?;
         }
@@ -448,6 +502,16 @@ fn table(out: &mut dyn Write, results: &[CaseResult]) -> std::io::Result<()> {
             r.goal,
             r.baseline_is
         )?;
+        if let Some(i) = r.ratio_interval {
+            writeln!(
+                out,
+                "{:<40} the median run-by-run ratio lies in {:.2}-{:.2} ({:.0} % confidence)",
+                "",
+                i.low,
+                i.high,
+                i.confidence * 100.0
+            )?;
+        }
         if !r.extra.is_empty() {
             let extra: Vec<String> = r
                 .extra
@@ -573,4 +637,30 @@ async fn bounded<T>(what: &str, fut: impl std::future::Future<Output = T>) -> an
     tokio::time::timeout(TIMEOUT, fut)
         .await
         .map_err(|_| anyhow::anyhow!("{what}: not done within {}s", TIMEOUT.as_secs()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ratio_interval_is_the_sign_tests_interval_for_the_median() {
+        // Ten runs: the 2nd and the 9th of the sorted ratios; each tail is 11/1024.
+        let ten: Vec<f64> = (1..=10).rev().map(|i| f64::from(i) / 10.0).collect();
+        let i = RatioInterval::of(ten).unwrap();
+        assert_eq!((i.low, i.high), (0.2, 0.9));
+        assert!((i.confidence - (1.0 - 22.0 / 1024.0)).abs() < 1e-12);
+        // Six runs: the extremes, each tail 1/64.
+        let six = RatioInterval::of(vec![1.0, 0.5, 0.9, 0.7, 1.1, 0.8]).unwrap();
+        assert_eq!((six.low, six.high), (0.5, 1.1));
+        assert!((six.confidence - (1.0 - 2.0 / 64.0)).abs() < 1e-12);
+        // Five runs cannot hold a median at 95 % (each tail is 1/32), nor one run.
+        assert_eq!(RatioInterval::of(vec![1.0; 5]), None);
+        assert_eq!(RatioInterval::of(vec![1.0]), None);
+        // A run that measured nothing is not counted.
+        let mut seven = vec![f64::NAN];
+        seven.extend([0.9, 1.0, 1.0, 1.0, 1.0, 1.2]);
+        let i = RatioInterval::of(seven).unwrap();
+        assert_eq!((i.low, i.high), (0.9, 1.2));
+    }
 }

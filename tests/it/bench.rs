@@ -71,6 +71,8 @@ async fn bench_reports_each_case_beside_its_baseline() {
             "ratio = cotald / baseline: {r}"
         );
         assert!(r["unit"].is_string(), "{r}");
+        // One run per side says nothing of where the ratio lies: no interval is claimed.
+        assert!(r.get("ratio_interval").is_none(), "{r}");
         if r["name"].as_str().unwrap().ends_with("_serial") {
             // Where each side's CPU went, per message.
             for side in ["appliance", "broker", "clients"] {
