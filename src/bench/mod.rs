@@ -463,7 +463,7 @@ impl std::fmt::Display for Line<'_> {
             r.ratio
         )?;
         if let Some(i) = r.ratio_interval {
-            write!(f, " ({:.2}-{:.2})", i.low, i.high)?;
+            write!(f, " (paired runs' median in {:.2}-{:.2})", i.low, i.high)?;
         }
         for (name, value) in &r.extra {
             write!(f, "; {name} {}", figure(*value))?;
