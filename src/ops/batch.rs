@@ -305,14 +305,14 @@ pub fn offers(body: &[u8]) -> Result<Vec<Offer<'_>>, CopyBatchError> {
                     if !subject.is_empty() {
                         last = subject;
                     }
-                    match last.is_empty() {
-                        true => Err(CopyBatchError("an offer without a subject before it")),
-                        false => Ok(Offer {
-                            subject: last,
-                            token,
-                            id,
-                        }),
+                    if last.is_empty() {
+                        return Err(CopyBatchError("an offer without a subject before it"));
                     }
+                    Ok(Offer {
+                        subject: last,
+                        token,
+                        id,
+                    })
                 }
                 _ => Err(CopyBatchError("an offer without subject, token and id")),
             }
